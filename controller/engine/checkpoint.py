@@ -1,0 +1,47 @@
+"""The changefeed checkpoint: the ts up to which every span of every live table has been delivered.
+
+It is the minimum, over the spans of live tables, of what is known for each:
+
+- a Replicating span: its dispatcher's reported checkpoint (or the span's persisted one);
+- any other span: its persisted checkpoint (the start ts it will be replicated from);
+- a span some in-flight Add, Move, Split or Merge owns: also the operator's recorded checkpoint (the
+  ts its new dispatchers start from), which holds the changefeed back while the span is in flight.
+
+It never goes backwards: a lower minimum (cannot happen unless a span is created below the
+checkpoint, which the engine never does) leaves the published value where it is.
+"""
+
+from __future__ import annotations
+
+from controller.engine.world import Tick
+from controller.model.states import DispatcherState, OpPhase, OpType, SpanState
+
+
+def compute(tick: Tick) -> int:
+    low: int | None = None
+
+    def lower(value: int) -> None:
+        nonlocal low
+        low = value if low is None else min(low, value)
+
+    for span in tick.spans.values():
+        if span.state in (None, SpanState.INVALID) or not tick.table_live(span.table_id):
+            continue
+        if not tick.mode_enabled(span.mode):
+            continue
+        d = tick.dispatchers.get(span.dispatcher) if span.dispatcher else None
+        if span.state is SpanState.REPLICATING and d is not None and d.state is DispatcherState.WORKING:
+            lower(max(d.known_checkpoint, span.known_checkpoint))
+        else:
+            lower(span.known_checkpoint)
+    for op in tick.operators.values():
+        if op.phase is OpPhase.RUNNING and op.type is not OpType.REMOVE:
+            if any(tick.table_live(s.table_id) for s in (tick.spans.get(n) for n in op.spans) if s):
+                lower(op.checkpoint_ts)
+            for t in op.targets:
+                if not t.done and t.start_ts:
+                    lower(t.start_ts)
+    previous = tick.checkpoint_floor
+    if low is None:
+        return previous
+    return max(previous, low)

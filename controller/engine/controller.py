@@ -1,0 +1,74 @@
+"""The operator controller: which operators run, in what order, and who owns which span.
+
+Rules (TiCDC's, kept):
+
+- One operator per span and mode. A Pending operator naming a span another in-flight operator owns
+  fails with ``SpanBusy``, except that a table's deletion cancels the span's other operators and
+  replaces them with a Remove (see ``tables``).
+- At most ``maxInFlightOperators`` are Running; the rest wait in Pending, oldest first.
+- Running operators advance every tick from the observed world; a restored operator (after a restart
+  or failover) is just a Running operator seen for the first time by this process.
+- Finished operators are garbage-collected after a retention period (longer for user operators).
+"""
+
+from __future__ import annotations
+
+from controller.engine.intents import Delete, Write
+from controller.engine.operators import ADVANCE, START
+from controller.engine.operators.common import fail
+from controller.engine.world import Tick
+from controller.model.records import SpanOperator
+from controller.model.states import Kind, OpPhase, OpSource
+
+
+def owned_dispatchers(tick: Tick) -> set[str]:
+    names: set[str] = set()
+    for op in tick.in_flight():
+        if op.phase is OpPhase.RUNNING:
+            names.update(o.dispatcher for o in op.origins)
+            names.update(t.dispatcher for t in op.targets if t.dispatcher)
+    return names
+
+
+def advance_running(tick: Tick) -> None:
+    for op in tick.in_flight():
+        if op.phase is OpPhase.RUNNING and not tick.is_touched(op):
+            tick.emit(f"{op.type} {op.name} {op.stage}", ADVANCE[op.type](tick, op))
+
+
+def admit(tick: Tick, op: SpanOperator, create: bool = False) -> bool:
+    """Start a Pending operator if it may run now; False if it must wait for the in-flight limit.
+
+    With ``create``, ``op`` is new: its Create leads the chain that starts it, so the record exists
+    before anything it does (and if it must wait, it is created Pending).
+    """
+    prefix: list[Write] = [tick.create(op)] if create else []
+    busy = [s for s in op.spans if tick.owner.get(s, op.name) != op.name]
+    if busy:
+        reason = f"span {busy[0]!r} is owned by operator {tick.owner[busy[0]]!r}"
+        tick.emit(f"{op.type} {op.name} refused", [*prefix, *fail(tick, op, "SpanBusy", reason)])
+        return True
+    if tick.running >= tick.changefeed.scheduler.max_in_flight_operators:
+        tick.emit(f"{op.type} {op.name} queued", prefix)
+        return False
+    tick.emit(f"{op.type} {op.name} start", [*prefix, *START[op.type](tick, op)])
+    return True
+
+
+def admit_pending(tick: Tick) -> None:
+    for op in tick.in_flight():
+        if op.phase is OpPhase.PENDING and not tick.is_touched(op):
+            if tick.running >= tick.changefeed.scheduler.max_in_flight_operators:
+                break
+            admit(tick, op)
+
+
+def garbage_collect(tick: Tick) -> None:
+    cfg = tick.changefeed.scheduler
+    for op in sorted(tick.operators.values(), key=lambda o: o.name):
+        if not op.phase.terminal or op.deleting or tick.is_touched(op):
+            continue
+        keep = cfg.user_operator_retention_seconds if op.source is OpSource.USER else cfg.operator_retention_seconds
+        if tick.now - max(op.finished_at, op.created) >= keep:
+            tick.emit(f"gc {op.name}", [Delete(Kind.OPERATOR, op.name, op.uid)])
+            tick.forget(Kind.OPERATOR, op.name)

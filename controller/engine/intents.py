@@ -1,0 +1,105 @@
+"""Intended writes: the engine's only output besides its next memory.
+
+A decision is a list of :class:`Chain`\\ s. A chain is an ordered list of writes that the executor
+(``controller.kube`` in production, ``controller.sim`` in the simulator) applies one by one, stopping at
+the first failure; the next decision then starts from a fresh snapshot. Chains are independent of one
+another and may be applied concurrently.
+
+Ordering inside a chain is how "record before act" is expressed: an operator's chain always starts
+with the status write that records its new stage, followed by the actions of that stage. A process
+killed between any two writes leaves a state from which the next decision re-issues what is missing.
+
+Every write is idempotent when re-issued from the same or a later snapshot:
+
+- ``Create``: AlreadyExists is success (names are deterministic).
+- ``Delete``: NotFound is success; a ``uid`` precondition keeps a late delete from removing a
+  re-created object of the same name.
+- ``WriteStatus``: carries the resourceVersion the decision was based on; a 409 aborts the chain and
+  the next decision re-reads. For an object created earlier in the same chain, the executor uses the
+  resourceVersion that create returned.
+- ``AddFinalizer`` / ``RemoveFinalizer``: no-ops when already in the wanted state.
+- ``Event``: best effort, never fails a chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.model.records import Record
+from controller.model.states import Kind
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    obj: Record
+
+    def describe(self) -> str:
+        return f"create {self.obj.kind} {self.obj.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteStatus:
+    """Replace ``obj``'s status part; precondition: ``obj.resource_version`` (unless created in-chain)."""
+
+    obj: Record
+
+    def describe(self) -> str:
+        return f"status {self.obj.kind} {self.obj.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    kind: Kind
+    name: str
+    uid: str = ""  # precondition: delete only this incarnation ("" for none)
+
+    def describe(self) -> str:
+        return f"delete {self.kind} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class AddFinalizer:
+    kind: Kind
+    name: str
+    finalizer: str
+
+    def describe(self) -> str:
+        return f"add finalizer {self.kind} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveFinalizer:
+    kind: Kind
+    name: str
+    finalizer: str
+
+    def describe(self) -> str:
+        return f"release finalizer {self.kind} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A Kubernetes Event on an object: only for what a person should know or act on."""
+
+    kind: Kind
+    name: str
+    reason: str
+    message: str
+    warning: bool = False
+
+    def describe(self) -> str:
+        return f"event {self.reason} on {self.kind} {self.name}"
+
+
+Write = Create | WriteStatus | Delete | AddFinalizer | RemoveFinalizer | Event
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """Writes applied in order; the first failure abandons the rest."""
+
+    writes: tuple[Write, ...]
+    why: str = ""
+
+    def describe(self) -> str:
+        return f"{self.why}: " + "; ".join(w.describe() for w in self.writes)

@@ -1,0 +1,169 @@
+"""``decide``: one maintainer decision for one changefeed. Purely computational, no side effects.
+
+Input: a :class:`World` snapshot (from synced caches), the maintainer's :class:`Memory` for this
+leadership term, and :class:`Options`. Output: a :class:`Decision`, the chains of intended writes
+plus the next memory. The caller applies the chains and calls again (every ~500 ms and on events).
+
+Order of one decision::
+
+    epoch not yet published?  -> only publish it (Changefeed.status.epoch, holder), nothing else
+    someone newer published?  -> fenced: no writes at all
+    tables      finalizers; deleted tables' operators canceled and replaced by a Remove
+    operators   advance every Running operator (restored ones included) from the observed world
+    repair      the safety net: new spans validated, spans and dispatchers no operator explains
+    operators   admit Pending operators (oldest first) within maxInFlightOperators
+    schedulers  basic: Absent spans to the least-loaded capture (skipped while paused)
+    coverage    initial spans for new tables, holes filled, unexplained overlaps removed
+    gc          finished operators past their retention
+    status      Changefeed and Table status; on the term's first decision, the Bootstrapped
+                condition and one Event saying what was restored and repaired
+
+There is no separate recovery path: bootstrap is the first ordinary decision of a term, and every
+rule is level-triggered on the snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from controller.engine import checkpoint, controller, repair, scheduler, tables
+from controller.engine.intents import Chain, WriteStatus
+from controller.engine.world import Options, Tick, World
+from controller.model.records import Changefeed, Condition, SpanCounts
+from controller.model.states import SpanState
+
+BOOTSTRAPPED = "Bootstrapped"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a maintainer keeps between decisions of one term. Losing it loses nothing durable."""
+
+    epoch: int
+    identity: str
+    bootstrapped: bool = False
+    restored: int = 0
+    repaired: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    chains: tuple[Chain, ...]
+    memory: Memory
+    fenced: bool = False
+    repairs: tuple[str, ...] = ()
+
+    @property
+    def writes(self) -> int:
+        return sum(len(c.writes) for c in self.chains)
+
+
+def decide(world: World, memory: Memory, options: Options | None = None) -> Decision:
+    options = options or Options()
+    cf = world.changefeed
+    if cf.epoch > memory.epoch or (cf.epoch == memory.epoch and cf.holder and cf.holder != memory.identity):
+        return Decision((), memory, fenced=True)
+    if cf.epoch < memory.epoch or cf.holder != memory.identity:
+        return Decision((_publish_epoch(world, memory),), memory)
+
+    tick = Tick(world, memory.epoch, options)
+    first = not memory.bootstrapped
+    tick.first_tick = first
+    restored = sum(1 for op in world.operators.values() if op.in_flight) if first else memory.restored
+
+    tables.lifecycle(tick)
+    controller.advance_running(tick)
+    repair.run(tick)
+    controller.admit_pending(tick)
+    if not cf.paused:
+        scheduler.basic(tick)
+    repair.coverage(tick)
+    controller.garbage_collect(tick)
+    repaired = memory.repaired + len(tick.repairs) if first else memory.repaired
+    _status(tick, first, restored, len(tick.repairs))
+
+    new_memory = replace(memory, bootstrapped=True, restored=restored, repaired=repaired)
+    return Decision(tuple(tick.chains), new_memory, repairs=tuple(tick.repairs))
+
+
+def _publish_epoch(world: World, memory: Memory) -> Chain:
+    cf = world.changefeed
+    cond = Condition(
+        type=BOOTSTRAPPED,
+        status="False",
+        reason="Bootstrapping",
+        message=f"maintainer {memory.identity} took over at epoch {memory.epoch}",
+        observed_generation=cf.generation,
+        last_transition=world.now,
+    )
+    new = replace(cf, epoch=memory.epoch, holder=memory.identity, conditions=_set_condition(cf, cond))
+    return Chain((WriteStatus(new),), f"publish epoch {memory.epoch}")
+
+
+def _set_condition(cf: Changefeed, cond: Condition) -> tuple[Condition, ...]:
+    old = cf.condition(cond.type)
+    if old is not None and (old.status, old.reason, old.message, old.observed_generation) == (
+        cond.status,
+        cond.reason,
+        cond.message,
+        cond.observed_generation,
+    ):
+        return cf.conditions
+    if old is not None and old.status == cond.status:
+        cond = replace(cond, last_transition=old.last_transition)
+    return (*tuple(c for c in cf.conditions if c.type != cond.type), cond)
+
+
+def _counts(states: list[SpanState | None]) -> SpanCounts:
+    return SpanCounts(
+        absent=sum(1 for s in states if s is SpanState.ABSENT),
+        scheduling=sum(1 for s in states if s is SpanState.SCHEDULING),
+        replicating=sum(1 for s in states if s is SpanState.REPLICATING),
+        removing=sum(1 for s in states if s is SpanState.REMOVING),
+        invalid=sum(1 for s in states if s is SpanState.INVALID),
+    )
+
+
+def _status(tick: Tick, first: bool, restored: int, repaired: int) -> None:
+    cf = tick.changefeed
+    per_table: dict[int, list[SpanState | None]] = {}
+    for s in tick.spans.values():
+        per_table.setdefault(s.table_id, []).append(s.state)
+    conditions = cf.conditions
+    writes: list[object] = []
+    if first:
+        message = f"restored {restored} in-flight operators and made {repaired} repairs at epoch {tick.epoch}"
+        cond = Condition(
+            type=BOOTSTRAPPED,
+            status="True",
+            reason="Restored",
+            message=message,
+            observed_generation=cf.generation,
+            last_transition=tick.now,
+        )
+        conditions = _set_condition(cf, cond)
+        writes.append(tick.event(cf, "Bootstrapped", message))
+    new = replace(
+        cf,
+        checkpoint_ts=checkpoint.compute(tick),
+        span_counts=_counts([s.state for s in tick.spans.values()]),
+        operators_in_flight=sum(1 for op in tick.operators.values() if op.in_flight),
+        conditions=conditions,
+        observed_generation=cf.generation,
+    )
+    if not new.status_equal(cf):
+        writes.insert(0, WriteStatus(new))
+    tick.emit("changefeed status", writes)
+    for table in tick.world.tables.values():
+        if tick.is_touched(table) or table.changefeed != cf.name or tick.tables_by_id.get(table.table_id) is not table:
+            continue
+        state = "Removing" if table.deleting else "Active"
+        updated = replace(
+            table,
+            state=state,
+            message="",
+            span_counts=_counts(per_table.get(table.table_id, [])),
+            observed_generation=table.generation,
+        )
+        if not updated.status_equal(table):
+            tick.emit(f"table {table.name} status", [WriteStatus(updated)])

@@ -1,0 +1,335 @@
+"""Repair: the rules that explain every object no operator explains. Run at bootstrap and every tick.
+
+A restored maintainer and a running one are the same code: there is no separate "recovery mode",
+only these level-triggered rules, applied to whatever no in-flight operator owns.
+
+1. New spans (no status yet, user-applied or left by a crash between create and status write) are
+   validated: inside their table's range, of an enabled mode, overlapping no accepted span. They
+   become Absent, or Invalid with a reason; an invalid span touches nothing else.
+2. Spans: Replicating whose dispatcher is missing, closed, deleting or on a lost capture -> Absent;
+   Scheduling/Removing with no operator -> Replicating if their dispatcher is Working, else Absent;
+   Absent with a Working dispatcher that matches exactly -> adopted (Replicating), not duplicated.
+3. Dispatchers no span claims (no span, a deleted span, a duplicate for a span that names another)
+   are deleted; on a lost capture their finalizer is released too (it fenced itself).
+4. Coverage: a live table with no spans gets its initial spans (pre-split policy); a hole in a
+   table's coverage gets an Absent span; an overlap no operator explains is resolved by removing
+   the newer span; spans of a disabled mode or an unknown table are removed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+from controller.engine import controller, naming
+from controller.engine.intents import Write
+from controller.engine.operators.common import set_span
+from controller.engine.world import Tick
+from controller.model.keys import KeyError_, KeyRange, gaps, overlapping_pairs
+from controller.model.records import Dispatcher, Span, SpanOperator, Table
+from controller.model.states import (
+    DISPATCHER_FINALIZER,
+    DispatcherState,
+    Mode,
+    OpPhase,
+    OpSource,
+    OpType,
+    SpanState,
+)
+
+
+def run(tick: Tick) -> None:
+    validate_new_spans(tick)
+    repair_spans(tick)
+    repair_dispatchers(tick)
+
+
+def _owned_dispatchers(tick: Tick) -> set[str]:
+    names: set[str] = set()
+    for op in tick.operators.values():
+        if op.phase is OpPhase.RUNNING:
+            names.update(o.dispatcher for o in op.origins)
+            names.update(t.dispatcher for t in op.targets if t.dispatcher)
+    return names
+
+
+def _planned_ranges(tick: Tick) -> dict[tuple[int, Mode], list[KeyRange]]:
+    """Ranges that in-flight operators will create (split children, merged spans), per table and mode."""
+    planned: dict[tuple[int, Mode], list[KeyRange]] = defaultdict(list)
+    for op in tick.operators.values():
+        if op.phase is not OpPhase.RUNNING or op.type not in (OpType.SPLIT, OpType.MERGE):
+            continue
+        template = next((tick.world.spans[s] for s in op.spans if s in tick.world.spans), None)
+        if template is None:
+            template = next((tick.world.spans[t.span] for t in op.targets if t.span in tick.world.spans), None)
+        if template is not None:
+            planned[(template.table_id, template.mode)].extend(t.key_range for t in op.targets)
+    return planned
+
+
+# -- 1. new spans --------------------------------------------------------------------------------
+
+
+def validate_new_spans(tick: Tick) -> None:
+    new = sorted(
+        (s for s in tick.spans.values() if s.state is None and not s.deleting and s.name not in tick.owner),
+        key=lambda s: (s.created, s.name),
+    )
+    if not new:
+        return
+    accepted: dict[tuple[int, Mode], list[tuple[str, KeyRange]]] = defaultdict(list)
+    for s in tick.spans.values():
+        if s.state not in (None, SpanState.INVALID) and not s.deleting:
+            accepted[(s.table_id, s.mode)].append((s.name, s.key_range))
+    for key, ranges in _planned_ranges(tick).items():
+        accepted[key].extend(("(planned)", r) for r in ranges)
+    for span in new:
+        table = tick.tables_by_id.get(span.table_id)
+        if table is not None and table.deleting:
+            continue  # the table's Remove takes it
+        problem = _span_problem(tick, span, table, accepted[(span.table_id, span.mode)])
+        if problem:
+            new_span = replace(span, state=SpanState.INVALID, message=problem)
+            tick.emit(
+                f"span {span.name} invalid",
+                [tick.write_status(new_span), tick.event(new_span, "SpanRejected", problem, warning=True)],
+            )
+            continue
+        accepted[(span.table_id, span.mode)].append((span.name, span.key_range))
+        cp = max(span.start_ts, tick.checkpoint_floor, table.start_ts if table else 0)
+        tick.emit(f"span {span.name} accepted", set_span(tick, span, state=SpanState.ABSENT, checkpoint_ts=cp))
+
+
+def _span_problem(tick: Tick, span: Span, table: Table | None, accepted: list[tuple[str, KeyRange]]) -> str:
+    if table is None or table.changefeed != tick.changefeed.name:
+        return f"table ID {span.table_id} is not a table of changefeed {tick.changefeed.name!r}"
+    if not tick.mode_enabled(span.mode):
+        return f"mode {span.mode} is not enabled for changefeed {tick.changefeed.name!r} (spec.redo is false)"
+    if not table.key_range.contains_range(span.key_range):
+        return f"range {span.key_range} is outside table {table.name!r} range {table.key_range}"
+    for name, rng in accepted:
+        if rng.overlaps(span.key_range):
+            return f"range {span.key_range} overlaps span {name!r} {rng}"
+    return ""
+
+
+# -- 2. spans ------------------------------------------------------------------------------------
+
+
+def _usable(tick: Tick, d: Dispatcher | None) -> bool:
+    return d is not None and not d.deleting and d.state is DispatcherState.WORKING and tick.capture_alive(d.capture)
+
+
+def repair_spans(tick: Tick) -> None:
+    orphans: dict[tuple[int, Mode, KeyRange], list[Dispatcher]] = defaultdict(list)
+    owned_d = _owned_dispatchers(tick)
+    for x in tick.dispatchers.values():
+        if x.name not in owned_d and x.span not in tick.spans and _usable(tick, x):
+            orphans[(x.table_id, x.mode, x.key_range)].append(x)
+    for span in sorted(tick.spans.values(), key=lambda s: s.name):
+        if span.name in tick.owner or span.deleting or tick.is_touched(span) or span.state is None:
+            continue
+        d = tick.dispatchers.get(span.dispatcher) if span.dispatcher else None
+        if span.state is SpanState.REPLICATING:
+            if _usable(tick, d) and d is not None and d.span == span.name:
+                continue
+            why = "its dispatcher is gone" if d is None else f"its dispatcher {d.name} is {d.state or 'lost'}"
+            _absent(tick, span, d, f"span {span.name} was Replicating but {why}")
+        elif span.state in (SpanState.SCHEDULING, SpanState.REMOVING):
+            if (
+                span.state is SpanState.SCHEDULING
+                and _usable(tick, d)
+                and d is not None
+                and d.span == span.name
+                and tick.table_live(span.table_id)
+            ):
+                tick.repairs.append(f"span {span.name}: operator gone, dispatcher {d.name} Working -> Replicating")
+                tick.emit(
+                    f"span {span.name} settle",
+                    set_span(tick, span, state=SpanState.REPLICATING, operator="", capture=d.capture),
+                )
+            elif tick.table_live(span.table_id):
+                _absent(tick, span, d, f"span {span.name} was {span.state} with no operator")
+        elif span.state is SpanState.ABSENT and tick.table_live(span.table_id):
+            mine = [x for x in tick.dispatchers_of_span(span.name) if _usable(tick, x)]
+            candidates = mine or orphans.get((span.table_id, span.mode, span.key_range), [])
+            if candidates:
+                chosen = candidates[0]
+                if chosen in orphans.get((span.table_id, span.mode, span.key_range), []):
+                    orphans[(span.table_id, span.mode, span.key_range)].remove(chosen)
+                tick.repairs.append(f"span {span.name}: adopted Working dispatcher {chosen.name}")
+                tick.emit(
+                    f"span {span.name} adopt",
+                    set_span(
+                        tick,
+                        span,
+                        state=SpanState.REPLICATING,
+                        capture=chosen.capture,
+                        dispatcher=chosen.name,
+                        checkpoint_ts=max(span.checkpoint_ts, chosen.known_checkpoint),
+                    ),
+                )
+
+
+def _absent(tick: Tick, span: Span, d: Dispatcher | None, why: str) -> None:
+    tick.repairs.append(why)
+    cp = max(span.checkpoint_ts, d.known_checkpoint if d is not None and d.span == span.name else 0)
+    writes: list[Write] = list(
+        set_span(tick, span, state=SpanState.ABSENT, capture="", dispatcher="", operator="", checkpoint_ts=cp)
+    )
+    tick.emit(f"span {span.name} absent", writes)
+
+
+# -- 3. dispatchers ------------------------------------------------------------------------------
+
+
+def repair_dispatchers(tick: Tick) -> None:
+    owned_d = _owned_dispatchers(tick)
+    for d in sorted(tick.dispatchers.values(), key=lambda d: d.name):
+        if d.name in owned_d or d.span in tick.owner or tick.is_touched(d):
+            continue
+        if d.deleting:
+            if not tick.capture_alive(d.capture) and DISPATCHER_FINALIZER in d.finalizers:
+                tick.emit(f"release {d.name}", tick.close_dispatcher(d))
+            continue
+        span = tick.spans.get(d.span)
+        if span is None:
+            # Claimed by exact match through adoption (span named differently)?
+            claimer = _claimer(tick, d)
+            if claimer is None:
+                if tick.mutant("bootstrap-skips-orphan-dispatchers"):
+                    continue
+                tick.repairs.append(f"dispatcher {d.name}: its span {d.span} does not exist")
+                tick.emit(f"orphan {d.name}", tick.close_dispatcher(d))
+            continue
+        claimed = span.state is SpanState.REPLICATING and span.dispatcher == d.name and not span.deleting
+        if claimed and _usable(tick, d):
+            continue
+        if claimed:
+            continue  # a Replicating span still names it: repair_spans decides about that span first
+        tick.repairs.append(f"dispatcher {d.name}: span {span.name} does not claim it")
+        tick.emit(f"unclaimed {d.name}", tick.close_dispatcher(d))
+
+
+def _claimer(tick: Tick, d: Dispatcher) -> Span | None:
+    for s in tick.spans.values():
+        if s.dispatcher == d.name and s.state is SpanState.REPLICATING:
+            return s
+    return None
+
+
+# -- 4. coverage ---------------------------------------------------------------------------------
+
+
+def coverage(tick: Tick) -> None:
+    by_table: dict[tuple[int, Mode], list[Span]] = defaultdict(list)
+    stray: list[Span] = []
+    for s in tick.spans.values():
+        if s.deleting or s.state is SpanState.INVALID:
+            continue
+        table = tick.tables_by_id.get(s.table_id)
+        if table is None or table.changefeed != tick.changefeed.name or not tick.mode_enabled(s.mode):
+            if s.state is not None and s.name not in tick.owner:
+                stray.append(s)
+            continue
+        if not table.deleting:
+            by_table[(s.table_id, s.mode)].append(s)
+    planned = _planned_ranges(tick)
+    for table in sorted(tick.tables_by_id.values(), key=lambda t: t.table_id):
+        if table.deleting or table.changefeed != tick.changefeed.name:
+            continue
+        for mode in tick.changefeed.modes:
+            spans = by_table.get((table.table_id, mode), [])
+            ranges = [s.key_range for s in spans] + planned.get((table.table_id, mode), [])
+            if not ranges:
+                _initial_spans(tick, table, mode)
+                continue
+            for hole in gaps(table.key_range, ranges):
+                tick.repairs.append(f"table {table.name} ({mode}): hole {hole} filled with an Absent span")
+                _new_span(tick, table, mode, hole)
+            _resolve_overlaps(tick, spans)
+    if stray:
+        _remove_spans(tick, stray, "span of an unknown table or a disabled mode")
+
+
+def _initial_spans(tick: Tick, table: Table, mode: Mode) -> None:
+    rng = table.key_range
+    try:
+        if table.pre_split_keys:
+            ranges = rng.split_at(table.pre_split_keys)
+        elif table.pre_split_spans > 1:
+            ranges = rng.split_at(rng.even_split_keys(min(table.pre_split_spans, 4096)))
+        else:
+            ranges = (rng,)
+    except KeyError_ as exc:
+        ranges = (rng,)
+        tick.emit(
+            f"table {table.name} presplit",
+            [tick.event(table, "PreSplitIgnored", f"spec.preSplit ignored: {exc}", warning=True)],
+        )
+    for r in ranges:
+        _new_span(tick, table, mode, r)
+
+
+def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
+    start = max(tick.checkpoint_floor, table.start_ts)
+    span = Span(
+        name=naming.span_name(tick.changefeed.name, table.table_id, mode, rng),
+        namespace=table.namespace,
+        changefeed=tick.changefeed.name,
+        table_id=table.table_id,
+        mode=mode,
+        key_range=rng,
+        start_ts=start,
+        created=tick.now,
+        labels=(
+            ("cdc.maintainer.dev/changefeed", tick.changefeed.name),
+            ("cdc.maintainer.dev/table-id", str(table.table_id)),
+        ),
+    )
+    if span.name in tick.spans:
+        return
+    accepted = replace(span, state=SpanState.ABSENT, checkpoint_ts=start)
+    tick.emit(f"span {span.name} new", [tick.create(span), tick.write_status(accepted)])
+
+
+def _resolve_overlaps(tick: Tick, spans: list[Span]) -> None:
+    free = [s for s in spans if s.name not in tick.owner and s.state is not None]
+    if len(free) < 2:
+        return
+    pairs = overlapping_pairs([(s.name, s.key_range) for s in free])
+    if not pairs:
+        return
+    by_name = {s.name: s for s in free}
+    doomed: set[str] = set()
+    for a, b in pairs:
+        if a in doomed or b in doomed:
+            continue
+        sa, sb = by_name[a], by_name[b]
+        newer = max(sa, sb, key=lambda s: (s.created, s.name))
+        doomed.add(newer.name)
+    victims = [by_name[n] for n in sorted(doomed)]
+    tick.repairs.append(f"overlapping spans removed: {', '.join(s.name for s in victims)}")
+    _remove_spans(tick, victims, "overlap no operator explains")
+
+
+def _remove_spans(tick: Tick, spans: list[Span], reason: str) -> None:
+    names = tuple(sorted(s.name for s in spans if s.name not in tick.owner))
+    if not names:
+        return
+    basis = tuple(tick.spans[n].resource_version for n in names)
+    op = SpanOperator(
+        name=naming.operator_name(OpType.REMOVE, names, basis),
+        namespace=spans[0].namespace,
+        changefeed=tick.changefeed.name,
+        type=OpType.REMOVE,
+        spans=names,
+        delete_spans=True,
+        source=OpSource.MAINTAINER,
+        reason=reason,
+        created=tick.now,
+        labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+    )
+    if op.name in tick.operators:
+        return
+    controller.admit(tick, op, create=True)

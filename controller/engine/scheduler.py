@@ -1,0 +1,62 @@
+"""The basic scheduler: every Absent span goes to the least-loaded live, non-draining capture.
+
+It creates one Add operator per span (as a SpanOperator, so the placement survives a crash) and
+starts it in the same chain, within ``maxInFlightOperators`` and ``basicBatchSize`` per tick. Names
+are derived from the span and its resourceVersion: the same decision from the same snapshot names the
+same operator, so a retried create is AlreadyExists, not a second operator.
+"""
+
+from __future__ import annotations
+
+from controller.engine import controller, naming
+from controller.engine.world import Tick
+from controller.model.records import SpanOperator
+from controller.model.states import OpSource, OpType, SpanState
+
+
+def basic(tick: Tick) -> None:
+    cfg = tick.changefeed.scheduler
+    room = min(cfg.basic_batch_size, cfg.max_in_flight_operators - tick.running)
+    if room <= 0:
+        return
+    captures = tick.schedulable_captures()
+    if not captures:
+        return
+    load = tick.load()
+    absent = sorted(
+        (
+            s
+            for s in tick.spans.values()
+            if s.state is SpanState.ABSENT
+            and not s.deleting
+            and s.name not in tick.owner
+            and not tick.is_touched(s)
+            and tick.table_live(s.table_id)
+            and tick.mode_enabled(s.mode)
+            and not tick.dispatchers_of_span(s.name)
+        ),
+        key=lambda s: (s.table_id, s.mode, s.key_range),
+    )
+    pending = {name for op in tick.in_flight() for name in op.spans}
+    for span in absent:
+        if room <= 0:
+            break
+        if span.name in pending:
+            continue  # a queued operator already names it
+        capture = min(captures, key=lambda c: (load.get(c, 0), c))
+        load[capture] = load.get(capture, 0) + 1
+        op = SpanOperator(
+            name=naming.operator_name(OpType.ADD, (span.name,), (span.resource_version,)),
+            namespace=span.namespace,
+            changefeed=tick.changefeed.name,
+            type=OpType.ADD,
+            spans=(span.name,),
+            target=capture,
+            source=OpSource.SCHEDULER,
+            created=tick.now,
+            labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+        )
+        if op.name in tick.operators:
+            continue  # made from this very snapshot already; its record tells what happened
+        controller.admit(tick, op, create=True)
+        room -= 1

@@ -1,0 +1,95 @@
+"""Table lifecycle: the finalizer, a deleted table's spans, and a table's initial spans.
+
+- A live Table gets the maintainer's finalizer, so that deleting it waits for its spans.
+- A deleted table (deletionTimestamp set): every in-flight operator on its spans is Canceled (its
+  record says why) and the spans go to one Remove operator that deletes their dispatchers and then
+  the spans. When no span and no dispatcher of the table is left, the finalizer is released.
+- A second Table object naming a table ID already taken is Invalid; it gets no spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controller.engine import controller, naming
+from controller.engine.intents import AddFinalizer, RemoveFinalizer, WriteStatus
+from controller.engine.operators.common import owned_spans, record
+from controller.engine.world import Tick
+from controller.model.records import SpanOperator, Table
+from controller.model.states import TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType
+
+
+def lifecycle(tick: Tick) -> None:
+    for table in sorted(tick.world.tables.values(), key=lambda t: (t.created, t.name)):
+        if table.changefeed != tick.changefeed.name:
+            continue
+        if tick.tables_by_id.get(table.table_id) is not table:
+            _invalid(tick, table)
+        elif table.deleting:
+            _removing(tick, table)
+        elif TABLE_FINALIZER not in table.finalizers:
+            tick.emit(f"table {table.name} finalizer", [AddFinalizer(Kind.TABLE, table.name, TABLE_FINALIZER)])
+
+
+def _invalid(tick: Tick, table: Table) -> None:
+    if table.deleting and TABLE_FINALIZER in table.finalizers:
+        tick.emit(f"table {table.name} release", [RemoveFinalizer(Kind.TABLE, table.name, TABLE_FINALIZER)])
+        return
+    owner = tick.tables_by_id[table.table_id]
+    message = f"table ID {table.table_id} is already defined by Table {owner.name!r}"
+    if table.state != "Invalid" or table.message != message:
+        new = replace(table, state="Invalid", message=message)
+        tick.emit(
+            f"table {table.name} invalid",
+            [WriteStatus(new), tick.event(new, "TableRejected", message, warning=True)],
+        )
+
+
+def _removing(tick: Tick, table: Table) -> None:
+    spans = sorted(s.name for s in tick.spans.values() if s.table_id == table.table_id and not s.deleting)
+    leftover = [d for d in tick.dispatchers.values() if d.table_id == table.table_id]
+    if not spans and not leftover:
+        if TABLE_FINALIZER in table.finalizers:
+            tick.emit(f"table {table.name} released", [RemoveFinalizer(Kind.TABLE, table.name, TABLE_FINALIZER)])
+        return
+    wanted = set(spans)
+    covered: set[str] = set()
+    for op in tick.in_flight():
+        mine = owned_spans(op) & wanted
+        if not mine:
+            continue
+        if op.type is OpType.REMOVE and op.phase is OpPhase.RUNNING:
+            covered.update(op.spans)
+            continue
+        if op.type is OpType.REMOVE and op.phase is OpPhase.PENDING and op.source is OpSource.MAINTAINER:
+            covered.update(op.spans)
+            continue
+        # Any other operator yields: it is canceled and its spans join the table's Remove.
+        _, write = record(
+            tick,
+            op,
+            phase=OpPhase.CANCELED,
+            status_reason="TableDeleted",
+            message=f"table {table.name} was deleted; its spans are being removed",
+            finished_at=tick.now,
+        )
+        tick.emit(f"cancel {op.name}", [write])
+    todo = tuple(s for s in spans if s not in covered)
+    if not todo:
+        return
+    basis = tuple(tick.spans[s].resource_version for s in todo)
+    op = SpanOperator(
+        name=naming.operator_name(OpType.REMOVE, todo, (table.uid, *basis)),
+        namespace=table.namespace,
+        changefeed=tick.changefeed.name,
+        type=OpType.REMOVE,
+        spans=todo,
+        delete_spans=True,
+        source=OpSource.MAINTAINER,
+        reason=f"table {table.name} deleted",
+        created=tick.now,
+        labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+    )
+    if op.name in tick.operators:
+        return  # created already (not yet started: the in-flight limit)
+    controller.admit(tick, op, create=True)

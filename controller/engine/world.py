@@ -1,0 +1,215 @@
+"""The engine's input: a snapshot of one changefeed's world, and the per-tick view built over it.
+
+``World`` is what the caller gathers (from informer caches in production, from the simulated API in
+the simulator): plain records, nothing else. ``Tick`` is the engine's scratch space for one decision:
+indexes over the snapshot, an overlay of the records this decision has already changed (so that later
+phases see earlier phases' effects), and the chains it has decided on.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from controller.engine.intents import Chain, Create, Delete, Event, RemoveFinalizer, WriteStatus
+from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
+from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything the maintainer knows about one changefeed at one instant."""
+
+    now: float
+    changefeed: Changefeed
+    tables: Mapping[str, Table] = field(default_factory=dict)
+    spans: Mapping[str, Span] = field(default_factory=dict)
+    dispatchers: Mapping[str, Dispatcher] = field(default_factory=dict)
+    operators: Mapping[str, SpanOperator] = field(default_factory=dict)
+    captures: Mapping[str, Capture] = field(default_factory=dict)
+
+
+#: Switches for the simulator's mutation check: each names a deliberate bug. Production passes none.
+MUTANTS = frozenset(
+    {
+        "restore-forgets-move-destination",  # a restored Move in AddDest re-plans its destination
+        "split-skips-children",  # Split finishes without creating the children once the origin stopped
+        "move-adds-before-origin-stopped",  # Move creates the destination while the origin still runs
+        "bootstrap-skips-orphan-dispatchers",  # the safety net keeps dispatchers that have no span
+        "remove-forgets-finalizer-of-lost-capture",  # dispatchers of a lost capture are never released
+    }
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    mutants: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = self.mutants - MUTANTS
+        if unknown:
+            raise ValueError(f"unknown mutants: {sorted(unknown)}")
+
+
+class Tick:
+    """One decision's working state. Only the engine creates and mutates it."""
+
+    def __init__(self, world: World, epoch: int, options: Options) -> None:
+        self.world = world
+        self.now = world.now
+        self.epoch = epoch
+        self.options = options
+        self.changefeed = world.changefeed
+        #: Nothing is ever started below this: the published checkpoint, or the changefeed's start ts.
+        self.checkpoint_floor = max(world.changefeed.checkpoint_ts, world.changefeed.start_ts)
+        self.chains: list[Chain] = []
+        # Overlay: records as this decision leaves them (None: deleted).
+        self.spans: dict[str, Span] = dict(world.spans)
+        self.operators: dict[str, SpanOperator] = dict(world.operators)
+        self.dispatchers: dict[str, Dispatcher] = dict(world.dispatchers)
+        self.touched: set[tuple[Kind, str]] = set()
+        self._by_span: defaultdict[str, list[Dispatcher]] | None = None
+        self.repairs: list[str] = []
+        self.alive = {n for n, c in world.captures.items() if c.alive(world.now)}
+        self.first_tick = False  # set by the maintainer on the first decision of a term
+        # Running operators and the spans they own, kept current as operators change in this tick.
+        self.owner: dict[str, str] = {}
+        self.running = 0
+        for op in self.operators.values():
+            self._count(op, +1)
+        self.tables_by_id: dict[int, Table] = {}
+        for t in sorted(world.tables.values(), key=lambda t: (t.created, t.name)):
+            self.tables_by_id.setdefault(t.table_id, t)
+
+    # -- switches -------------------------------------------------------------------------------
+
+    def mutant(self, name: str) -> bool:
+        return name in self.options.mutants
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def capture_alive(self, name: str) -> bool:
+        return name in self.alive
+
+    def schedulable_captures(self) -> list[str]:
+        caps = self.world.captures
+        return sorted(n for n in self.alive if not caps[n].draining)
+
+    def table_of(self, span: Span) -> Table | None:
+        table = self.tables_by_id.get(span.table_id)
+        return table if table is not None and table.changefeed == self.changefeed.name else None
+
+    def table_live(self, table_id: int) -> bool:
+        """The table exists and is not being deleted."""
+        table = self.tables_by_id.get(table_id)
+        return table is not None and not table.deleting
+
+    def mode_enabled(self, mode: Mode) -> bool:
+        return mode in self.changefeed.modes
+
+    def dispatchers_of_span(self, span: str) -> list[Dispatcher]:
+        if self._by_span is None:
+            self._by_span = defaultdict(list)
+            for d in self.dispatchers.values():
+                self._by_span[d.span].append(d)
+        found = (self.dispatchers.get(d.name) for d in self._by_span.get(span, ()))
+        return sorted((d for d in found if d is not None and d.span == span), key=lambda d: (d.created, d.name))
+
+    def in_flight(self) -> list[SpanOperator]:
+        ops = (o for o in self.operators.values() if o.in_flight)
+        return sorted(ops, key=lambda o: (o.created, o.name))
+
+    def load(self) -> dict[str, int]:
+        """Spans per capture: replicating ones, plus in-flight operator targets."""
+        counts: dict[str, int] = defaultdict(int)
+        for s in self.spans.values():
+            if s.state is SpanState.REPLICATING and s.capture:
+                counts[s.capture] += 1
+        for op in self.operators.values():
+            if op.in_flight:
+                for t in op.targets:
+                    if t.capture and not t.done:
+                        counts[t.capture] += 1
+        return counts
+
+    # -- recording decisions --------------------------------------------------------------------
+
+    def emit(self, why: str, writes: Iterable[object]) -> None:
+        ws = tuple(writes)
+        if ws:
+            self.chains.append(Chain(ws, why))  # type: ignore[arg-type]
+
+    def _count(self, op: SpanOperator, sign: int) -> None:
+        if op.phase is not OpPhase.RUNNING:
+            return
+        self.running += sign
+        for s in (*op.spans, *(t.span for t in op.targets)):
+            if sign > 0:
+                self.owner.setdefault(s, op.name)
+            elif self.owner.get(s) == op.name:
+                del self.owner[s]
+
+    def note(self, obj: Record) -> None:
+        """Record ``obj`` as this decision leaves it, so later phases of the tick see it."""
+        self.touched.add((obj.kind, obj.name))
+        if isinstance(obj, Span):
+            self.spans[obj.name] = obj
+        elif isinstance(obj, SpanOperator):
+            old = self.operators.get(obj.name)
+            if old is not None:
+                self._count(old, -1)
+            self.operators[obj.name] = obj
+            self._count(obj, +1)
+        elif isinstance(obj, Dispatcher):
+            if obj.name not in self.dispatchers and self._by_span is not None:
+                self._by_span[obj.span].append(obj)
+            self.dispatchers[obj.name] = obj
+
+    def forget(self, kind: Kind, name: str) -> None:
+        self.touched.add((kind, name))
+        if kind is Kind.SPAN:
+            self.spans.pop(name, None)
+        elif kind is Kind.DISPATCHER:
+            self.dispatchers.pop(name, None)
+        elif kind is Kind.OPERATOR:
+            old = self.operators.pop(name, None)
+            if old is not None:
+                self._count(old, -1)
+
+    def is_touched(self, obj: Record) -> bool:
+        return (obj.kind, obj.name) in self.touched
+
+    # -- write builders -------------------------------------------------------------------------
+
+    def write_status(self, obj: Record) -> WriteStatus:
+        self.note(obj)
+        return WriteStatus(obj)
+
+    def create(self, obj: Record) -> Create:
+        self.note(obj)
+        return Create(obj)
+
+    def close_dispatcher(self, d: Dispatcher) -> list[Delete | RemoveFinalizer]:
+        """Delete ``d``; if its capture is lost (it fenced itself), also release its finalizer.
+
+        A live capture closes the dispatcher, reports its final checkpoint and releases the
+        finalizer itself; a capture whose Lease lapsed cannot, so the maintainer does.
+        """
+        writes: list[Delete | RemoveFinalizer] = []
+        if not d.deleting:
+            writes.append(Delete(Kind.DISPATCHER, d.name, d.uid))
+        if (
+            not self.capture_alive(d.capture)
+            and DISPATCHER_FINALIZER in d.finalizers
+            and not self.mutant("remove-forgets-finalizer-of-lost-capture")
+        ):
+            writes.append(RemoveFinalizer(Kind.DISPATCHER, d.name, DISPATCHER_FINALIZER))
+        if writes:
+            self.touched.add((Kind.DISPATCHER, d.name))
+            if not d.deleting:
+                self.dispatchers[d.name] = replace(d, deleting=True)
+        return writes
+
+    def event(self, obj: Record, reason: str, message: str, warning: bool = False) -> Event:
+        return Event(obj.kind, obj.name, reason, message, warning)

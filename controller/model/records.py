@@ -1,0 +1,340 @@
+"""The model: one frozen dataclass per resource kind, holding exactly what the engine reasons about.
+
+Every record carries the object metadata the engine needs (name, resourceVersion, uid, creation time,
+deletion and finalizers). Fields are split into ``SPEC_FIELDS`` and ``STATUS_FIELDS`` so that a status
+write can replace exactly the status part, as the API server's status subresource does.
+
+Conversion to and from Kubernetes resource dictionaries lives in ``controller.model.resources``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import ClassVar, TypeVar
+
+from controller.model.keys import KeyRange
+from controller.model.states import DispatcherState, Kind, Mode, OpPhase, OpSource, OpType, SpanState, Stage
+
+R = TypeVar("R", bound="Record")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """Object metadata common to every kind."""
+
+    KIND: ClassVar[Kind]
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = ()
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    resource_version: str = ""  # "" for an object not yet created
+    generation: int = 0
+    created: float = 0.0  # creationTimestamp, seconds since the epoch
+    deleting: bool = False  # deletionTimestamp is set
+    finalizers: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kind(self) -> Kind:
+        return self.KIND
+
+    def with_status_of(self: R, other: R) -> R:
+        """This object with ``other``'s status fields (what a status write does)."""
+        return replace(self, **{f: getattr(other, f) for f in self.STATUS_FIELDS})
+
+    def status_equal(self: R, other: R) -> bool:
+        return all(getattr(self, f) == getattr(other, f) for f in self.STATUS_FIELDS)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+# --------------------------------------------------------------------------------------------------
+# Changefeed
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """``Changefeed.spec.scheduler``. Defaults follow TiCDC's (see docs/architecture.md)."""
+
+    max_in_flight_operators: int = 10000
+    #: How many Add operators the basic scheduler starts per tick (TiCDC's add-table batch).
+    basic_batch_size: int = 512
+    #: Seconds a finished scheduler/maintainer operator is kept before it is garbage-collected.
+    operator_retention_seconds: float = 300.0
+    #: Seconds a finished user operator is kept.
+    user_operator_retention_seconds: float = 3600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str = ""
+    observed_generation: int = 0
+    last_transition: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpanCounts:
+    absent: int = 0
+    scheduling: int = 0
+    replicating: int = 0
+    removing: int = 0
+    invalid: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Changefeed(Record):
+    KIND: ClassVar[Kind] = Kind.CHANGEFEED
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = ("paused", "redo", "start_ts", "scheduler")
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = (
+        "epoch",
+        "holder",
+        "checkpoint_ts",
+        "span_counts",
+        "operators_in_flight",
+        "conditions",
+        "observed_generation",
+    )
+
+    paused: bool = False
+    redo: bool = False
+    start_ts: int = 0
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    epoch: int = 0
+    holder: str = ""  # identity of the maintainer that published ``epoch``
+    checkpoint_ts: int = 0
+    span_counts: SpanCounts = field(default_factory=SpanCounts)
+    operators_in_flight: int = 0
+    conditions: tuple[Condition, ...] = ()
+    observed_generation: int = 0
+
+    @property
+    def modes(self) -> tuple[Mode, ...]:
+        return (Mode.DEFAULT, Mode.REDO) if self.redo else (Mode.DEFAULT,)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Table
+
+
+@dataclass(frozen=True, kw_only=True)
+class Table(Record):
+    KIND: ClassVar[Kind] = Kind.TABLE
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = (
+        "changefeed",
+        "table_id",
+        "splittable",
+        "pre_split_spans",
+        "pre_split_keys",
+        "start_ts",
+        "write_rate",
+    )
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("state", "message", "span_counts", "observed_generation")
+
+    changefeed: str
+    table_id: int
+    splittable: bool = True
+    #: Cut the table into this many even spans when it is first seen (0 or 1: one span).
+    pre_split_spans: int = 0
+    #: Or cut it at these keys (takes precedence over ``pre_split_spans``).
+    pre_split_keys: tuple[bytes, ...] = ()
+    #: Replicate from this ts (never below the changefeed's checkpoint). 0: from the checkpoint.
+    start_ts: int = 0
+    #: Simulated upstream write rate (rows/s) the default dispatcher runtime reports.
+    write_rate: float = 0.0
+
+    state: str = ""  # "" | "Active" | "Invalid" | "Removing"
+    message: str = ""
+    span_counts: SpanCounts = field(default_factory=SpanCounts)
+    observed_generation: int = 0
+
+    @property
+    def key_range(self) -> KeyRange:
+        return KeyRange.of_table(self.table_id)
+
+
+# --------------------------------------------------------------------------------------------------
+# Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Span(Record):
+    KIND: ClassVar[Kind] = Kind.SPAN
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = ("changefeed", "table_id", "mode", "key_range", "start_ts")
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = (
+        "state",
+        "capture",
+        "dispatcher",
+        "checkpoint_ts",
+        "operator",
+        "message",
+    )
+
+    changefeed: str
+    table_id: int
+    mode: Mode = Mode.DEFAULT
+    key_range: KeyRange
+    #: The ts this span's data must be replicated from (set by split/merge/hole repair; 0: unknown).
+    start_ts: int = 0
+
+    state: SpanState | None = None  # None: status never written (new span, not yet validated)
+    capture: str = ""
+    dispatcher: str = ""
+    checkpoint_ts: int = 0
+    operator: str = ""
+    message: str = ""
+
+    @property
+    def known_checkpoint(self) -> int:
+        """The best persisted lower bound of this span's replicated-up-to ts."""
+        return max(self.start_ts, self.checkpoint_ts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Dispatcher
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dispatcher(Record):
+    KIND: ClassVar[Kind] = Kind.DISPATCHER
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = (
+        "changefeed",
+        "span",
+        "table_id",
+        "mode",
+        "key_range",
+        "capture",
+        "start_ts",
+        "operator",
+        "epoch",
+    )
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("state", "checkpoint_ts", "heartbeat", "message")
+
+    changefeed: str
+    span: str
+    table_id: int
+    mode: Mode = Mode.DEFAULT
+    key_range: KeyRange
+    capture: str
+    start_ts: int
+    operator: str = ""
+    epoch: int
+
+    state: DispatcherState = DispatcherState.PENDING
+    checkpoint_ts: int = 0
+    heartbeat: float = 0.0
+    message: str = ""
+
+    @property
+    def known_checkpoint(self) -> int:
+        return max(self.start_ts, self.checkpoint_ts)
+
+
+# --------------------------------------------------------------------------------------------------
+# SpanOperator
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class Origin:
+    """A dispatcher an operator closes (remove, move, split, merge), recorded before it is deleted."""
+
+    span: str
+    dispatcher: str
+    capture: str
+    checkpoint_ts: int = 0  # best known checkpoint of the dispatcher when last recorded
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """A span an operator places (add, move, split child, merged span), recorded before it acts."""
+
+    span: str
+    key_range: KeyRange
+    capture: str = ""  # chosen destination ("" until chosen)
+    dispatcher: str = ""  # name of the dispatcher to create ("" until chosen)
+    start_ts: int = 0
+    done: bool = False  # reached Working (or given up: ``lost``)
+    lost: bool = False  # the destination was lost; the span was left Absent for the basic scheduler
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpanOperator(Record):
+    KIND: ClassVar[Kind] = Kind.OPERATOR
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = (
+        "changefeed",
+        "type",
+        "spans",
+        "target",
+        "split_keys",
+        "split_into",
+        "delete_spans",
+        "source",
+        "reason",
+    )
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = (
+        "phase",
+        "stage",
+        "status_reason",
+        "message",
+        "epoch",
+        "origins",
+        "targets",
+        "checkpoint_ts",
+        "started_at",
+        "finished_at",
+    )
+
+    changefeed: str
+    type: OpType
+    spans: tuple[str, ...]
+    target: str = ""  # destination capture (add, move; optional for split and merge)
+    split_keys: tuple[bytes, ...] = ()
+    split_into: int = 0
+    delete_spans: bool = False  # remove: delete the spans afterwards instead of leaving them Absent
+    source: OpSource = OpSource.USER
+    reason: str = ""  # why it was created (free text; the table removal and repairs fill it)
+
+    phase: OpPhase = OpPhase.PENDING
+    stage: Stage = Stage.NONE
+    status_reason: str = ""  # machine-readable reason of the phase (e.g. CaptureLost, SpanNotFound)
+    message: str = ""
+    epoch: int = 0  # epoch of the maintainer that last wrote this status
+    origins: tuple[Origin, ...] = ()
+    targets: tuple[Target, ...] = ()
+    checkpoint_ts: int = 0  # final checkpoint of the origins: the start ts of what replaces them
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+    @property
+    def in_flight(self) -> bool:
+        return not self.phase.terminal
+
+
+# --------------------------------------------------------------------------------------------------
+# Capture
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capture(Record):
+    """A worker, with its Lease folded in: alive while ``now < renew_time + lease_duration``."""
+
+    KIND: ClassVar[Kind] = Kind.CAPTURE
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = ("draining",)
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("renew_time", "lease_duration")
+
+    draining: bool = False
+    renew_time: float | None = None  # from the capture's Lease; None: no Lease
+    lease_duration: float = 15.0
+
+    def alive(self, now: float) -> bool:
+        return not self.deleting and self.renew_time is not None and now < self.renew_time + self.lease_duration
