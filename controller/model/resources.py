@@ -5,7 +5,8 @@ Layout (every kind is ``cdc.maintainer.dev/v1alpha1``, namespaced; the CRDs in `
 * ``metadata``: name, namespace, uid, resourceVersion, generation, creationTimestamp (``created``),
   deletionTimestamp (present: ``deleting``), finalizers, labels (a sorted tuple of pairs in the model).
 * every field of the model is carried in camelCase under ``spec`` or ``status`` (``SPEC_FIELDS`` and
-  ``STATUS_FIELDS`` of the record), with these exceptions:
+  ``STATUS_FIELDS`` of the record), with these exceptions (:func:`resource_paths` knows them):
+  ``table_id`` -> ``tableID``;
   ``key_range`` -> ``startKey``/``endKey`` (lower-case hex); ``span_counts`` -> ``spans``;
   ``Table.pre_split_spans``/``pre_split_keys`` -> ``spec.preSplit.spans``/``spec.preSplit.splitKeys``;
   ``SpanOperator.status_reason`` -> ``status.reason``; ``Condition.last_transition`` ->
@@ -25,14 +26,16 @@ filling in the model's defaults, and ignores fields it does not know. It is stri
 a wrong type, an unknown enum value, a key that is not lower-case hex, a negative ts or an empty key
 range raises :class:`InvalidResource`, whose message names kind, object, field path and the problem.
 
-Timestamps are RFC 3339 strings in resources and float seconds since the epoch (UTC) in the model.
-They are kept to the microsecond: :func:`format_time` rounds to the nearest microsecond, and
-:func:`parse_time` rounds any finer fraction to the nearest microsecond. A float that is already a whole
-number of microseconds (``round_time(x) == x``, e.g. any decimal with at most six fractional digits)
-survives a round trip exactly; use :func:`round_time` on times the model stamps (e.g. ``time.time()``)
-to keep records equal to what they read back. ``0.0`` means "absent" for every time but a Capture's
-``renew_time``, where ``None`` does. A timestamp without fraction is written as ``...:05Z``, otherwise
-with six digits (``...:05.250000Z``); a Lease's ``renewTime`` (a MicroTime) always has six.
+Timestamps are RFC 3339 strings in resources and float seconds since the epoch (UTC) in the model,
+kept to the microsecond: :func:`format_time` rounds to the nearest microsecond and :func:`parse_time`
+rounds a finer fraction to the nearest microsecond (half up). A time that is a whole number of
+microseconds (``round_time(x) == x``, e.g. any decimal with at most six fractional digits) survives a
+round trip exactly if it is before 2106 (2**32 s; beyond that a float cannot resolve a microsecond).
+Stamp model times with :func:`round_time` (e.g. ``round_time(time.time())``) so that records equal what
+they read back. ``0.0`` means "absent" for every time except a Capture's ``renew_time``, where ``None``
+does. A time without fraction is written ``...:05Z``, otherwise with six digits (``...:05.250000Z``);
+a Lease's ``renewTime`` (a MicroTime) always has six. Note that the API server keeps metadata
+timestamps (creationTimestamp) to the second only; times in ``status`` are kept as written.
 
 The model does not keep the deletion time: ``to_resource`` of a deleting record writes its creation
 time as a stand-in ``deletionTimestamp`` (the API server sets the real one; only presence matters).
@@ -47,7 +50,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
-from controller.model.keys import MAX_TABLE_ID, KeyError_, KeyRange
+from controller.model.keys import MAX_TABLE_ID, KeyRange
 from controller.model.records import (
     Capture,
     Changefeed,
@@ -92,6 +95,7 @@ __all__ = [
     "lease_resource",
     "operator_from_resource",
     "parse_time",
+    "resource_paths",
     "round_time",
     "span_from_resource",
     "status_merge_patch",
@@ -160,8 +164,11 @@ def _micros(seconds: float) -> int:
 def format_time(seconds: float, *, micro: bool = False) -> str:
     """RFC 3339 in UTC, to the microsecond (``micro=True``: always six fractional digits)."""
     micros = _micros(seconds)
-    stamp = _EPOCH + timedelta(microseconds=micros)
-    text = stamp.strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        stamp = _EPOCH + timedelta(microseconds=micros)
+    except OverflowError:
+        raise ValueError(f"timestamp {seconds!r} is out of the range of RFC 3339 (years 1 to 9999)") from None
+    text = f"{stamp.year:04d}-{stamp.month:02d}-{stamp.day:02d}T{stamp.hour:02d}:{stamp.minute:02d}:{stamp.second:02d}"
     if micro or stamp.microsecond:
         text += f".{stamp.microsecond:06d}"
     return text + "Z"
@@ -200,12 +207,7 @@ def parse_time(text: str | datetime) -> float:
 
 def _put(target: Obj, key: str, value: Any) -> None:
     """Set ``key`` unless ``value`` is the zero value of its type."""
-    if (
-        value is None
-        or value == ""
-        or value is False
-        or (isinstance(value, (tuple, list, dict)) and not value)
-    ):
+    if value is None or value == "" or value is False or (isinstance(value, (tuple, list, dict)) and not value):
         return
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
         return
@@ -270,6 +272,7 @@ def _changefeed_parts(cf: Changefeed) -> tuple[Obj, Obj]:
     }
     status: Obj = {}
     _put(status, "epoch", cf.epoch)
+    _put(status, "holder", cf.holder)
     _put(status, "checkpointTs", cf.checkpoint_ts)
     _put(status, "spans", _counts(cf.span_counts))
     _put(status, "operatorsInFlight", cf.operators_in_flight)
@@ -417,44 +420,42 @@ def status_of(record: Record) -> Obj:
     return _parts(record)[1]
 
 
-#: Top-level status keys of each kind (every key ``status_of`` can write).
-_STATUS_KEYS: dict[Kind, tuple[str, ...]] = {
-    Kind.CHANGEFEED: (
-        "epoch",
-        "checkpointTs",
-        "spans",
-        "operatorsInFlight",
-        "conditions",
-        "observedGeneration",
-    ),
-    Kind.TABLE: ("state", "message", "spans", "observedGeneration"),
-    Kind.SPAN: ("state", "capture", "dispatcher", "checkpointTs", "operator", "message"),
-    Kind.DISPATCHER: ("state", "checkpointTs", "heartbeat", "message"),
-    Kind.OPERATOR: (
-        "phase",
-        "stage",
-        "reason",
-        "message",
-        "epoch",
-        "origins",
-        "targets",
-        "checkpointTs",
-        "startedAt",
-        "finishedAt",
-    ),
-    Kind.CAPTURE: (),
+#: Resource paths of model fields that are not simply camelCased (relative to spec or status).
+_RENAMED: dict[str, tuple[str, ...]] = {
+    "table_id": ("tableID",),
+    "key_range": ("startKey", "endKey"),
+    "pre_split_spans": ("preSplit.spans",),
+    "pre_split_keys": ("preSplit.splitKeys",),
+    "span_counts": ("spans",),
+    "status_reason": ("reason",),
+    "last_transition": ("lastTransitionTime",),
 }
+
+
+def resource_paths(model_field: str) -> tuple[str, ...]:
+    """Where a model field lives under spec/status (or in a list item): camelCase, or a rename above."""
+    if model_field in _RENAMED:
+        return _RENAMED[model_field]
+    head, *rest = model_field.split("_")
+    return (head + "".join(part.title() for part in rest),)
+
+
+def _status_keys(record: Record) -> tuple[str, ...]:
+    """Every key ``status_of`` can write for this kind (a Capture's status fields live in its Lease)."""
+    if isinstance(record, Capture):
+        return ()
+    return tuple(path for f in record.STATUS_FIELDS for path in resource_paths(f))
 
 
 def status_merge_patch(record: Record) -> Obj:
     """A JSON merge patch ``{"status": {...}}`` that makes the stored status equal ``status_of(record)``.
 
     Keys that ``status_of`` omits are set to ``None`` so that the patch clears them (a merge patch
-    leaves absent keys alone). Nested objects and lists are replaced whole by ``status_of``'s values,
-    except span counts, which are written in full (zeros included).
+    leaves absent keys alone). Lists are replaced whole by a merge patch; the one nested object, the
+    span counts, is written in full (zeros included) so that merging it leaves nothing stale.
     """
     status = status_of(record)
-    patch: Obj = {key: status.get(key) for key in _STATUS_KEYS[record.KIND]}
+    patch: Obj = {key: status.get(key) for key in _status_keys(record)}
     if "spans" in patch and patch["spans"] is None:
         patch["spans"] = {"absent": 0, "scheduling": 0, "replicating": 0, "removing": 0, "invalid": 0}
     return {"status": patch}
@@ -512,9 +513,7 @@ class _Reader:
             self.fail(path, f"expected an object, got {_type_name(value)}")
         return value
 
-    def str_(
-        self, m: Mapping[str, Any], key: str, path: str, required: bool = False, default: str = ""
-    ) -> str:
+    def str_(self, m: Mapping[str, Any], key: str, path: str, required: bool = False, default: str = "") -> str:
         value = self.raw(m, key, path, required)
         if value is None:
             return default
@@ -541,9 +540,7 @@ class _Reader:
             self.fail(path, f"{value} is out of range {minimum}..{maximum}")
         return value
 
-    def float_(
-        self, m: Mapping[str, Any], key: str, path: str, default: float = 0.0, minimum: float = 0.0
-    ) -> float:
+    def float_(self, m: Mapping[str, Any], key: str, path: str, default: float = 0.0, minimum: float = 0.0) -> float:
         value = self.raw(m, key, path, False)
         if value is None:
             return default
@@ -561,9 +558,7 @@ class _Reader:
             self.fail(path, f"expected a boolean, got {_type_name(value)}")
         return value
 
-    def choice(
-        self, m: Mapping[str, Any], key: str, path: str, values: Sequence[str], required: bool = False
-    ) -> str:
+    def choice(self, m: Mapping[str, Any], key: str, path: str, values: Sequence[str], required: bool = False) -> str:
         """A string that is one of ``values``; absent (or ``""`` when not required): ``""``."""
         text = self.str_(m, key, path, required)
         if text == "" and not required:
@@ -629,10 +624,7 @@ class _Reader:
         end = self.key(m, "endKey", f"{path}.endKey")
         if not start < end:
             self.fail(path, f"empty key range: startKey {start.hex()!r} is not below endKey {end.hex()!r}")
-        try:
-            return KeyRange(start, end)
-        except KeyError_ as exc:  # pragma: no cover - guarded above
-            self.fail(path, str(exc))
+        return KeyRange(start, end)
 
     def objects(self, m: Mapping[str, Any], key: str, path: str) -> list[tuple[str, Mapping[str, Any]]]:
         out: list[tuple[str, Mapping[str, Any]]] = []
@@ -644,9 +636,7 @@ class _Reader:
         return out
 
 
-def _start(
-    obj: Mapping[str, Any], kind: Kind
-) -> tuple[_Reader, dict[str, Any], Mapping[str, Any], Mapping[str, Any]]:
+def _start(obj: Mapping[str, Any], kind: Kind) -> tuple[_Reader, dict[str, Any], Mapping[str, Any], Mapping[str, Any]]:
     """Check kind and apiVersion, read metadata: (reader, metadata kwargs, spec, status)."""
     if not isinstance(obj, Mapping):
         raise InvalidResource(kind.value, "<unknown>", "", f"expected an object, got {_type_name(obj)}")
@@ -745,6 +735,7 @@ def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
         start_ts=reader.int_(spec, "startTs", "spec.startTs"),
         scheduler=scheduler,
         epoch=reader.int_(status, "epoch", "status.epoch"),
+        holder=reader.str_(status, "holder", "status.holder"),
         checkpoint_ts=reader.int_(status, "checkpointTs", "status.checkpointTs"),
         span_counts=_read_counts(reader, status, "status.spans"),
         operators_in_flight=reader.int_(status, "operatorsInFlight", "status.operatorsInFlight"),
@@ -854,12 +845,10 @@ def operator_from_resource(obj: Mapping[str, Any]) -> SpanOperator:
         message=reader.str_(status, "message", "status.message"),
         epoch=reader.int_(status, "epoch", "status.epoch"),
         origins=tuple(
-            _read_origin(reader, path, item)
-            for path, item in reader.objects(status, "origins", "status.origins")
+            _read_origin(reader, path, item) for path, item in reader.objects(status, "origins", "status.origins")
         ),
         targets=tuple(
-            _read_target(reader, path, item)
-            for path, item in reader.objects(status, "targets", "status.targets")
+            _read_target(reader, path, item) for path, item in reader.objects(status, "targets", "status.targets")
         ),
         checkpoint_ts=reader.int_(status, "checkpointTs", "status.checkpointTs"),
         started_at=reader.time0(status, "startedAt", "status.startedAt"),
