@@ -48,7 +48,7 @@ def admit(tick: Tick, op: SpanOperator, create: bool = False) -> bool:
         reason = f"span {busy[0]!r} is owned by operator {tick.owner[busy[0]]!r}"
         tick.emit(f"{op.type} {op.name} refused", [*prefix, *fail(tick, op, "SpanBusy", reason)])
         return True
-    if tick.running >= tick.changefeed.scheduler.max_in_flight_operators:
+    if tick.slots_used() >= tick.changefeed.scheduler.max_in_flight_operators:
         tick.emit(f"{op.type} {op.name} queued", prefix)
         return False
     tick.emit(f"{op.type} {op.name} start", [*prefix, *START[op.type](tick, op)])
@@ -58,7 +58,7 @@ def admit(tick: Tick, op: SpanOperator, create: bool = False) -> bool:
 def admit_pending(tick: Tick) -> None:
     for op in tick.in_flight():
         if op.phase is OpPhase.PENDING and not tick.is_touched(op):
-            if tick.running >= tick.changefeed.scheduler.max_in_flight_operators:
+            if tick.slots_used() >= tick.changefeed.scheduler.max_in_flight_operators:
                 break
             admit(tick, op)
 

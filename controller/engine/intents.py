@@ -16,7 +16,9 @@ Every write is idempotent when re-issued from the same or a later snapshot:
   re-created object of the same name.
 - ``WriteStatus``: carries the resourceVersion the decision was based on; a 409 aborts the chain and
   the next decision re-reads. For an object created earlier in the same chain, the executor uses the
-  resourceVersion that create returned.
+  resourceVersion that create returned; if that create found the object already there, the status
+  write fails as a conflict (it would otherwise land, unconditioned, on an object this chain did not
+  make, e.g. a concurrent maintainer's operator of the same deterministic name).
 - ``AddFinalizer`` / ``RemoveFinalizer``: no-ops when already in the wanted state.
 - ``Event``: best effort, never fails a chain.
 """

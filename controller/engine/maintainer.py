@@ -44,6 +44,7 @@ class Memory:
     bootstrapped: bool = False
     restored: int = 0
     repaired: int = 0
+    report: str = ""  # the Bootstrapped condition's message, kept so the condition is re-asserted
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,15 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         scheduler.basic(tick)
     repair.coverage(tick)
     controller.garbage_collect(tick)
-    repaired = memory.repaired + len(tick.repairs) if first else memory.repaired
-    _status(tick, first, restored, len(tick.repairs))
+    repaired = len(tick.repairs) if first else memory.repaired
+    report = (
+        f"restored {restored} in-flight operators and made {repaired} repairs at epoch {tick.epoch}"
+        if first
+        else memory.report
+    )
+    _status(tick, first, report)
 
-    new_memory = replace(memory, bootstrapped=True, restored=restored, repaired=repaired)
+    new_memory = replace(memory, bootstrapped=True, restored=restored, repaired=repaired, report=report)
     return Decision(tuple(tick.chains), new_memory, repairs=tuple(tick.repairs))
 
 
@@ -124,25 +130,24 @@ def _counts(states: list[SpanState | None]) -> SpanCounts:
     )
 
 
-def _status(tick: Tick, first: bool, restored: int, repaired: int) -> None:
+def _status(tick: Tick, first: bool, report: str) -> None:
     cf = tick.changefeed
     per_table: dict[int, list[SpanState | None]] = {}
     for s in tick.spans.values():
         per_table.setdefault(s.table_id, []).append(s.state)
-    conditions = cf.conditions
     writes: list[object] = []
+    # Level-triggered: re-asserted every decision, so a lost first status write is repaired.
+    cond = Condition(
+        type=BOOTSTRAPPED,
+        status="True",
+        reason="Restored",
+        message=report,
+        observed_generation=cf.generation,
+        last_transition=tick.now,
+    )
+    conditions = _set_condition(cf, cond)
     if first:
-        message = f"restored {restored} in-flight operators and made {repaired} repairs at epoch {tick.epoch}"
-        cond = Condition(
-            type=BOOTSTRAPPED,
-            status="True",
-            reason="Restored",
-            message=message,
-            observed_generation=cf.generation,
-            last_transition=tick.now,
-        )
-        conditions = _set_condition(cf, cond)
-        writes.append(tick.event(cf, "Bootstrapped", message))
+        writes.append(tick.event(cf, "Bootstrapped", report))
     new = replace(
         cf,
         checkpoint_ts=checkpoint.compute(tick),

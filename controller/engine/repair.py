@@ -131,7 +131,7 @@ def repair_spans(tick: Tick) -> None:
             continue
         d = tick.dispatchers.get(span.dispatcher) if span.dispatcher else None
         if span.state is SpanState.REPLICATING:
-            if _usable(tick, d) and d is not None and d.span == span.name:
+            if _usable(tick, d) and d is not None and _belongs(tick, d, span):
                 continue
             why = "its dispatcher is gone" if d is None else f"its dispatcher {d.name} is {d.state or 'lost'}"
             _absent(tick, span, d, f"span {span.name} was Replicating but {why}")
@@ -140,7 +140,7 @@ def repair_spans(tick: Tick) -> None:
                 span.state is SpanState.SCHEDULING
                 and _usable(tick, d)
                 and d is not None
-                and d.span == span.name
+                and _belongs(tick, d, span)
                 and tick.table_live(span.table_id)
             ):
                 tick.repairs.append(f"span {span.name}: operator gone, dispatcher {d.name} Working -> Replicating")
@@ -171,9 +171,19 @@ def repair_spans(tick: Tick) -> None:
                 )
 
 
+def _belongs(tick: Tick, d: Dispatcher, span: Span) -> bool:
+    """``d`` replicates ``span``: it names it, or it is an orphan adopted for exactly its keys."""
+    if d.span == span.name:
+        return True
+    return (
+        d.span not in tick.spans
+        and (d.table_id, d.mode, d.key_range) == (span.table_id, span.mode, span.key_range)
+    )
+
+
 def _absent(tick: Tick, span: Span, d: Dispatcher | None, why: str) -> None:
     tick.repairs.append(why)
-    cp = max(span.checkpoint_ts, d.known_checkpoint if d is not None and d.span == span.name else 0)
+    cp = max(span.checkpoint_ts, d.known_checkpoint if d is not None and _belongs(tick, d, span) else 0)
     writes: list[Write] = list(
         set_span(tick, span, state=SpanState.ABSENT, capture="", dispatcher="", operator="", checkpoint_ts=cp)
     )

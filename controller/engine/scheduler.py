@@ -16,7 +16,7 @@ from controller.model.states import OpSource, OpType, SpanState
 
 def basic(tick: Tick) -> None:
     cfg = tick.changefeed.scheduler
-    room = min(cfg.basic_batch_size, cfg.max_in_flight_operators - tick.running)
+    room = min(cfg.basic_batch_size, cfg.max_in_flight_operators - tick.slots_used())
     if room <= 0:
         return
     captures = tick.schedulable_captures()
@@ -45,8 +45,11 @@ def basic(tick: Tick) -> None:
             continue  # a queued operator already names it
         capture = min(captures, key=lambda c: (load.get(c, 0), c))
         load[capture] = load.get(capture, 0) + 1
+        name = _add_name(tick, span.name, span.resource_version)
+        if not name:
+            continue  # made from this very snapshot already and still in flight
         op = SpanOperator(
-            name=naming.operator_name(OpType.ADD, (span.name,), (span.resource_version,)),
+            name=name,
             namespace=span.namespace,
             changefeed=tick.changefeed.name,
             type=OpType.ADD,
@@ -56,7 +59,25 @@ def basic(tick: Tick) -> None:
             created=tick.now,
             labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
         )
-        if op.name in tick.operators:
-            continue  # made from this very snapshot already; its record tells what happened
         controller.admit(tick, op, create=True)
         room -= 1
+
+
+def _add_name(tick: Tick, span: str, resource_version: str) -> str:
+    """The Add's name for this span at this resourceVersion; "" if that operator is still in flight.
+
+    A finished operator of the same name does not block a new one: an Add whose start chain broke
+    before it bound the span and whose capture was then lost fails without writing the span, so the
+    span is Absent again at the very same resourceVersion (simulator seed 103). The retry gets an
+    attempt number; the first attempt keeps the plain name, so the same snapshot names the same Add.
+    """
+    attempt = 0
+    while True:
+        basis: tuple[object, ...] = (resource_version,) if attempt == 0 else (resource_version, attempt)
+        name = naming.operator_name(OpType.ADD, (span,), basis)
+        existing = tick.operators.get(name)
+        if existing is None:
+            return name
+        if existing.in_flight:
+            return ""
+        attempt += 1

@@ -78,6 +78,11 @@ class Tick:
         self.running = 0
         for op in self.operators.values():
             self._count(op, +1)
+        #: Operators Running in the snapshot, and the ones this decision starts. Slots freed by an
+        #: operator finishing in this decision are not reused before the next one: chains fail
+        #: independently, so the finishing write may not land while a start in another chain does.
+        self.snapshot_running = self.running
+        self.started: set[str] = set()
         self.tables_by_id: dict[int, Table] = {}
         for t in sorted(world.tables.values(), key=lambda t: (t.created, t.name)):
             self.tables_by_id.setdefault(t.table_id, t)
@@ -113,8 +118,16 @@ class Tick:
             self._by_span = defaultdict(list)
             for d in self.dispatchers.values():
                 self._by_span[d.span].append(d)
-        found = (self.dispatchers.get(d.name) for d in self._by_span.get(span, ()))
-        return sorted((d for d in found if d is not None and d.span == span), key=lambda d: (d.created, d.name))
+        found = [self.dispatchers.get(d.name) for d in self._by_span.get(span, ())]
+        # A span may also claim, through status.dispatcher, a dispatcher it adopted whose spec names a
+        # span that no longer exists (repair rule 2): it is that span's dispatcher all the same.
+        owner = self.spans.get(span)
+        if owner is not None and owner.dispatcher:
+            adopted = self.dispatchers.get(owner.dispatcher)
+            if adopted is not None and adopted.span != span and adopted.span not in self.spans:
+                found.append(adopted)
+        mine = {d.name: d for d in found if d is not None and (d.span == span or d.span not in self.spans)}
+        return sorted(mine.values(), key=lambda d: (d.created, d.name))
 
     def in_flight(self) -> list[SpanOperator]:
         ops = (o for o in self.operators.values() if o.in_flight)
@@ -140,6 +153,10 @@ class Tick:
         if ws:
             self.chains.append(Chain(ws, why))  # type: ignore[arg-type]
 
+    def slots_used(self) -> int:
+        """Operators that may be Running once this decision's chains land (in any subset)."""
+        return max(self.running, self.snapshot_running + len(self.started))
+
     def _count(self, op: SpanOperator, sign: int) -> None:
         if op.phase is not OpPhase.RUNNING:
             return
@@ -161,6 +178,9 @@ class Tick:
                 self._count(old, -1)
             self.operators[obj.name] = obj
             self._count(obj, +1)
+            before = self.world.operators.get(obj.name)
+            if obj.phase is OpPhase.RUNNING and (before is None or before.phase is not OpPhase.RUNNING):
+                self.started.add(obj.name)
         elif isinstance(obj, Dispatcher):
             if obj.name not in self.dispatchers and self._by_span is not None:
                 self._by_span[obj.span].append(obj)

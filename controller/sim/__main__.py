@@ -1,0 +1,128 @@
+"""``python -m controller.sim`` / ``changefeed-sim``: run seeded histories, or the mutation check.
+
+Why a CLI of its own: a failing seed must be replayable by anyone with one command, and the sweep
+must be cheap enough to run in CI (several processes, a time budget). Exit status 1 on any
+violation, or on a mutant the sweep does not catch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterable, Iterator
+
+from controller.engine.world import MUTANTS
+from controller.sim.history import DEFAULT_STEPS, Result, run_history
+
+MUTANT_SEEDS = 500
+
+
+def _run(args: tuple[int, tuple[str, ...], int]) -> Result:
+    seed, mutants, steps = args
+    return run_history(seed, frozenset(mutants), steps)
+
+
+def replay_line(seed: int, mutants: Iterable[str] = (), steps: int = DEFAULT_STEPS) -> str:
+    extra = "".join(f" --mutant {m}" for m in sorted(mutants))
+    if steps != DEFAULT_STEPS:
+        extra += f" --steps {steps}"
+    return f"python -m controller.sim --seed {seed}{extra}"
+
+
+def report(r: Result, mutants: Iterable[str] = (), steps: int = DEFAULT_STEPS) -> str:
+    return (
+        f"VIOLATION seed={r.seed} (step {r.steps}): {r.violation}\n"
+        f"replay: {replay_line(r.seed, mutants, steps)}\n"
+        f"trace of the last steps:\n{r.trace}\n"
+    )
+
+
+def _results(seeds: list[int], mutants: tuple[str, ...], steps: int, jobs: int) -> Iterator[Result]:
+    work = [(s, mutants, steps) for s in seeds]
+    if jobs <= 1:
+        for w in work:
+            yield _run(w)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from pool.imap(_run, work, chunksize=4)
+
+
+def sweep(seeds: list[int], mutants: tuple[str, ...], steps: int, jobs: int, budget: float | None) -> int:
+    t0 = time.perf_counter()
+    done = failed = total_steps = 0
+    counts: dict[str, int] = {}
+    for r in _results(seeds, mutants, steps, jobs):
+        done += 1
+        total_steps += r.steps
+        for k, v in r.counts.items():
+            counts[k] = counts.get(k, 0) + v
+        if not r.ok:
+            failed += 1
+            print(report(r, mutants, steps))
+        if budget is not None and time.perf_counter() - t0 > budget:
+            print(f"budget of {budget:.0f}s reached")
+            break
+    dt = max(time.perf_counter() - t0, 1e-9)
+    print(
+        f"{done} histories, {failed} with violations, {dt:.1f}s: "
+        f"{done / dt:.1f} histories/s, {total_steps / dt:.0f} steps/s"
+    )
+    print("injected: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return 1 if failed else 0
+
+
+def mutation_check(start: int, limit: int, steps: int, jobs: int) -> int:
+    survived = []
+    for name in sorted(MUTANTS):
+        t0 = time.perf_counter()
+        caught: Result | None = None
+        tried = 0
+        for r in _results(list(range(start, start + limit)), (name,), steps, jobs):
+            tried += 1
+            if not r.ok:
+                if not run_history(r.seed, frozenset(), steps).ok:
+                    print(f"         seed {r.seed} fails without the mutant too: not counted")
+                    continue
+                caught = r
+                break
+        dt = time.perf_counter() - t0
+        if caught is not None:
+            print(f"caught   {name}: seed {caught.seed} after {tried} histories ({dt:.1f}s): {caught.violation[:160]}")
+            print(f"         replay: {replay_line(caught.seed, (name,), steps)}")
+        else:
+            survived.append(name)
+            print(f"SURVIVED {name}: {limit} histories without a violation")
+    return 1 if survived else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="changefeed-sim", description=__doc__)
+    p.add_argument("--seeds", type=int, default=100, help="run seeds START..START+N-1")
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--seed", type=int, help="run one seed with a verbose trace")
+    p.add_argument("--budget", type=float, help="stop starting new histories after this many seconds")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="random steps per history")
+    p.add_argument("--mutants", action="store_true", help="mutation check: every mutant must be caught")
+    p.add_argument("--mutant", action="append", default=[], help="run with this mutant switched on")
+    a = p.parse_args(argv)
+    mutants = tuple(sorted(a.mutant))
+    if a.mutants:
+        return mutation_check(a.start, min(a.seeds, MUTANT_SEEDS) if a.seeds != 100 else MUTANT_SEEDS, a.steps, a.jobs)
+    if a.seed is not None:
+        t0 = time.perf_counter()
+        r = run_history(a.seed, frozenset(mutants), a.steps, verbose=True)
+        dt = time.perf_counter() - t0
+        print(f"seed {a.seed}: {'ok' if r.ok else 'VIOLATION'} in {r.steps} steps, {dt:.2f}s")
+        print("injected: " + ", ".join(f"{k}={v}" for k, v in sorted(r.counts.items())))
+        if not r.ok:
+            print(report(r, mutants, a.steps))
+            return 1
+        return 0
+    return sweep(list(range(a.start, a.start + a.seeds)), mutants, a.steps, a.jobs, a.budget)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

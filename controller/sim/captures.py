@@ -1,0 +1,248 @@
+"""Simulated captures: the workers that run dispatchers, keep a Lease, and fence themselves.
+
+Why they are modelled in this detail: the capture is the ground truth the invariants are checked
+against. "Which dispatchers really run, from which ts, up to which checkpoint" is decided here, not
+read from the API, so a maintainer bug that leaves two dispatchers running, or starts one above what
+was delivered, shows up even if every resource looks fine.
+
+A capture: renews its Lease every 1-2 s (duration ``LEASE``); watches its own Dispatchers (with watch
+delays); Pending -> (after a delay, unless "pause create") strong-reads the Changefeed and either
+refuses a stale epoch (Rejected) or starts (Initializing); Initializing -> Working after a delay
+(epoch re-checked); Working advances its checkpoint towards the upstream clock and reports it now
+and then; a deleting dispatcher (unless "hold close") is stopped, reported Stopped with its final
+checkpoint, and then its finalizer is released: two writes, with a chance to crash between them.
+A capture that has not renewed its Lease for ``RENEW_DEADLINE`` (< ``LEASE``) stops everything: by
+the time the maintainer sees the Lease lapsed, none of its dispatchers run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from controller.model.records import Capture, Changefeed, Dispatcher
+from controller.model.states import DISPATCHER_FINALIZER, DispatcherState, Kind, Mode
+from controller.sim.api import ApiError, Watcher, WatchEvent
+from controller.sim.context import Ctx, Frontier
+from controller.sim.executor import Cache
+
+LEASE = 10.0
+RENEW_DEADLINE = 7.0
+
+HOLD_CLOSE = "hold close"
+PAUSE_CREATE = "pause create"
+
+
+@dataclass
+class Run:
+    """A dispatcher this capture really runs (ground truth)."""
+
+    d: Dispatcher
+    state: DispatcherState
+    cp: int
+    next_at: float  # when the next transition / report is due
+
+
+@dataclass
+class SimCapture:
+    name: str
+    watcher: Watcher
+    cache: Cache = field(default_factory=Cache)
+    alive: bool = True
+    renew_ok: bool = True
+    last_renew: float = 0.0
+    next_renew: float = 0.0
+    runs: dict[str, Run] = field(default_factory=dict)
+    pending_since: dict[str, float] = field(default_factory=dict)
+    #: Dispatchers being closed: final checkpoint, and whether Stopped was written.
+    closing: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    #: hook -> table ids it applies to (empty tuple: all tables)
+    hooks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def hooked(self, hook: str, table_id: int) -> bool:
+        scope = self.hooks.get(hook)
+        return scope is not None and (not scope or table_id in scope)
+
+
+class Captures:
+    def __init__(self, ctx: Ctx, changefeed: str) -> None:
+        self.ctx = ctx
+        self.changefeed = changefeed
+        self.all: dict[str, SimCapture] = {}
+        self.leases: dict[str, float] = {}  # the coordination.k8s.io Leases: renew time
+        self.joined = 0
+
+    # -- membership --------------------------------------------------------------------------------
+
+    def join(self) -> str:
+        ctx = self.ctx
+        self.joined += 1
+        name = f"cap-{self.joined}"
+        def mine(e: WatchEvent) -> bool:
+            return e.kind is Kind.DISPATCHER and (e.obj is None or _capture_of(e.obj) == name)
+
+        watcher = ctx.api.watch(name, mine)
+        cap = SimCapture(name=name, watcher=watcher, last_renew=ctx.now, next_renew=ctx.now + 1.0)
+        cap.cache = Cache()
+        self.all[name] = cap
+        self.leases[name] = ctx.now
+        ctx.api.create_with_status(Capture(name=name, renew_time=ctx.now, lease_duration=LEASE))
+        ctx.trace.add(f"  capture {name} joined")
+        return name
+
+    def crash(self, name: str, why: str = "crashed") -> None:
+        cap = self.all[name]
+        if not cap.alive:
+            return
+        cap.alive = False
+        cap.runs.clear()
+        self.ctx.api.unwatch(cap.watcher)
+        self.ctx.trace.add(f"  capture {name} {why}")
+
+    def alive_names(self) -> list[str]:
+        return sorted(n for n, c in self.all.items() if c.alive)
+
+    def running(self) -> list[Dispatcher]:
+        """Ground truth for the single-owner check: what the captures really run."""
+        return [r.d for n in sorted(self.all) for _, r in sorted(self.all[n].runs.items())]
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        for name in sorted(self.all):
+            cap = self.all[name]
+            if cap.alive:
+                self._step_one(cap)
+
+    def _step_one(self, cap: SimCapture) -> None:
+        ctx = self.ctx
+        if cap.renew_ok and ctx.now >= cap.next_renew:
+            self.leases[cap.name] = ctx.now
+            cap.last_renew = ctx.now
+            cap.next_renew = ctx.now + ctx.rng.uniform(1.0, 2.0)
+        if ctx.now - cap.last_renew > RENEW_DEADLINE:
+            self.crash(cap.name, f"fenced itself (no Lease renewal for {ctx.now - cap.last_renew:.1f}s)")
+            return
+        for ev in cap.watcher.due(ctx.now):
+            cap.cache.apply(ev)
+        mine = cap.cache.objects[Kind.DISPATCHER]
+        for name in sorted(cap.runs):
+            if name not in mine:
+                # Deleted outright (finalizer released by someone else): stop at once.
+                del cap.runs[name]
+                ctx.trace.add(f"  {cap.name}: {name} vanished; stopped")
+        for name in sorted(cap.closing):
+            if name not in mine:
+                del cap.closing[name]
+        for name in sorted(mine):
+            obj = mine[name]
+            assert isinstance(obj, Dispatcher)
+            if obj.deleting:
+                self._close(cap, obj)
+            elif name in cap.runs:
+                self._advance(cap, cap.runs[name], obj)
+            elif obj.state is DispatcherState.PENDING and name not in cap.closing:
+                self._create(cap, obj)
+
+    def _status(self, cap: SimCapture, d: Dispatcher, state: DispatcherState, cp: int, message: str = "") -> bool:
+        new = replace(d, state=state, checkpoint_ts=cp, heartbeat=self.ctx.now, message=message)
+        try:
+            cap.cache.offer(self.ctx.api.write_status(new, ""))
+        except ApiError as e:
+            self.ctx.trace.add(f"  {cap.name}: status {d.name} {state.value or 'Pending'} failed: {e.code}")
+            return False
+        return True
+
+    def _published(self) -> Changefeed:
+        cf = self.ctx.api.get(Kind.CHANGEFEED, self.changefeed)
+        assert isinstance(cf, Changefeed)
+        return cf
+
+    def _create(self, cap: SimCapture, d: Dispatcher) -> None:
+        ctx = self.ctx
+        ready = cap.pending_since.setdefault(d.name, ctx.now + ctx.rng.uniform(0.2, 2.0))
+        if ctx.now < ready or cap.hooked(PAUSE_CREATE, d.table_id):
+            return
+        cf = self._published()
+        if d.epoch < cf.epoch:
+            if self._status(cap, d, DispatcherState.REJECTED, d.start_ts, f"epoch {d.epoch} < {cf.epoch}"):
+                cap.pending_since.pop(d.name, None)
+                ctx.trace.add(f"  {cap.name}: rejected {d.name} (epoch {d.epoch} < {cf.epoch})")
+            return
+        self._check_gap(d)
+        cap.runs[d.name] = Run(d, DispatcherState.INITIALIZING, d.start_ts, ctx.now + ctx.rng.uniform(0.2, 1.5))
+        cap.pending_since.pop(d.name, None)
+        ctx.trace.add(
+            f"  {cap.name}: started {d.name} {d.mode.value} {d.key_range} from {d.start_ts} (epoch {d.epoch})"
+        )
+        self._status(cap, d, DispatcherState.INITIALIZING, d.start_ts)
+
+    def _check_gap(self, d: Dispatcher) -> None:
+        fr = self.frontier(d.table_id, d.mode)
+        if fr is None:
+            return
+        low = fr.low(d.key_range)
+        if d.start_ts > low:
+            self.ctx.fail(
+                f"no gap (5): dispatcher {d.name} on {d.capture} starts at {d.start_ts} but keys of "
+                f"{d.key_range} ({d.mode}) were delivered only up to {low}"
+            )
+
+    def frontier(self, table_id: int, mode: Mode) -> Frontier | None:
+        return self.ctx.frontier.get((table_id, mode))
+
+    def _advance(self, cap: SimCapture, run: Run, d: Dispatcher) -> None:
+        ctx = self.ctx
+        if ctx.now < run.next_at:
+            return
+        if run.state is DispatcherState.INITIALIZING:
+            cf = self._published()
+            if d.epoch < cf.epoch:
+                del cap.runs[d.name]
+                ctx.trace.add(f"  {cap.name}: rejected {d.name} at Working (epoch {d.epoch} < {cf.epoch})")
+                cap.closing[d.name] = (run.cp, True)
+                self._status(cap, d, DispatcherState.REJECTED, run.cp, f"epoch {d.epoch} < {cf.epoch}")
+                return
+            if d.epoch < cf.epoch:  # invariant 6, on the ground truth (the capture's own re-check)
+                ctx.fail(f"fencing (6): {d.name} reached Working with epoch {d.epoch} < published {cf.epoch}")
+            run.state = DispatcherState.WORKING
+            ctx.trace.add(f"  {cap.name}: {d.name} Working")
+        else:
+            run.cp = max(run.cp, min(ctx.upstream(), run.cp + ctx.rng.randint(0, 200)))
+        fr = self.frontier(d.table_id, d.mode)
+        if fr is not None:
+            fr.raise_to(d.key_range, run.cp)
+        run.next_at = ctx.now + ctx.rng.uniform(1.0, 2.5)
+        self._status(cap, d, run.state, run.cp)
+
+    def _close(self, cap: SimCapture, d: Dispatcher) -> None:
+        ctx = self.ctx
+        if cap.hooked(HOLD_CLOSE, d.table_id) and d.name in cap.runs:
+            return
+        if d.name not in cap.closing:
+            run = cap.runs.pop(d.name, None)
+            if run is not None:
+                final = run.cp
+                ctx.trace.add(f"  {cap.name}: closed {d.name} at {final}")
+            else:
+                final = d.known_checkpoint
+            cap.pending_since.pop(d.name, None)
+            already = d.state in (DispatcherState.STOPPED, DispatcherState.REJECTED, DispatcherState.REMOVED)
+            cap.closing[d.name] = (final, already and run is None)
+        final, written = cap.closing[d.name]
+        if not written:
+            if not self._status(cap, d, DispatcherState.STOPPED, final):
+                return
+            cap.closing[d.name] = (final, True)
+            if ctx.rng.random() < 0.5:
+                return  # the finalizer goes in a later step: a window to crash in between
+        try:
+            ctx.api.remove_finalizer(Kind.DISPATCHER, d.name, DISPATCHER_FINALIZER)
+        except ApiError as e:
+            if e.code != 404:
+                ctx.trace.add(f"  {cap.name}: release {d.name} failed: {e.code}")
+                return
+        cap.closing.pop(d.name, None)
+
+
+def _capture_of(obj: object) -> str:
+    return obj.capture if isinstance(obj, Dispatcher) else ""

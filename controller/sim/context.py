@@ -1,0 +1,113 @@
+"""State shared by every simulated actor of one history: clock, randomness, API, trace, ground truth.
+
+Why one object: determinism. There is exactly one ``random.Random`` per history and one logical clock;
+every actor draws from them in a fixed order, so a seed replays exactly. The ground truth the checks
+need (what was delivered for which keys) lives here too, next to the violations it produces.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+
+from controller.model.keys import KeyRange
+from controller.model.states import Mode
+from controller.sim.api import Api
+
+
+class Violation(Exception):
+    """An invariant failed; the history stops here."""
+
+
+@dataclass
+class Frontier:
+    """Per (table, mode): the highest checkpoint any dispatcher reached, piecewise over the key space.
+
+    Stored as sorted segment bounds and one value per segment, split lazily at dispatcher bounds.
+    """
+
+    bounds: list[bytes]
+    values: list[int]
+
+    @classmethod
+    def of(cls, rng: KeyRange, ts: int) -> Frontier:
+        return cls([rng.start, rng.end], [ts])
+
+    def _cut(self, key: bytes) -> None:
+        i = bisect.bisect_left(self.bounds, key)
+        if i < len(self.bounds) and self.bounds[i] == key:
+            return
+        if i == 0 or i == len(self.bounds):
+            return  # outside the table: nothing to cut
+        self.bounds.insert(i, key)
+        self.values.insert(i, self.values[i - 1])
+
+    def _indices(self, rng: KeyRange) -> range:
+        self._cut(rng.start)
+        self._cut(rng.end)
+        lo = bisect.bisect_left(self.bounds, rng.start)
+        hi = bisect.bisect_left(self.bounds, rng.end)
+        return range(lo, min(hi, len(self.values)))
+
+    def raise_to(self, rng: KeyRange, ts: int) -> None:
+        for i in self._indices(rng):
+            if self.values[i] < ts:
+                self.values[i] = ts
+
+    def low(self, rng: KeyRange | None = None) -> int:
+        idx = self._indices(rng) if rng is not None else range(len(self.values))
+        return min((self.values[i] for i in idx), default=0)
+
+
+@dataclass
+class Trace:
+    """The last steps of a history, for the failure report; everything, when verbose."""
+
+    verbose: bool = False
+    keep: int = 40
+    steps: deque[list[str]] = field(default_factory=lambda: deque(maxlen=40))
+    digest: int = 0  # running CRC-32 fingerprint of the whole trace (for determinism tests)
+
+    def begin(self, header: str) -> None:
+        self.steps.append([header])
+        self._emit(header)
+
+    def add(self, line: str) -> None:
+        if not self.steps:
+            self.steps.append([])
+        self.steps[-1].append(line)
+        self._emit(line)
+
+    def _emit(self, line: str) -> None:
+        self.digest = zlib.crc32(line.encode(), self.digest)
+        if self.verbose:
+            print(line)
+
+    def render(self) -> str:
+        return "\n".join(line for step in self.steps for line in step)
+
+
+@dataclass
+class Ctx:
+    seed: int
+    rng: random.Random
+    api: Api
+    trace: Trace
+    now: float = 0.0
+    base_ts: int = 1000
+    counts: dict[str, int] = field(default_factory=dict)
+    frontier: dict[tuple[int, Mode], Frontier] = field(default_factory=dict)
+    quiet: bool = False  # the end phase: no faults, no hooks
+
+    def upstream(self) -> int:
+        """The upstream's logical clock: the highest ts with data; grows with simulated time."""
+        return self.base_ts + int(self.now * 100)
+
+    def bump(self, what: str, n: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    def fail(self, message: str) -> None:
+        raise Violation(message)

@@ -1,0 +1,164 @@
+"""Applies a Decision's chains to the simulated API exactly as ``controller.engine.intents`` specifies.
+
+Why it is separate from the API: this is the part production must get right too (``controller.kube``
+will follow the same rules), so it is written as the rules read: a chain stops at its first failure;
+Create AlreadyExists and Delete NotFound count as success; a status write uses the resourceVersion an
+earlier write of the same chain returned for that object, else the one the decision read; successful
+responses are written through into the maintainer's cache (only if newer than what it holds).
+
+The maintainer may die between any two writes: ``kill`` is asked before every write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controller.engine import intents as I
+from controller.engine.maintainer import Decision
+from controller.model.records import Record
+from controller.model.states import Kind
+from controller.sim.api import KINDS, Api, ApiError, WatchEvent
+
+
+@dataclass
+class Cache:
+    """An informer-style cache: per kind, the newest version seen (by watch or write-through).
+
+    Tombstones remember the resourceVersion at which an object was deleted, so that a late watch
+    event of an older version cannot resurrect it.
+    """
+
+    objects: dict[Kind, dict[str, Record]] = field(default_factory=lambda: {k: {} for k in KINDS})
+    tombstones: dict[tuple[Kind, str], int] = field(default_factory=dict)
+
+    @staticmethod
+    def _rv(obj: Record) -> int:
+        return int(obj.resource_version or 0)
+
+    def offer(self, obj: Record) -> None:
+        rv = self._rv(obj)
+        if rv <= self.tombstones.get((obj.kind, obj.name), 0):
+            return
+        cur = self.objects[obj.kind].get(obj.name)
+        if cur is None or self._rv(cur) < rv:
+            self.objects[obj.kind][obj.name] = obj
+
+    def remove(self, kind: Kind, name: str, rv: int) -> None:
+        cur = self.objects[kind].get(name)
+        if cur is not None and self._rv(cur) <= rv:
+            del self.objects[kind][name]
+        self.tombstones[(kind, name)] = max(rv, self.tombstones.get((kind, name), 0))
+
+    def apply(self, ev: WatchEvent) -> None:
+        if ev.obj is None:
+            self.remove(ev.kind, ev.name, ev.rv)
+        else:
+            self.offer(ev.obj)
+
+    @classmethod
+    def listed(cls, api: Api) -> Cache:
+        c = cls()
+        for kind in KINDS:
+            c.objects[kind] = api.list(kind)
+        return c
+
+
+@dataclass
+class Outcome:
+    writes: int = 0
+    failed_chains: int = 0
+    killed: bool = False
+    log: list[str] = field(default_factory=list)
+
+
+def apply(
+    api: Api,
+    cache: Cache,
+    decision: Decision,
+    kill: Callable[[], bool],
+    events: list[str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Apply ``decision``'s chains in order. Stops everything once ``kill()`` says the process died."""
+    out = Outcome()
+    note = log or out.log.append
+    for chain in decision.chains:
+        local: dict[tuple[Kind, str], str] = {}
+        done = 0
+        error = ""
+        for w in chain.writes:
+            if isinstance(w, I.Event):
+                if events is not None:
+                    events.append(f"{w.reason} {w.kind}/{w.name}: {w.message}")
+                done += 1
+                continue
+            if kill():
+                out.killed = True
+                note(f"  KILLED before write {done + 1}/{len(chain.writes)} of [{chain.why}]")
+                return out
+            try:
+                _one(api, cache, w, local)
+            except ApiError as e:
+                error = f"{w.describe()} -> {e.code} {e.reason}"
+                break
+            done += 1
+            out.writes += 1
+        if error:
+            out.failed_chains += 1
+            note(f"  chain [{chain.why}] stopped after {done}/{len(chain.writes)}: {error}")
+        else:
+            note(f"  chain [{chain.why}] {len(chain.writes)} writes")
+    return out
+
+
+def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str]) -> None:
+    if isinstance(w, I.Create):
+        try:
+            new = api.create(w.obj)
+        except ApiError as e:
+            if e.reason == "AlreadyExists":
+                # Success for the create; but a later status write in this chain must not land blindly
+                # on an object this chain did not make (another maintainer's, from the same snapshot):
+                # it gets a precondition that cannot match, so the chain stops and the next decision
+                # reads the object first (simulator seed 61).
+                local[(w.obj.kind, w.obj.name)] = "AlreadyExists"
+                return
+            raise
+        local[(new.kind, new.name)] = new.resource_version
+        cache.offer(new)
+    elif isinstance(w, I.WriteStatus):
+        key = (w.obj.kind, w.obj.name)
+        new = api.write_status(w.obj, local.get(key, w.obj.resource_version))
+        local[key] = new.resource_version
+        cache.offer(new)
+    elif isinstance(w, I.Delete):
+        try:
+            left = api.delete(w.kind, w.name, w.uid)
+        except ApiError as e:
+            if e.code == 404:
+                return
+            raise
+        _after(api, cache, w.kind, w.name, left, local)
+    elif isinstance(w, I.AddFinalizer):
+        new = api.add_finalizer(w.kind, w.name, w.finalizer)
+        local[(new.kind, new.name)] = new.resource_version
+        cache.offer(new)
+    elif isinstance(w, I.RemoveFinalizer):
+        try:
+            left = api.remove_finalizer(w.kind, w.name, w.finalizer)
+        except ApiError as e:
+            if e.code == 404:
+                return
+            raise
+        _after(api, cache, w.kind, w.name, left, local)
+
+
+def _after(
+    api: Api, cache: Cache, kind: Kind, name: str, left: Record | None, local: dict[tuple[Kind, str], str]
+) -> None:
+    if left is None:
+        cache.remove(kind, name, api.rv)
+    else:
+        local[(kind, name)] = left.resource_version
+        cache.offer(left)

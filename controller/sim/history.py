@@ -1,0 +1,317 @@
+"""One simulated history: the step loop, the maintainer's lifecycle, and the checks after every step.
+
+Why the checks live next to the loop: they are only meaningful at step boundaries of this loop
+(after watch delivery, captures and maintainers have all acted), and several of them need ground
+truth only the simulator has: which dispatchers really run, what was really delivered per key.
+
+A history: setup (changefeed, tables, three captures, a maintainer), ``steps`` random steps of
+``DT`` seconds, then the quiet phase (faults stop, hooks released, a capture alive, one maintainer)
+until the world is settled or ``QUIET_STEPS`` pass; then ``invariants.settled`` must hold.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from dataclasses import dataclass, field, replace
+
+from controller.engine import invariants
+from controller.engine.world import Options, World
+from controller.model.keys import KeyRange
+from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
+from controller.model.states import Kind, OpPhase, OpType, SpanState
+from controller.sim.api import Api
+from controller.sim.captures import LEASE, Captures
+from controller.sim.context import Ctx, Frontier, Trace, Violation
+from controller.sim.maintainer import SimMaintainer
+from controller.sim.workload import CF, Workload
+
+DT = 0.5
+QUIET_STEPS = 240
+DEFAULT_STEPS = 60
+MAINTAINER_RENEW_DEADLINE = 10.0
+
+
+@dataclass
+class Result:
+    seed: int
+    ok: bool
+    steps: int
+    violation: str = ""
+    trace: str = ""
+    digest: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Sim:
+    def __init__(self, seed: int, options: Options, verbose: bool = False) -> None:
+        rng = random.Random(seed)
+        holder: list[Ctx] = []
+        api = Api(rng, lambda: holder[0].now)
+        self.ctx = Ctx(seed=seed, rng=rng, api=api, trace=Trace(verbose=verbose))
+        holder.append(self.ctx)
+        self.options = options
+        self.captures = Captures(self.ctx, CF)
+        self.maintainers: list[SimMaintainer] = []
+        self.current: SimMaintainer | None = None
+        self.epochs = 0
+        self.restart_at: float | None = None
+        self.kill_at: tuple[float, int] | None = None
+        self.workload = Workload(self)
+        self.prev_checkpoint = 0
+        self.step_no = 0
+        api.observers.append(self._observe)
+
+    # -- maintainer lifecycle ----------------------------------------------------------------------
+
+    def start_maintainer(self) -> None:
+        cf = self.ctx.api.get(Kind.CHANGEFEED, CF)
+        assert isinstance(cf, Changefeed)
+        self.epochs = max(self.epochs, cf.epoch) + 1
+        m = SimMaintainer(self.ctx, CF, self.epochs, self.options, self.captures.leases)
+        self.maintainers.append(m)
+        self.current = m
+        self.restart_at = None
+
+    def schedule_kill(self, after_writes: int, delay: float = 0.0) -> None:
+        if self.ctx.quiet:
+            return
+        self.kill_at = (self.ctx.now + delay, after_writes)
+
+    def failover(self) -> None:
+        """A new maintainer takes over while the old one keeps acting on its stale cache."""
+        if self.current is None or not self.current.alive or self.ctx.quiet:
+            return
+        self.current.zombie = True
+        # Its Lease is lost: it stops writing at its renew deadline at the latest (client-go's 10 s),
+        # earlier if decide reports it fenced. Until then it acts on its stale cache.
+        self.current.zombie_until = self.ctx.now + self.ctx.rng.uniform(1.0, MAINTAINER_RENEW_DEADLINE)
+        self.ctx.bump("zombie failover")
+        self.ctx.trace.add(f"  failover: {self.current.identity} keeps running as a zombie")
+        self.start_maintainer()
+
+    def _maintainers_step(self) -> None:
+        ctx = self.ctx
+        if self.kill_at is not None and ctx.now >= self.kill_at[0] and self.current is not None:
+            if self.current.kill_after is None:
+                self.current.kill_after = self.kill_at[1]
+            self.kill_at = None
+        for m in list(self.maintainers):
+            if m.zombie and m.alive and ctx.now >= m.zombie_until:
+                m.stop()
+                ctx.trace.add(f"  {m.identity} (zombie) reached its Lease renew deadline; stops writing")
+            if m.alive:
+                m.tick()
+            if m is self.current and m.alive and m.kill_after is not None and m.kill_after <= 0:
+                m.stop()  # the kill landed between two decisions
+                ctx.trace.add(f"  {m.identity} KILLED between decisions")
+        self.maintainers = [m for m in self.maintainers if m.alive]
+        if self.current is not None and not self.current.alive:
+            ctx.bump("maintainer kill")
+            self.current = None
+            self.restart_at = ctx.now + ctx.rng.uniform(0.5, 6.0)
+        if self.current is None and self.restart_at is not None and ctx.now >= self.restart_at:
+            self.start_maintainer()
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        ctx = self.ctx
+        self.step_no += 1
+        ctx.now += DT
+        ctx.trace.begin(f"step {self.step_no} t={ctx.now:.1f} upstream={ctx.upstream()}")
+        if not ctx.quiet:
+            self.workload.event()
+        self.captures.step()
+        self._maintainers_step()
+        self.check()
+
+    def quiesce(self) -> None:
+        ctx = self.ctx
+        ctx.quiet = True
+        ctx.trace.add("  -- quiet phase: faults stop, hooks released --")
+        api = ctx.api
+        api.faults.p500 = api.faults.p409 = 0.0
+        api.faults.watch_delay = 0.5
+        self.kill_at = None
+        for name in self.captures.alive_names():
+            cap = self.captures.all[name]
+            cap.hooks.clear()
+            cap.renew_ok = True
+        schedulable = [
+            n
+            for n in self.captures.alive_names()
+            if not getattr(api.get(Kind.CAPTURE, n), "draining", False)
+            and ctx.now - self.captures.all[n].last_renew < 2.0
+        ]
+        if not schedulable:
+            self.captures.join()
+        if self.current is not None:
+            self.current.kill_after = None
+        elif self.restart_at is None:
+            self.restart_at = ctx.now
+
+    def run(self, steps: int) -> Result:
+        ctx = self.ctx
+        try:
+            self.workload.initial()
+            self.start_maintainer()
+            for _ in range(steps):
+                self.step()
+            self.quiesce()
+            quiet_ok = 0
+            for i in range(QUIET_STEPS):
+                self.step()
+                if i % 4 == 3:  # settled() is costly: look every 2 s of simulated time
+                    quiet_ok = quiet_ok + 1 if not invariants.settled(self.api_world()) else 0
+                    if quiet_ok >= 2:
+                        break
+            problems = invariants.settled(self.api_world())
+            if problems:
+                raise Violation("not settled at the end (3, 4): " + "; ".join(problems[:6]))
+        except Violation as v:
+            return Result(
+                ctx.seed, False, self.step_no, str(v), ctx.trace.render(), ctx.trace.digest, dict(self.counts())
+            )
+        except Exception as exc:  # an engine or simulator crash is a failed history too, with its seed
+            tb = traceback.format_exc(limit=8)
+            ctx.trace.add(tb)
+            return Result(
+                ctx.seed,
+                False,
+                self.step_no,
+                f"exception: {type(exc).__name__}: {exc}",
+                ctx.trace.render(),
+                ctx.trace.digest,
+                dict(self.counts()),
+            )
+        return Result(ctx.seed, True, self.step_no, digest=ctx.trace.digest, counts=self.counts())
+
+    def counts(self) -> dict[str, int]:
+        out = dict(self.ctx.counts)
+        for k, v in self.ctx.api.faults.counts.items():
+            out[f"inject {k}"] = v
+        out["steps"] = self.step_no
+        return out
+
+    # -- checks ------------------------------------------------------------------------------------
+
+    def api_world(self) -> World:
+        st = self.ctx.api.store
+        cf = st[Kind.CHANGEFEED][CF]
+        assert isinstance(cf, Changefeed)
+        captures = {}
+        for n, c in st[Kind.CAPTURE].items():
+            assert isinstance(c, Capture)
+            captures[n] = replace(c, renew_time=self.captures.leases.get(n), lease_duration=LEASE)
+        return World(
+            now=self.ctx.now,
+            changefeed=cf,
+            tables=dict(st[Kind.TABLE]),  # type: ignore[arg-type]
+            spans=dict(st[Kind.SPAN]),  # type: ignore[arg-type]
+            dispatchers=dict(st[Kind.DISPATCHER]),  # type: ignore[arg-type]
+            operators=dict(st[Kind.OPERATOR]),  # type: ignore[arg-type]
+            captures=captures,
+        )
+
+    def check(self) -> None:
+        ctx = self.ctx
+        world = self.api_world()
+        problems = invariants.unexplained_overlaps(world)
+        problems += invariants.single_owner(self.captures.running())
+        problems += invariants.bounded(world)
+        if problems:
+            ctx.fail("; ".join(problems[:4]))
+        cp = world.changefeed.checkpoint_ts
+        if cp < self.prev_checkpoint:
+            ctx.fail(f"no gap (5): changefeed checkpoint went back from {self.prev_checkpoint} to {cp}")
+        self.prev_checkpoint = cp
+        live = _live_table_ids(world)
+        for (tid, mode), fr in sorted(ctx.frontier.items()):
+            if tid in live and mode in world.changefeed.modes and cp > fr.low():
+                ctx.fail(
+                    f"no gap (5): changefeed checkpoint {cp} passes table {tid} ({mode}), "
+                    f"delivered only up to {fr.low()} on some keys"
+                )
+
+    def _observe(self, old: Record | None, new: Record | None) -> None:
+        if isinstance(new, Span) and new.state not in (None, SpanState.INVALID):
+            self._init_frontier(new)
+        was_done = isinstance(old, SpanOperator) and old.phase is OpPhase.SUCCEEDED
+        if isinstance(new, SpanOperator) and new.phase is OpPhase.SUCCEEDED and not was_done:
+            self._check_intent(new)
+
+    def _init_frontier(self, span: Span) -> None:
+        """A table's frontier starts when the maintainer first accepts one of its spans.
+
+        It starts at max(table startTs, the published changefeed checkpoint, the changefeed startTs):
+        by design a table is replicated from no lower than the checkpoint at the time the maintainer
+        takes it on ("never below the changefeed's checkpoint"); a table it has not seen yet does not
+        hold the checkpoint back, so its data before that point is out of scope, not a gap.
+        """
+        key = (span.table_id, span.mode)
+        if key in self.ctx.frontier:
+            return
+        st = self.ctx.api.store
+        cf = st[Kind.CHANGEFEED][CF]
+        assert isinstance(cf, Changefeed)
+        tables = sorted(
+            (t for t in st[Kind.TABLE].values() if isinstance(t, Table) and t.table_id == span.table_id),
+            key=lambda t: (t.created, t.name),
+        )
+        start = tables[0].start_ts if tables else 0
+        self.ctx.frontier[key] = Frontier.of(
+            KeyRange.of_table(span.table_id), max(start, cf.checkpoint_ts, cf.start_ts)
+        )
+
+    def _check_intent(self, op: SpanOperator) -> None:
+        ctx = self.ctx
+        st = ctx.api.store
+        if op.type in (OpType.MOVE, OpType.ADD) and op.target:
+            span = st[Kind.SPAN].get(op.spans[0])
+            if not isinstance(span, Span):
+                raise Violation(f"intent: {op.type} {op.name} Succeeded but span {op.spans[0]} is gone")
+            on = span.capture
+            d = st[Kind.DISPATCHER].get(span.dispatcher)
+            if isinstance(d, Dispatcher):
+                on = d.capture
+            if on != op.target:
+                ctx.fail(f"intent: {op.type} {op.name} Succeeded with span {span.name} on {on!r}, not {op.target!r}")
+        expect = self.workload.expect.get(op.name)
+        if expect is None:
+            return
+        if expect.type is OpType.SPLIT:
+            got = tuple(t.key_range for t in op.targets)
+            if got != expect.ranges:
+                ctx.fail(
+                    f"intent: split {op.name} recorded {[str(r) for r in got]}, asked {[str(r) for r in expect.ranges]}"
+                )
+            for t in op.targets:
+                s = st[Kind.SPAN].get(t.span)
+                if not isinstance(s, Span) or s.key_range != t.key_range:
+                    ctx.fail(f"intent: split {op.name} Succeeded but child {t.span} {t.key_range} does not exist")
+            if op.spans[0] in st[Kind.SPAN]:
+                ctx.fail(f"intent: split {op.name} Succeeded but parent {op.spans[0]} remains")
+        elif expect.type is OpType.MERGE:
+            (want,) = expect.ranges
+            if len(op.targets) != 1 or op.targets[0].key_range != want:
+                ctx.fail(f"intent: merge {op.name} recorded {[str(t.key_range) for t in op.targets]}, asked {want}")
+            s = st[Kind.SPAN].get(op.targets[0].span)
+            if not isinstance(s, Span) or s.key_range != want:
+                ctx.fail(f"intent: merge {op.name} Succeeded but merged span {want} does not exist")
+            left = [n for n in expect.sources if n in st[Kind.SPAN]]
+            if left:
+                ctx.fail(f"intent: merge {op.name} Succeeded but sources remain: {left}")
+
+
+def _live_table_ids(world: World) -> set[int]:
+    first: dict[int, Table] = {}
+    for t in sorted(world.tables.values(), key=lambda t: (t.created, t.name)):
+        first.setdefault(t.table_id, t)
+    return {tid for tid, t in first.items() if not t.deleting}
+
+
+def run_history(
+    seed: int, mutants: frozenset[str] = frozenset(), steps: int = DEFAULT_STEPS, verbose: bool = False
+) -> Result:
+    return Sim(seed, Options(mutants=mutants), verbose=verbose).run(steps)

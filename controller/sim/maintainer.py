@@ -1,0 +1,97 @@
+"""The simulated maintainer process: LIST, take a new epoch, then tick ``decide`` on its own cache.
+
+Why a process model around ``decide``: the engine is pure, so everything that can go wrong in
+production lives in how it is driven: a cache that lags behind the API (watch delays, interleaved
+kinds), a process killed between two writes of a chain, a restart with empty memory, and a stale
+process that keeps acting for a moment after a new one took over. This module reproduces exactly
+those, and calls the production ``decide`` (never a copy) with the production intents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import cast
+
+from controller.engine.maintainer import Memory, decide
+from controller.engine.world import Options, World
+from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
+from controller.model.states import Kind
+from controller.sim import executor
+from controller.sim.api import Watcher
+from controller.sim.captures import LEASE
+from controller.sim.context import Ctx
+from controller.sim.executor import Cache
+
+
+class SimMaintainer:
+    def __init__(self, ctx: Ctx, changefeed: str, epoch: int, options: Options, leases: dict[str, float]) -> None:
+        self.ctx = ctx
+        self.changefeed = changefeed
+        self.options = options
+        self.leases = leases
+        self.identity = f"maintainer-{epoch}"
+        self.memory = Memory(epoch=epoch, identity=self.identity)
+        # Watch first, then LIST: nothing written in between can be missed.
+        self.watcher: Watcher = ctx.api.watch(self.identity)
+        self.cache = Cache.listed(ctx.api)
+        self.alive = True
+        self.zombie = False
+        self.zombie_until = 0.0
+        self.kill_after: int | None = None  # die after this many more writes
+        self.events: list[str] = []
+        ctx.trace.add(f"  {self.identity} started at epoch {epoch} (cache synced by LIST)")
+
+    def stop(self) -> None:
+        self.alive = False
+        self.ctx.api.unwatch(self.watcher)
+
+    def sync(self) -> None:
+        for ev in self.watcher.due(self.ctx.now):
+            self.cache.apply(ev)
+
+    def world(self) -> World:
+        objs = self.cache.objects
+        cf = objs[Kind.CHANGEFEED][self.changefeed]
+        assert isinstance(cf, Changefeed)
+        captures: dict[str, Capture] = {}
+        for name, c in objs[Kind.CAPTURE].items():
+            assert isinstance(c, Capture)
+            captures[name] = replace(c, renew_time=self.leases.get(name), lease_duration=LEASE)
+        return World(
+            now=self.ctx.now,
+            changefeed=cf,
+            tables=cast("dict[str, Table]", dict(objs[Kind.TABLE])),
+            spans=cast("dict[str, Span]", dict(objs[Kind.SPAN])),
+            dispatchers=cast("dict[str, Dispatcher]", dict(objs[Kind.DISPATCHER])),
+            operators=cast("dict[str, SpanOperator]", dict(objs[Kind.OPERATOR])),
+            captures=captures,
+        )
+
+    def tick(self) -> None:
+        """One decision, applied. May end with the process killed or, for a zombie, fenced."""
+        ctx = self.ctx
+        self.sync()
+        decision = decide(self.world(), self.memory, self.options)
+        self.memory = decision.memory
+        who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
+        if decision.fenced:
+            ctx.trace.add(f"  {who} fenced: a newer epoch is published; stops writing")
+            self.stop()
+            return
+        kill: Callable[[], bool] = self._kill_check
+        if decision.chains:
+            ctx.trace.add(f"  {who} tick: {len(decision.chains)} chains")
+        out = executor.apply(ctx.api, self.cache, decision, kill, self.events, ctx.trace.add)
+        ctx.bump("writes", out.writes)
+        if out.killed:
+            self.stop()
+            ctx.trace.add(f"  {who} KILLED mid-decision")
+
+    def _kill_check(self) -> bool:
+        if self.kill_after is None:
+            return False
+        if self.kill_after <= 0:
+            return True
+        self.kill_after -= 1
+        return False

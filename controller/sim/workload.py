@@ -1,0 +1,327 @@
+"""Seeded random histories: what users, captures, the cluster and the network do to the maintainer.
+
+Why random rather than scripted: the failures worth finding are interleavings nobody thought to
+script (a kill between two writes of a Move while its destination is paused, a lease lapsing during
+a Merge...). Each event is drawn from the history's one ``random.Random``, so a seed names a history.
+Some events are deliberately invalid (a Move to a dead capture, a Merge of non-adjacent spans, a
+pre-split Span overlapping others): the maintainer must refuse them without half-running them.
+
+The simulator records what each user operator was asked to do (the expected split shape, the merge
+union), so that its success can be checked against its intent.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from controller.model.keys import KeyError_, KeyRange
+from controller.model.records import Capture, Changefeed, SchedulerConfig, Span, SpanOperator, Table
+from controller.model.states import Kind, Mode, OpSource, OpType, SpanState
+from controller.sim.captures import HOLD_CLOSE, PAUSE_CREATE
+
+if TYPE_CHECKING:
+    from controller.sim.history import Sim
+
+CF = "cf"
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a user operator must have done when it Succeeded."""
+
+    type: OpType
+    target: str = ""
+    ranges: tuple[KeyRange, ...] = ()  # split: the children's ranges; merge: the one merged range
+    sources: tuple[str, ...] = ()
+
+
+class Workload:
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+        self.ctx = sim.ctx
+        self.next_table = 1
+        self.ops = 0
+        self.user_spans = 0
+        self.burst_until = 0.0
+        self.faults_until = 0.0
+        self.expect: dict[str, Expect] = {}
+
+    # -- setup -------------------------------------------------------------------------------------
+
+    def initial(self) -> None:
+        rng = self.ctx.rng
+        redo = rng.random() < 0.3
+        limit = rng.choice([2, 3, 5, 10000, 10000])
+        cf = Changefeed(
+            name=CF,
+            start_ts=self.ctx.base_ts,
+            redo=redo,
+            scheduler=SchedulerConfig(max_in_flight_operators=limit),
+        )
+        self.ctx.api.create(cf, faulty=False)
+        self.ctx.trace.add(f"  changefeed redo={redo} maxInFlightOperators={limit}")
+        for _ in range(3):
+            self.sim.captures.join()
+        for _ in range(rng.randint(2, 4)):
+            self.add_table(initial=True)
+
+    # -- events ------------------------------------------------------------------------------------
+
+    def event(self) -> None:
+        ctx, rng = self.ctx, self.ctx.rng
+        api = ctx.api
+        if ctx.now >= self.burst_until:
+            api.faults.watch_delay = 0.5
+        if ctx.now >= self.faults_until:
+            api.faults.p500 = api.faults.p409 = 0.0
+        r = rng.random()
+        table: list[tuple[float, str]] = [
+            (0.05, "table add"),
+            (0.025, "table delete"),
+            (0.16, "user op"),
+            (0.02, "user span"),
+            (0.02, "capture crash"),
+            (0.02, "capture join"),
+            (0.01, "capture drain"),
+            (0.01, "lease fail"),
+            (0.05, "hook"),
+            (0.04, "maintainer kill"),
+            (0.015, "zombie failover"),
+            (0.02, "watch burst"),
+            (0.03, "write faults"),
+        ]
+        for p, what in table:
+            if r < p:
+                self.do(what)
+                return
+            r -= p
+
+    def do(self, what: str) -> None:
+        ctx, rng, api = self.ctx, self.ctx.rng, self.ctx.api
+        caps = self.sim.captures
+        if what == "table add":
+            self.add_table(initial=False)
+        elif what == "table delete":
+            live = self._tables()
+            if live:
+                t = rng.choice(live)
+                api.delete(Kind.TABLE, t.name, faulty=False)
+                ctx.bump("table delete")
+                ctx.trace.add(f"  kubectl delete table {t.name} (id {t.table_id})")
+        elif what == "user op":
+            self.user_op()
+        elif what == "user span":
+            self.user_span(None)
+        elif what == "capture crash":
+            alive = caps.alive_names()
+            if len(alive) > 1:
+                caps.crash(rng.choice(alive))
+                ctx.bump("capture crash")
+        elif what == "capture join":
+            caps.join()
+            ctx.bump("capture join")
+        elif what == "capture drain":
+            alive = caps.alive_names()
+            if len(alive) > 1:
+                c = api.get(Kind.CAPTURE, rng.choice(alive))
+                assert isinstance(c, Capture)
+                api.update_spec(replace(c, draining=True))
+                ctx.bump("capture drain")
+                ctx.trace.add(f"  capture {c.name} draining")
+        elif what == "lease fail":
+            alive = caps.alive_names()
+            if len(alive) > 1:
+                name = rng.choice(alive)
+                caps.all[name].renew_ok = False
+                ctx.bump("lease fail")
+                ctx.trace.add(f"  capture {name}: Lease renewals start failing")
+        elif what == "hook":
+            self.hook()
+        elif what == "maintainer kill":
+            self.sim.schedule_kill(rng.randint(0, 6))
+        elif what == "zombie failover":
+            self.sim.failover()
+        elif what == "watch burst":
+            api.faults.watch_delay = rng.uniform(1.0, 4.0)
+            self.burst_until = ctx.now + rng.uniform(2.0, 8.0)
+            ctx.bump("watch burst")
+            ctx.trace.add(f"  watch delays up to {api.faults.watch_delay:.1f}s")
+        elif what == "write faults":
+            api.faults.p500 = rng.uniform(0.0, 0.15)
+            api.faults.p409 = rng.uniform(0.0, 0.1)
+            self.faults_until = ctx.now + rng.uniform(1.0, 6.0)
+            ctx.bump("fault burst")
+            ctx.trace.add(f"  write faults: 500 p={api.faults.p500:.2f}, 409 p={api.faults.p409:.2f}")
+
+    # -- tables and spans ----------------------------------------------------------------------------
+
+    def _tables(self) -> list[Table]:
+        out = [t for t in self.ctx.api.store[Kind.TABLE].values() if isinstance(t, Table) and not t.deleting]
+        return sorted(out, key=lambda t: t.name)
+
+    def add_table(self, initial: bool) -> None:
+        ctx, rng = self.ctx, self.ctx.rng
+        tid = self.next_table
+        self.next_table += 1
+        pre = rng.choice([0, 0, 2, 3, 4])
+        keys: tuple[bytes, ...] = ()
+        if rng.random() < 0.15:
+            rng_ = KeyRange.of_table(tid)
+            keys = rng_.even_split_keys(rng.randint(2, 3))
+            if rng.random() < 0.3:
+                keys = (b"\x00",)  # invalid: outside the table; the maintainer ignores it with an Event
+        start = 0 if initial or rng.random() < 0.5 else ctx.upstream()
+        t = Table(name=f"t{tid}", changefeed=CF, table_id=tid, pre_split_spans=pre, pre_split_keys=keys, start_ts=start)
+        ctx.api.create(t, faulty=False)
+        ctx.bump("table add")
+        ctx.trace.add(f"  kubectl apply table t{tid} preSplit={pre} keys={len(keys)} startTs={start}")
+        if not initial and rng.random() < 0.3:
+            self.user_span(tid)
+        if rng.random() < 0.05 and not initial:
+            # A second Table claiming the same ID: Invalid.
+            dup = replace(t, name=f"t{tid}-dup")
+            ctx.api.create(dup, faulty=False)
+            ctx.trace.add(f"  kubectl apply table {dup.name} (duplicate id {tid})")
+
+    def user_span(self, table_id: int | None) -> None:
+        ctx, rng = self.ctx, self.ctx.rng
+        tables = self._tables()
+        if table_id is None:
+            if not tables:
+                return
+            table_id = rng.choice(tables).table_id
+        whole = KeyRange.of_table(table_id)
+        keys = whole.even_split_keys(4)
+        i = rng.randint(0, len(keys) - 2)
+        rng_ = KeyRange(keys[i], keys[i + 1])
+        if rng.random() < 0.2:
+            rng_ = KeyRange(keys[i], KeyRange.of_table(table_id + 1).end)  # invalid: crosses the table end
+        mode = Mode.REDO if rng.random() < 0.2 else Mode.DEFAULT
+        self.user_spans += 1
+        s = Span(name=f"user-span-{self.user_spans}", changefeed=CF, table_id=table_id, mode=mode, key_range=rng_)
+        ctx.api.create(s, faulty=False)
+        ctx.bump("user span")
+        ctx.trace.add(f"  kubectl apply span {s.name} table {table_id} {mode.value} {rng_}")
+
+    def _accepted(self) -> list[Span]:
+        live = {t.table_id for t in self._tables()}
+        out = [
+            s
+            for s in self.ctx.api.store[Kind.SPAN].values()
+            if isinstance(s, Span)
+            and s.state not in (None, SpanState.INVALID)
+            and not s.deleting
+            and s.table_id in live
+        ]
+        return sorted(out, key=lambda s: (s.table_id, s.mode, s.key_range))
+
+    # -- user operators ------------------------------------------------------------------------------
+
+    def user_op(self) -> None:
+        ctx, rng = self.ctx, self.ctx.rng
+        spans = self._accepted()
+        if not spans:
+            return
+        caps = self.sim.captures
+        everyone = sorted(caps.all)
+        alive = caps.alive_names()
+        self.ops += 1
+        name = f"user-op-{self.ops}"
+        r = rng.random()
+        span = rng.choice(spans)
+        expect: Expect | None = None
+        if r < 0.45:
+            target = rng.choice(everyone if rng.random() < 0.15 else alive or everyone)
+            op = SpanOperator(name=name, changefeed=CF, type=OpType.MOVE, spans=(span.name,), target=target)
+            expect = Expect(OpType.MOVE, target=target)
+            if rng.random() < 0.3:
+                # Hold the Move in flight and kill the maintainer under it.
+                if rng.random() < 0.5:
+                    self.set_hook(target, PAUSE_CREATE, span.table_id)
+                if span.capture and rng.random() < 0.5:
+                    self.set_hook(span.capture, HOLD_CLOSE, span.table_id)
+                self.sim.schedule_kill(rng.randint(0, 5), delay=rng.uniform(0.0, 2.5))
+        elif r < 0.7:
+            op, expect = self._split(name, span)
+        elif r < 0.9:
+            op, expect = self._merge(name, spans, span)
+        elif r < 0.96:
+            op = SpanOperator(name=name, changefeed=CF, type=OpType.REMOVE, spans=(span.name,))
+        else:
+            op = SpanOperator(name=name, changefeed=CF, type=OpType.MOVE, spans=("no-such-span",), target=everyone[0])
+            expect = None
+        op = replace(op, source=OpSource.USER)
+        ctx.api.create(op, faulty=False)
+        if expect is not None:
+            self.expect[name] = expect
+        ctx.bump("user op")
+        ctx.trace.add(f"  kubectl apply {op.type.value} {name} spans={list(op.spans)} target={op.target!r}")
+
+    def _split(self, name: str, span: Span) -> tuple[SpanOperator, Expect | None]:
+        rng = self.ctx.rng
+        kr = span.key_range
+        n = rng.randint(2, 4)
+        try:
+            even = kr.even_split_keys(n)
+        except KeyError_:
+            even = ()
+        if rng.random() < 0.4 and even:
+            keys = even[: rng.randint(1, len(even))]
+            if rng.random() < 0.15:
+                keys = (kr.end + b"\x01",)  # invalid: outside the span
+                return SpanOperator(
+                    name=name, changefeed=CF, type=OpType.SPLIT, spans=(span.name,), split_keys=keys
+                ), None
+            op = SpanOperator(name=name, changefeed=CF, type=OpType.SPLIT, spans=(span.name,), split_keys=keys)
+            return op, Expect(OpType.SPLIT, ranges=kr.split_at(keys))
+        op = SpanOperator(name=name, changefeed=CF, type=OpType.SPLIT, spans=(span.name,), split_into=n)
+        return op, (Expect(OpType.SPLIT, ranges=kr.split_at(even)) if even else None)
+
+    def _merge(self, name: str, spans: list[Span], span: Span) -> tuple[SpanOperator, Expect | None]:
+        rng = self.ctx.rng
+        same = [s for s in spans if s.table_id == span.table_id and s.mode == span.mode]
+        i = same.index(span)
+        k = rng.randint(2, 3)
+        group = same[i : i + k]
+        if rng.random() < 0.15 and len(same) >= 3:
+            group = [same[0], same[-1]]  # usually not adjacent: must fail
+        if len(group) < 2:
+            group = [span, span] if rng.random() < 0.5 else [span]
+        names = tuple(s.name for s in group)
+        op = SpanOperator(name=name, changefeed=CF, type=OpType.MERGE, spans=names)
+        ordered = sorted(group, key=lambda s: s.key_range)
+        adjacent = len(set(names)) == len(names) >= 2 and all(
+            a.key_range.end == b.key_range.start for a, b in itertools.pairwise(ordered)
+        )
+        if not adjacent:
+            return op, None
+        union = KeyRange(ordered[0].key_range.start, ordered[-1].key_range.end)
+        return op, Expect(OpType.MERGE, ranges=(union,), sources=names)
+
+    # -- hooks -------------------------------------------------------------------------------------
+
+    def set_hook(self, capture: str, hook: str, table_id: int | None) -> None:
+        cap = self.sim.captures.all.get(capture)
+        if cap is None:
+            return
+        cap.hooks[hook] = () if table_id is None else (table_id,)
+        self.ctx.bump("hook")
+        self.ctx.trace.add(f"  hook {hook!r} on {capture} for {'all tables' if table_id is None else table_id}")
+
+    def hook(self) -> None:
+        rng = self.ctx.rng
+        caps = self.sim.captures
+        alive = caps.alive_names()
+        if not alive:
+            return
+        cap = caps.all[rng.choice(alive)]
+        if cap.hooks and rng.random() < 0.6:
+            hook = sorted(cap.hooks)[0]
+            del cap.hooks[hook]
+            self.ctx.trace.add(f"  hook {hook!r} released on {cap.name}")
+            return
+        tables = self._tables()
+        scope = rng.choice(tables).table_id if tables and rng.random() < 0.5 else None
+        self.set_hook(cap.name, rng.choice([HOLD_CLOSE, PAUSE_CREATE]), scope)
