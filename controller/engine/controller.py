@@ -44,10 +44,15 @@ def admit(tick: Tick, op: SpanOperator, create: bool = False) -> bool:
     """
     prefix: list[Write] = [tick.create(op)] if create else []
     busy = [s for s in op.spans if tick.owner.get(s, op.name) != op.name]
-    if busy:
+    if busy and op.source is not OpSource.MAINTAINER:
         reason = f"span {busy[0]!r} is owned by operator {tick.owner[busy[0]]!r}"
         tick.emit(f"{op.type} {op.name} refused", [*prefix, *fail(tick, op, "SpanBusy", reason)])
         return True
+    if busy or any(tick.snapshot_owner.get(s, op.name) != op.name for s in op.spans):
+        # Released in this decision (or, for the maintainer's own Removes, being canceled): the
+        # release may not land, so the claim waits for the next decision.
+        tick.emit(f"{op.type} {op.name} waits for its spans", prefix)
+        return False
     if tick.slots_used() >= tick.changefeed.scheduler.max_in_flight_operators:
         tick.emit(f"{op.type} {op.name} queued", prefix)
         return False

@@ -163,12 +163,13 @@ def _status(tick: Tick, first: bool, report: str) -> None:
         if tick.is_touched(table) or table.changefeed != cf.name or tick.tables_by_id.get(table.table_id) is not table:
             continue
         state = "Removing" if table.deleting else "Active"
-        updated = replace(
-            table,
-            state=state,
-            message="",
-            span_counts=_counts(per_table.get(table.table_id, [])),
-            observed_generation=table.generation,
-        )
-        if not updated.status_equal(table):
-            tick.emit(f"table {table.name} status", [WriteStatus(updated)])
+        counts = _counts(per_table.get(table.table_id, []))
+        if (table.state, table.message, table.span_counts, table.observed_generation) == (
+            state,
+            "",
+            counts,
+            table.generation,
+        ):
+            continue
+        updated = replace(table, state=state, message="", span_counts=counts, observed_generation=table.generation)
+        tick.emit(f"table {table.name} status", [WriteStatus(updated)])

@@ -46,7 +46,7 @@ def run(tick: Tick) -> None:
 
 def _owned_dispatchers(tick: Tick) -> set[str]:
     names: set[str] = set()
-    for op in tick.operators.values():
+    for op in (*tick.world.operators.values(), *tick.operators.values()):
         if op.phase is OpPhase.RUNNING:
             names.update(o.dispatcher for o in op.origins)
             names.update(t.dispatcher for t in op.targets if t.dispatcher)
@@ -72,7 +72,7 @@ def _planned_ranges(tick: Tick) -> dict[tuple[int, Mode], list[KeyRange]]:
 
 def validate_new_spans(tick: Tick) -> None:
     new = sorted(
-        (s for s in tick.spans.values() if s.state is None and not s.deleting and s.name not in tick.owner),
+        (s for s in tick.spans.values() if s.state is None and not s.deleting and not tick.busy(s.name)),
         key=lambda s: (s.created, s.name),
     )
     if not new:
@@ -127,7 +127,7 @@ def repair_spans(tick: Tick) -> None:
         if x.name not in owned_d and x.span not in tick.spans and _usable(tick, x):
             orphans[(x.table_id, x.mode, x.key_range)].append(x)
     for span in sorted(tick.spans.values(), key=lambda s: s.name):
-        if span.name in tick.owner or span.deleting or tick.is_touched(span) or span.state is None:
+        if tick.busy(span.name) or span.deleting or tick.is_touched(span) or span.state is None:
             continue
         d = tick.dispatchers.get(span.dispatcher) if span.dispatcher else None
         if span.state is SpanState.REPLICATING:
@@ -196,7 +196,7 @@ def _absent(tick: Tick, span: Span, d: Dispatcher | None, why: str) -> None:
 def repair_dispatchers(tick: Tick) -> None:
     owned_d = _owned_dispatchers(tick)
     for d in sorted(tick.dispatchers.values(), key=lambda d: d.name):
-        if d.name in owned_d or d.span in tick.owner or tick.is_touched(d):
+        if d.name in owned_d or tick.busy(d.span) or tick.is_touched(d):
             continue
         if d.deleting:
             if not tick.capture_alive(d.capture) and DISPATCHER_FINALIZER in d.finalizers:
@@ -239,7 +239,7 @@ def coverage(tick: Tick) -> None:
             continue
         table = tick.tables_by_id.get(s.table_id)
         if table is None or table.changefeed != tick.changefeed.name or not tick.mode_enabled(s.mode):
-            if s.state is not None and s.name not in tick.owner:
+            if s.state is not None and not tick.busy(s.name):
                 stray.append(s)
             continue
         if not table.deleting:
@@ -304,7 +304,7 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
 
 
 def _resolve_overlaps(tick: Tick, spans: list[Span]) -> None:
-    free = [s for s in spans if s.name not in tick.owner and s.state is not None]
+    free = [s for s in spans if not tick.busy(s.name) and s.state is not None]
     if len(free) < 2:
         return
     pairs = overlapping_pairs([(s.name, s.key_range) for s in free])
@@ -324,7 +324,7 @@ def _resolve_overlaps(tick: Tick, spans: list[Span]) -> None:
 
 
 def _remove_spans(tick: Tick, spans: list[Span], reason: str) -> None:
-    names = tuple(sorted(s.name for s in spans if s.name not in tick.owner))
+    names = tuple(sorted(s.name for s in spans if not tick.busy(s.name)))
     if not names:
         return
     basis = tuple(tick.spans[n].resource_version for n in names)

@@ -29,7 +29,7 @@ def basic(tick: Tick) -> None:
             for s in tick.spans.values()
             if s.state is SpanState.ABSENT
             and not s.deleting
-            and s.name not in tick.owner
+            and not tick.busy(s.name)
             and not tick.is_touched(s)
             and tick.table_live(s.table_id)
             and tick.mode_enabled(s.mode)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from controller.engine.intents import Chain, Create, Delete, Event, RemoveFinalizer, WriteStatus
+from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
 from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
 
@@ -70,6 +71,7 @@ class Tick:
         self.dispatchers: dict[str, Dispatcher] = dict(world.dispatchers)
         self.touched: set[tuple[Kind, str]] = set()
         self._by_span: defaultdict[str, list[Dispatcher]] | None = None
+        self._by_table: defaultdict[tuple[int, Mode], list[str]] | None = None
         self.repairs: list[str] = []
         self.alive = {n for n, c in world.captures.items() if c.alive(world.now)}
         self.first_tick = False  # set by the maintainer on the first decision of a term
@@ -82,6 +84,9 @@ class Tick:
         #: operator finishing in this decision are not reused before the next one: chains fail
         #: independently, so the finishing write may not land while a start in another chain does.
         self.snapshot_running = self.running
+        #: Ownership as of the snapshot. A span an operator releases in this decision stays busy until
+        #: the next one: the releasing write may fail while a new claim in another chain lands.
+        self.snapshot_owner: dict[str, str] = dict(self.owner)
         self.started: set[str] = set()
         self.tables_by_id: dict[int, Table] = {}
         for t in sorted(world.tables.values(), key=lambda t: (t.created, t.name)):
@@ -93,6 +98,10 @@ class Tick:
         return name in self.options.mutants
 
     # -- lookups --------------------------------------------------------------------------------
+
+    def busy(self, span: str) -> bool:
+        """An operator owns ``span`` now, or did in the snapshot (its release may not land)."""
+        return span in self.owner or span in self.snapshot_owner
 
     def capture_alive(self, name: str) -> bool:
         return name in self.alive
@@ -128,6 +137,15 @@ class Tick:
                 found.append(adopted)
         mine = {d.name: d for d in found if d is not None and (d.span == span or d.span not in self.spans)}
         return sorted(mine.values(), key=lambda d: (d.created, d.name))
+
+    def overlapping_dispatchers(self, table_id: int, mode: Mode, rng: KeyRange) -> list[Dispatcher]:
+        """Dispatchers (closing ones included) of ``table_id`` and ``mode`` whose keys overlap ``rng``."""
+        if self._by_table is None:
+            self._by_table = defaultdict(list)
+            for d in self.dispatchers.values():
+                self._by_table[(d.table_id, d.mode)].append(d.name)
+        found = (self.dispatchers.get(n) for n in self._by_table.get((table_id, mode), ()))
+        return sorted((d for d in found if d is not None and d.key_range.overlaps(rng)), key=lambda d: d.name)
 
     def in_flight(self) -> list[SpanOperator]:
         ops = (o for o in self.operators.values() if o.in_flight)
@@ -184,6 +202,8 @@ class Tick:
         elif isinstance(obj, Dispatcher):
             if obj.name not in self.dispatchers and self._by_span is not None:
                 self._by_span[obj.span].append(obj)
+            if obj.name not in self.dispatchers and self._by_table is not None:
+                self._by_table[(obj.table_id, obj.mode)].append(obj.name)
             self.dispatchers[obj.name] = obj
 
     def forget(self, kind: Kind, name: str) -> None:

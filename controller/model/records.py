@@ -9,7 +9,7 @@ Conversion to and from Kubernetes resource dictionaries lives in ``controller.mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import ClassVar, TypeVar
 
 from controller.model.keys import KeyRange
@@ -40,9 +40,20 @@ class Record:
     def kind(self) -> Kind:
         return self.KIND
 
+    def evolve(self: R, **changes: object) -> R:
+        """``dataclasses.replace`` without re-running ``__init__``: records have no validation in
+        ``__init__``, and this is the hot path of every status write in the simulator."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        for key, value in changes.items():
+            if key not in new.__dict__:
+                raise TypeError(f"{type(self).__name__} has no field {key!r}")
+            new.__dict__[key] = value
+        return new
+
     def with_status_of(self: R, other: R) -> R:
         """This object with ``other``'s status fields (what a status write does)."""
-        return replace(self, **{f: getattr(other, f) for f in self.STATUS_FIELDS})
+        return self.evolve(**{f: getattr(other, f) for f in self.STATUS_FIELDS})
 
     def status_equal(self: R, other: R) -> bool:
         return all(getattr(self, f) == getattr(other, f) for f in self.STATUS_FIELDS)

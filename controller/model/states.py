@@ -73,7 +73,7 @@ class OpPhase(StrEnum):
 
     @property
     def terminal(self) -> bool:
-        return self in (OpPhase.SUCCEEDED, OpPhase.FAILED, OpPhase.CANCELED)
+        return self in _TERMINAL
 
 
 class Stage(StrEnum):
@@ -86,6 +86,9 @@ class Stage(StrEnum):
     CREATE_SPANS = "CreateSpans"  # split/merge: create the new Span objects, delete the replaced ones
     ADD_SPANS = "AddSpans"  # split/merge: create a dispatcher for each new span, wait for Working
     FINISH = "Finish"  # remove: settle the spans (delete or Absent)
+
+
+_TERMINAL = frozenset({OpPhase.SUCCEEDED, OpPhase.FAILED, OpPhase.CANCELED})
 
 
 class OpSource(StrEnum):

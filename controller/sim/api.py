@@ -167,7 +167,7 @@ class Api:
         return str(self.rv)
 
     def _put(self, old: Record | None, new: Record) -> Record:
-        new = replace(new, resource_version=self._next_rv())
+        new = new.evolve(resource_version=self._next_rv())
         self.store[new.kind][new.name] = new
         self._emit(old, new, new.kind, new.name)
         return new

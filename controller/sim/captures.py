@@ -17,7 +17,7 @@ the time the maintainer sees the Lease lapsed, none of its dispatchers run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from controller.model.records import Capture, Changefeed, Dispatcher
 from controller.model.states import DISPATCHER_FINALIZER, DispatcherState, Kind, Mode
@@ -55,6 +55,8 @@ class SimCapture:
     pending_since: dict[str, float] = field(default_factory=dict)
     #: Dispatchers being closed: final checkpoint, and whether Stopped was written.
     closing: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    #: Dispatchers refused at the Working transition (stale epoch): reported Rejected until deleted.
+    rejected: set[str] = field(default_factory=set)
     #: hook -> table ids it applies to (empty tuple: all tables)
     hooks: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
@@ -133,6 +135,7 @@ class Captures:
         for name in sorted(cap.closing):
             if name not in mine:
                 del cap.closing[name]
+        cap.rejected &= set(mine)
         for name in sorted(mine):
             obj = mine[name]
             assert isinstance(obj, Dispatcher)
@@ -142,9 +145,14 @@ class Captures:
                 self._advance(cap, cap.runs[name], obj)
             elif obj.state is DispatcherState.PENDING and name not in cap.closing:
                 self._create(cap, obj)
+            elif obj.state in (DispatcherState.INITIALIZING, DispatcherState.WORKING):
+                # Reported live but not run here (refused at Working, and that report did not land):
+                # level-triggered, the capture re-reports what it knows until the API agrees.
+                state = DispatcherState.REJECTED if name in cap.rejected else DispatcherState.STOPPED
+                self._status(cap, obj, state, obj.checkpoint_ts, "not running on this capture")
 
     def _status(self, cap: SimCapture, d: Dispatcher, state: DispatcherState, cp: int, message: str = "") -> bool:
-        new = replace(d, state=state, checkpoint_ts=cp, heartbeat=self.ctx.now, message=message)
+        new = d.evolve(state=state, checkpoint_ts=cp, heartbeat=self.ctx.now, message=message)
         try:
             cap.cache.offer(self.ctx.api.write_status(new, ""))
         except ApiError as e:
@@ -199,7 +207,7 @@ class Captures:
             if d.epoch < cf.epoch:
                 del cap.runs[d.name]
                 ctx.trace.add(f"  {cap.name}: rejected {d.name} at Working (epoch {d.epoch} < {cf.epoch})")
-                cap.closing[d.name] = (run.cp, True)
+                cap.rejected.add(d.name)
                 self._status(cap, d, DispatcherState.REJECTED, run.cp, f"epoch {d.epoch} < {cf.epoch}")
                 return
             if d.epoch < cf.epoch:  # invariant 6, on the ground truth (the capture's own re-check)

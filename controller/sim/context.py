@@ -100,6 +100,22 @@ class Ctx:
     base_ts: int = 1000
     counts: dict[str, int] = field(default_factory=dict)
     frontier: dict[tuple[int, Mode], Frontier] = field(default_factory=dict)
+    #: uid of the Table object each frontier belongs to (a table ID can be taken over by a duplicate).
+    frontier_table: dict[tuple[int, Mode], str] = field(default_factory=dict)
+    #: startTs of every Table the workload applied, by table ID (kept after the table is deleted).
+    table_start: dict[int, int] = field(default_factory=dict)
+    #: Spans a superseded maintainer (a zombie: it lost the Lease, its successor has started) created.
+    #: Nothing fences a Span create, so such a span can overlap what the new maintainer made from
+    #: its own view; the engine must then never run both (checked: single owner) and the safety net
+    #: must remove the overlap before the history ends (checked: coverage at the end). The per-step
+    #: overlap check skips pairs involving these spans.
+    zombie_spans: set[str] = field(default_factory=set)
+    #: Operators a superseded maintainer started. Admission is decided from each maintainer's own
+    #: view, and nothing fences a zombie's status writes to other operators, so during a failover the
+    #: zombie's admissions come on top of the new maintainer's: the bound is checked without them.
+    zombie_ops: set[str] = field(default_factory=set)
+    #: Spans a person deleted by hand: an operator that owned one cannot keep its intent for it.
+    user_deleted: set[str] = field(default_factory=set)
     quiet: bool = False  # the end phase: no faults, no hooks
 
     def upstream(self) -> int:

@@ -10,13 +10,13 @@ those, and calls the production ``decide`` (never a copy) with the production in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import cast
 
+from controller.engine.intents import Create, WriteStatus
 from controller.engine.maintainer import Memory, decide
 from controller.engine.world import Options, World
 from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
-from controller.model.states import Kind
+from controller.model.states import Kind, OpPhase
 from controller.sim import executor
 from controller.sim.api import Watcher
 from controller.sim.captures import LEASE
@@ -57,7 +57,7 @@ class SimMaintainer:
         captures: dict[str, Capture] = {}
         for name, c in objs[Kind.CAPTURE].items():
             assert isinstance(c, Capture)
-            captures[name] = replace(c, renew_time=self.leases.get(name), lease_duration=LEASE)
+            captures[name] = c.evolve(renew_time=self.leases.get(name), lease_duration=LEASE)
         return World(
             now=self.ctx.now,
             changefeed=cf,
@@ -82,6 +82,13 @@ class SimMaintainer:
         kill: Callable[[], bool] = self._kill_check
         if decision.chains:
             ctx.trace.add(f"  {who} tick: {len(decision.chains)} chains")
+        if self.zombie:  # it no longer holds the Lease: its successor may already have listed
+            made = (w.obj for c in decision.chains for w in c.writes if isinstance(w, Create))
+            ctx.zombie_spans.update(o.name for o in made if isinstance(o, Span))
+            started = (w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus))
+            ctx.zombie_ops.update(
+                o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING
+            )
         out = executor.apply(ctx.api, self.cache, decision, kill, self.events, ctx.trace.add)
         ctx.bump("writes", out.writes)
         if out.killed:

@@ -82,6 +82,7 @@ class Workload:
             (0.025, "table delete"),
             (0.16, "user op"),
             (0.02, "user span"),
+            (0.008, "span delete"),
             (0.02, "capture crash"),
             (0.02, "capture join"),
             (0.01, "capture drain"),
@@ -114,6 +115,16 @@ class Workload:
             self.user_op()
         elif what == "user span":
             self.user_span(None)
+        elif what == "span delete":
+            # A person deletes a Span by hand: its dispatcher is left without a span (repair rule 3)
+            # and the hole is re-covered (repair rule 4).
+            spans = sorted(n for n, s in api.store[Kind.SPAN].items() if not s.deleting)
+            if spans:
+                name = rng.choice(spans)
+                api.delete(Kind.SPAN, name, faulty=False)
+                ctx.user_deleted.add(name)
+                ctx.bump("span delete")
+                ctx.trace.add(f"  kubectl delete span {name}")
         elif what == "capture crash":
             alive = caps.alive_names()
             if len(alive) > 1:
@@ -175,6 +186,7 @@ class Workload:
         start = 0 if initial or rng.random() < 0.5 else ctx.upstream()
         t = Table(name=f"t{tid}", changefeed=CF, table_id=tid, pre_split_spans=pre, pre_split_keys=keys, start_ts=start)
         ctx.api.create(t, faulty=False)
+        ctx.table_start.setdefault(tid, start)
         ctx.bump("table add")
         ctx.trace.add(f"  kubectl apply table t{tid} preSplit={pre} keys={len(keys)} startTs={start}")
         if not initial and rng.random() < 0.3:

@@ -257,6 +257,18 @@ def place_targets(tick: Tick, op: SpanOperator) -> tuple[tuple[Target, ...], lis
             targets.append(t)
             continue
         if d is None:
+            blockers = [
+                x.name
+                for x in tick.overlapping_dispatchers(span.table_id, span.mode, t.key_range)
+                if x.span != t.span
+            ]
+            if blockers:
+                # Another span's dispatcher runs some of these keys: only a maintainer superseded
+                # mid-write (its span creates are not fenced) can leave two accepted spans overlapping.
+                # Never run both: give up this placement; the safety net removes the newer span.
+                targets.append(replace(t, done=True, lost=True))
+                settles.extend(set_span(tick, span, state=SpanState.ABSENT, capture="", dispatcher="", operator=""))
+                continue
             acts.append(tick.create(dispatcher_for(tick, op, t, span)))
             targets.append(t)
         elif d.deleting or d.state in CLOSED_DISPATCHER_STATES:

@@ -1,0 +1,40 @@
+"""``python -m controller.apiserver --port 0 --crds crds/ --kubeconfig PATH``: serve until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from controller.apiserver.server import start_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m controller.apiserver", description=__doc__)
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--crds", default=None, help="directory of CRD YAML files to load at startup")
+    parser.add_argument("--kubeconfig", default=None, help="where to write a kubeconfig pointing at the server")
+    parser.add_argument("--bookmark-interval", type=float, default=5.0, help="seconds between watch BOOKMARKs")
+    parser.add_argument("--history-size", type=int, default=10_000, help="watch events kept for resuming watches")
+    args = parser.parse_args(argv)
+    handle = start_server(
+        args.crds,
+        args.port,
+        host=args.host,
+        kubeconfig_path=args.kubeconfig,
+        bookmark_interval=args.bookmark_interval,
+        history_size=args.history_size,
+    )
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    print(handle.url, flush=True)
+    print(f"kubeconfig: {handle.kubeconfig_path}", flush=True)
+    done.wait()
+    handle.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

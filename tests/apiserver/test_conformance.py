@@ -1,0 +1,599 @@
+"""Conformance of the embedded API server with kube-apiserver, for everything this project relies on.
+
+The same tests run against a real cluster when CFM_TEST_KUBECONFIG is set (see conftest.py); only the
+fault-injection tests are skipped there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.apiserver import ApiServerHandle
+from tests.apiserver.conftest import GROUP, HISTORY, ROOT, Kube
+
+MERGE = "application/merge-patch+json"
+CRD_BASE = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def _resources(kube: Kube, path: str) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in kube.ok("GET", path)["resources"]}
+
+
+# -- discovery ---------------------------------------------------------------------------------------------
+
+
+def test_discovery(kube: Kube) -> None:
+    assert "v1" in kube.ok("GET", "/api")["versions"]
+    groups = {g["name"] for g in kube.ok("GET", "/apis")["groups"]}
+    assert {"cdc.maintainer.dev", "coordination.k8s.io", "events.k8s.io", "apiextensions.k8s.io"} <= groups
+    core = _resources(kube, "/api/v1")
+    assert core["namespaces"]["namespaced"] is False
+    assert core["events"]["namespaced"] is True
+    assert core["configmaps"]["kind"] == "ConfigMap"
+    cdc = _resources(kube, f"/apis/{GROUP}")
+    span = cdc["spans"]
+    assert span["kind"] == "Span"
+    assert span["singularName"] == "span"
+    assert span["namespaced"] is True
+    assert "cdcspan" in span["shortNames"]
+    assert "cdc" in span["categories"]
+    assert {"get", "list", "watch", "create", "update", "patch", "delete"} <= set(span["verbs"])
+    assert "spans/status" in cdc
+    assert "leases" in _resources(kube, "/apis/coordination.k8s.io/v1")
+    assert "events" in _resources(kube, "/apis/events.k8s.io/v1")
+    assert kube.req("GET", "/apis/nope.example.com/v1").status == 404
+
+
+# -- create / get / metadata -------------------------------------------------------------------------------
+
+
+def test_create_sets_server_metadata(kube: Kube, name: str) -> None:
+    obj = kube.ok("POST", kube.path("spans"), kube.span(name))
+    meta = obj["metadata"]
+    assert meta["generation"] == 1
+    assert meta["uid"]
+    assert meta["namespace"] == kube.namespace
+    assert int(meta["resourceVersion"]) > 0
+    datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+    assert kube.ok("GET", kube.path("spans", name)) == obj
+
+
+def test_generate_name(kube: Kube) -> None:
+    body = kube.span("")
+    body["metadata"] = {"generateName": "gen-"}
+    obj = kube.ok("POST", kube.path("spans"), body)
+    assert re.fullmatch(r"gen-[a-z0-9]{5}", obj["metadata"]["name"])
+
+
+def test_already_exists_and_not_found(kube: Kube, name: str) -> None:
+    kube.ok("POST", kube.path("spans"), kube.span(name))
+    resp = kube.req("POST", kube.path("spans"), kube.span(name))
+    assert resp.status == 409
+    assert resp.body["reason"] == "AlreadyExists"
+    assert resp.body["kind"] == "Status"
+    assert resp.body["status"] == "Failure"
+    assert resp.body["code"] == 409
+    resp = kube.req("GET", kube.path("spans", name + "-missing"))
+    assert resp.status == 404
+    assert resp.body["reason"] == "NotFound"
+    assert resp.body["details"]["name"] == name + "-missing"
+
+
+def test_create_ignores_status_with_status_subresource(kube: Kube, name: str) -> None:
+    body = kube.span(name)
+    body["status"] = {"state": "Replicating"}
+    assert "status" not in kube.ok("POST", kube.path("spans"), body)
+
+
+# -- schema: pruning, defaults, validation, CEL ------------------------------------------------------------
+
+
+def test_pruning_and_defaults(kube: Kube, name: str) -> None:
+    body = kube.span(name, undeclared="x")
+    obj = kube.ok("POST", kube.path("spans"), body)
+    assert "undeclared" not in obj["spec"]
+    assert obj["spec"]["mode"] == "default"
+    obj = kube.ok(
+        "PATCH", kube.path("spans", name) + "/status", {"status": {"state": "Scheduling", "progress": 3}}, ct=MERGE
+    )
+    assert obj["status"] == {"state": "Scheduling"}  # the undeclared status field vanished
+    cap = kube.ok("POST", kube.path("captures"), {"metadata": {"name": name}})
+    assert cap["spec"] == {}
+
+
+def test_nested_defaults(kube: Kube, name: str) -> None:
+    obj = kube.ok("POST", kube.path("changefeeds"), {"metadata": {"name": name}, "spec": {}})
+    assert obj["spec"]  # nested defaults (scheduler settings) were applied
+    assert "400" not in str(obj)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"tableID": "one"}, "spec.tableID"),
+        ({"tableID": -1}, "spec.tableID"),
+        ({"mode": "sideways"}, "spec.mode"),
+        ({"startKey": "zz"}, "spec.startKey"),
+        ({"changefeed": "x" * 300}, "spec.changefeed"),
+    ],
+)
+def test_schema_validation(kube: Kube, name: str, spec: dict[str, Any], field: str) -> None:
+    resp = kube.req("POST", kube.path("spans"), kube.span(name, **spec))
+    assert resp.status == 422, resp.body
+    assert resp.body["reason"] == "Invalid"
+    assert field in resp.body["message"]
+    assert any(c.get("field") == field for c in resp.body["details"]["causes"])
+
+
+def test_required_and_max_items(kube: Kube, name: str) -> None:
+    body = kube.span(name)
+    del body["spec"]["changefeed"]
+    resp = kube.req("POST", kube.path("spans"), body)
+    assert resp.status == 422
+    assert "spec.changefeed: Required value" in resp.body["message"]
+    spans = [{"startKey": "00", "endKey": "ff", "name": f"s{i}"} for i in range(200)]
+    op = {"metadata": {"name": name}, "spec": {"changefeed": "cf", "type": "Merge", "spans": spans}}
+    resp = kube.req("POST", kube.path("spanoperators"), op)
+    assert resp.status == 422
+    assert "spec.spans" in resp.body["message"]
+
+
+def test_cel_rules(kube: Kube, name: str) -> None:
+    resp = kube.req("POST", kube.path("spans"), kube.span(name, startKey="ff", endKey="00"))
+    assert resp.status == 422
+    assert "startKey must be below endKey" in resp.body["message"]
+    kube.ok("POST", kube.path("spans"), kube.span(name))
+    resp = kube.req("PATCH", kube.path("spans", name), {"spec": {"tableID": 2}}, ct=MERGE)
+    assert resp.status == 422
+    assert "tableID is immutable" in resp.body["message"]
+    kube.ok("PATCH", kube.path("spans", name), {"spec": {"startTs": 7}}, ct=MERGE)  # a mutable field
+    op = {"metadata": {"name": name}, "spec": {"changefeed": "cf", "type": "Move", "spans": ["a"]}}
+    resp = kube.req("POST", kube.path("spanoperators"), op)
+    assert resp.status == 422
+    assert "Add and Move need a target capture" in resp.body["message"]
+
+
+# -- updates, status subresource, generation, conflicts ----------------------------------------------------
+
+
+def test_status_subresource_and_generation(kube: Kube, name: str) -> None:
+    kube.ok("POST", kube.path("spans"), kube.span(name))
+    obj = kube.ok(
+        "PATCH",
+        kube.path("spans", name) + "/status",
+        {"status": {"state": "Replicating"}, "spec": {"startTs": 9}, "metadata": {"labels": {"a": "b"}}},
+        ct=MERGE,
+    )
+    assert obj["status"]["state"] == "Replicating"
+    assert "startTs" not in obj["spec"]
+    assert obj["metadata"]["generation"] == 1
+    assert "labels" not in obj["metadata"]
+    obj = kube.ok("PATCH", kube.path("spans", name), {"spec": {"startTs": 9}, "status": {"state": "Absent"}}, ct=MERGE)
+    assert obj["spec"]["startTs"] == 9
+    assert obj["status"]["state"] == "Replicating"
+    assert obj["metadata"]["generation"] == 2
+    obj = kube.ok("PATCH", kube.path("spans", name), {"metadata": {"labels": {"a": "b"}}}, ct=MERGE)
+    assert obj["metadata"]["generation"] == 2
+    obj["status"] = {"state": "Removing"}
+    obj = kube.ok("PUT", kube.path("spans", name) + "/status", obj)
+    assert obj["status"]["state"] == "Removing"
+    assert obj["metadata"]["generation"] == 2
+    assert kube.ok("GET", kube.path("spans", name) + "/status")["status"]["state"] == "Removing"
+
+
+def test_stale_resource_version_conflicts(kube: Kube, name: str) -> None:
+    obj = kube.ok("POST", kube.path("spans"), kube.span(name))
+    stale = obj["metadata"]["resourceVersion"]
+    obj["spec"]["startTs"] = 1
+    obj = kube.ok("PUT", kube.path("spans", name), obj)
+    assert int(obj["metadata"]["resourceVersion"]) > int(stale)
+    obj["metadata"]["resourceVersion"] = stale
+    resp = kube.req("PUT", kube.path("spans", name), obj)
+    assert resp.status == 409
+    assert resp.body["reason"] == "Conflict"
+    assert "the object has been modified" in resp.body["message"]
+    resp = kube.req("PATCH", kube.path("spans", name), {"metadata": {"resourceVersion": stale}}, ct=MERGE)
+    assert resp.status == 409
+    resp = kube.req(
+        "PATCH",
+        kube.path("spans", name) + "/status",
+        {"metadata": {"resourceVersion": stale}, "status": {"state": "Absent"}},
+        ct=MERGE,
+    )
+    assert resp.status == 409
+    del obj["metadata"]["resourceVersion"]  # an unconditional update is allowed
+    obj["spec"]["startTs"] = 2
+    assert kube.ok("PUT", kube.path("spans", name), obj)["spec"]["startTs"] == 2
+
+
+def test_json_patch_and_strategic_merge(kube: Kube, name: str) -> None:
+    kube.ok("POST", kube.path("spans"), kube.span(name))
+    ops = [{"op": "add", "path": "/spec/startTs", "value": 5}, {"op": "add", "path": "/metadata/labels", "value": {}}]
+    obj = kube.ok("PATCH", kube.path("spans", name), ops, ct="application/json-patch+json")
+    assert obj["spec"]["startTs"] == 5
+    bad = [{"op": "test", "path": "/spec/startTs", "value": 6}]
+    assert kube.req("PATCH", kube.path("spans", name), bad, ct="application/json-patch+json").status == 422
+    cm = {"metadata": {"name": name}, "data": {"a": "1", "b": "2"}}
+    kube.ok("POST", kube.path("configmaps", group="v1"), cm)
+    smp = {"data": {"b": None, "c": "3"}}
+    obj = kube.ok("PATCH", kube.path("configmaps", name, group="v1"), smp, ct="application/strategic-merge-patch+json")
+    assert obj["data"] == {"a": "1", "c": "3"}
+
+
+def test_noop_update_keeps_resource_version(kube: Kube, name: str) -> None:
+    obj = kube.ok("POST", kube.path("spans"), kube.span(name))
+    again = kube.ok("PATCH", kube.path("spans", name), {"spec": {"tableID": 1}}, ct=MERGE)
+    assert again["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
+
+
+# -- lists and selectors ------------------------------------------------------------------------------------
+
+
+def test_selectors(kube: Kube) -> None:
+    run = uuid.uuid4().hex[:8]
+    labels = {"a": {"run": run, "tier": "x"}, "b": {"run": run, "tier": "y"}, "c": {"run": run}}
+    for suffix, lab in labels.items():
+        body = {"metadata": {"name": f"sel-{run}-{suffix}", "labels": lab}, "data": {}}
+        kube.ok("POST", kube.path("configmaps", group="v1"), body)
+
+    def names(selector: str, **kw: Any) -> set[str]:
+        items = kube.ok("GET", kube.path("configmaps", group="v1"), labelSelector=f"run={run},{selector}", **kw)
+        return {i["metadata"]["name"].rsplit("-", 1)[1] for i in items["items"]}
+
+    assert names("tier=x") == {"a"}
+    assert names("tier==y") == {"b"}
+    assert names("tier!=x") == {"b", "c"}
+    assert names("tier in (x,y)") == {"a", "b"}
+    assert names("tier notin (x)") == {"b", "c"}
+    assert names("tier") == {"a", "b"}
+    assert names("!tier") == {"c"}
+    assert names("tier", fieldSelector=f"metadata.name=sel-{run}-a") == {"a"}
+    assert names("tier", fieldSelector=f"metadata.name!=sel-{run}-a") == {"b"}
+    assert names("tier", fieldSelector=f"metadata.namespace={kube.namespace}") == {"a", "b"}
+
+
+def test_cluster_wide_list(kube: Kube, name: str) -> None:
+    kube.ok("POST", kube.path("spans"), kube.span(name))
+    listing = kube.ok("GET", kube.path("spans", ns=None))
+    assert int(listing["metadata"]["resourceVersion"]) > 0
+    found = [i for i in listing["items"] if i["metadata"]["name"] == name]
+    assert found
+    assert found[0]["metadata"]["namespace"] == kube.namespace
+
+
+# -- deletion and finalizers --------------------------------------------------------------------------------
+
+
+def test_finalizers_and_deletion(kube: Kube, name: str) -> None:
+    body = kube.span(name)
+    body["metadata"]["finalizers"] = ["cfm.test/hold"]
+    kube.ok("POST", kube.path("spans"), body)
+    resp = kube.req("DELETE", kube.path("spans", name))
+    assert resp.status == 200
+    meta = resp.body["metadata"]
+    assert meta["deletionTimestamp"]
+    assert meta["deletionGracePeriodSeconds"] == 0
+    obj = kube.ok("GET", kube.path("spans", name))
+    assert obj["metadata"]["deletionTimestamp"]
+    resp = kube.req(
+        "PATCH", kube.path("spans", name), {"metadata": {"finalizers": ["cfm.test/hold", "cfm.test/new"]}}, ct=MERGE
+    )
+    assert resp.status == 422
+    assert "no new finalizers can be added" in resp.body["message"]
+    kube.ok("PATCH", kube.path("spans", name), {"metadata": {"finalizers": None}}, ct=MERGE)
+    assert kube.req("GET", kube.path("spans", name)).status == 404
+
+
+def test_delete_without_finalizers_and_preconditions(kube: Kube, name: str) -> None:
+    obj = kube.ok("POST", kube.path("spans"), kube.span(name))
+    uid, rv = obj["metadata"]["uid"], obj["metadata"]["resourceVersion"]
+    resp = kube.req("DELETE", kube.path("spans", name), {"preconditions": {"uid": "not-" + uid}})
+    assert resp.status == 409
+    assert resp.body["reason"] == "Conflict"
+    resp = kube.req("DELETE", kube.path("spans", name), {"preconditions": {"resourceVersion": str(int(rv) - 1)}})
+    assert resp.status == 409
+    body = {"preconditions": {"uid": uid, "resourceVersion": rv}, "propagationPolicy": "Background"}
+    assert kube.req("DELETE", kube.path("spans", name), body).status == 200
+    assert kube.req("GET", kube.path("spans", name)).status == 404
+    assert kube.req("DELETE", kube.path("spans", name)).status == 404
+
+
+# -- watches -------------------------------------------------------------------------------------------------
+
+
+def test_watch_from_resource_version(kube: Kube, name: str) -> None:
+    rv = kube.ok("GET", kube.path("spans"))["metadata"]["resourceVersion"]
+    kube.ok("POST", kube.path("spans"), kube.span(name))
+    kube.ok("PATCH", kube.path("spans", name) + "/status", {"status": {"state": "Scheduling"}}, ct=MERGE)
+    kube.ok("DELETE", kube.path("spans", name))
+    events = kube.watch(kube.path("spans"), resourceVersion=rv, until=3, fieldSelector=f"metadata.name={name}")
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
+    rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+    assert rvs == sorted(rvs)
+    assert len(set(rvs)) == 3
+    assert events[2]["object"]["status"]["state"] == "Scheduling"  # DELETED carries the last state
+
+
+def test_watch_initial_state_and_live_events(kube: Kube, name: str) -> None:
+    labels = {"w": name}
+    kube.ok("POST", kube.path("spans"), kube.span(name, labels))
+    late = name + "-late"
+    timer = threading.Timer(0.5, lambda: kube.ok("POST", kube.path("spans"), kube.span(late, labels)))
+    timer.start()
+    try:
+        events = kube.watch(kube.path("spans"), until=2, labelSelector=f"w={name}", fieldSelector="metadata.name!=zz")
+    finally:
+        timer.join()
+    names = [(e["type"], e["object"]["metadata"]["name"]) for e in events]
+    assert names == [("ADDED", name), ("ADDED", late)]  # the synthetic initial ADDED, then the live one
+    events = kube.watch(kube.path("spans"), resourceVersion="0", fieldSelector=f"metadata.name={late}", until=1)
+    assert [e["type"] for e in events] == ["ADDED"]
+
+
+def test_watch_label_selector_transitions(kube: Kube, name: str) -> None:
+    rv = kube.ok("GET", kube.path("configmaps", group="v1"))["metadata"]["resourceVersion"]
+    kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name, "labels": {"w": name}}})
+    kube.ok("PATCH", kube.path("configmaps", name, group="v1"), {"data": {"k": "v"}}, ct=MERGE)
+    kube.ok("PATCH", kube.path("configmaps", name, group="v1"), {"metadata": {"labels": None}}, ct=MERGE)
+    events = kube.watch(kube.path("configmaps", group="v1"), resourceVersion=rv, labelSelector=f"w={name}", until=3)
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
+
+
+def test_watch_timeout_and_bookmarks(kube: Kube) -> None:
+    start = time.monotonic()
+    events = kube.watch(kube.path("leases", group="coordination.k8s.io/v1"), timeoutSeconds=1, idle=10)
+    assert time.monotonic() - start < 8  # the server closed the stream
+    if kube.embedded is None:
+        return  # a real server sends bookmarks about once a minute: too slow to wait for here
+    rv = kube.ok("GET", kube.path("leases", group="coordination.k8s.io/v1"))["metadata"]["resourceVersion"]
+    events = kube.watch(
+        kube.path("leases", group="coordination.k8s.io/v1"),
+        resourceVersion=rv,
+        allowWatchBookmarks="true",
+        timeoutSeconds=2,
+        idle=10,
+    )
+    marks = [e for e in events if e["type"] == "BOOKMARK"]
+    assert marks
+    assert int(marks[-1]["object"]["metadata"]["resourceVersion"]) >= int(rv)
+
+
+def test_watch_too_old_resource_version_is_gone(kube: Kube, name: str) -> None:
+    if kube.embedded is not None:  # push the first resourceVersions out of the (small) history window
+        cm = kube.path("configmaps", name, group="v1")
+        kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name}})
+        current = int(kube.ok("GET", cm)["metadata"]["resourceVersion"])
+        for i in range(max(0, HISTORY + 10 - current)):
+            kube.ok("PATCH", cm, {"data": {"i": str(i)}}, ct=MERGE)
+    events = kube.watch(kube.path("spans"), resourceVersion="1", until=1)
+    assert events
+    assert events[0]["type"] == "ERROR"
+    status = events[0]["object"]
+    assert status["kind"] == "Status"
+    assert status["code"] == 410
+    assert status["reason"] in ("Expired", "Gone")
+
+
+# -- built-in kinds --------------------------------------------------------------------------------------------
+
+
+def test_leases_configmaps_events(kube: Kube, name: str) -> None:
+    leases = kube.path("leases", group="coordination.k8s.io/v1")
+    lease = kube.ok("POST", leases, {"metadata": {"name": name}, "spec": {"holderIdentity": "a"}})
+    stale = dict(lease, spec={"holderIdentity": "b"})
+    lease["spec"]["holderIdentity"] = "c"
+    kube.ok("PUT", f"{leases}/{name}", lease)
+    assert kube.req("PUT", f"{leases}/{name}", stale).status == 409
+    event = {
+        "metadata": {"generateName": "ev-"},
+        "involvedObject": {"kind": "Span", "name": name, "namespace": kube.namespace},
+        "reason": "Test",
+        "message": "hello",
+        "type": "Normal",
+    }
+    assert kube.ok("POST", kube.path("events", group="v1"), event)["metadata"]["name"].startswith("ev-")
+    ev2 = {
+        "metadata": {"name": name},
+        "eventTime": "2025-01-01T00:00:00.000000Z",
+        "reportingController": "cfm.test/x",
+        "reportingInstance": "x",
+        "action": "Test",
+        "reason": "Test",
+        "type": "Normal",
+        "regarding": {"kind": "Span", "name": name, "namespace": kube.namespace},
+    }
+    kube.ok("POST", kube.path("events", group="events.k8s.io/v1"), ev2)
+    kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name}, "data": {"x": "1"}})
+    assert kube.ok("GET", kube.path("configmaps", name, group="v1"))["data"] == {"x": "1"}
+    assert (
+        kube.req("POST", kube.path("configmaps", group="v1", ns="no-such-ns"), {"metadata": {"name": name}}).status
+        == 404
+    )
+
+
+def test_post_crd(kube: Kube) -> None:
+    group = f"t{uuid.uuid4().hex[:6]}.cfm.test"
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
+    }
+    kube.ok("POST", CRD_BASE, crd)
+    try:
+        path = kube.path("widgets", group=f"{group}/v1")
+        deadline = time.monotonic() + 30
+        while kube.req("GET", path).status != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        obj = kube.ok("POST", path, {"metadata": {"name": "w"}, "spec": {"anything": [1]}})
+        assert obj["spec"] == {"anything": [1]}
+        assert obj["metadata"]["generation"] == 1
+        assert "widgets" in _resources(kube, f"/apis/{group}/v1")
+    finally:
+        kube.req("DELETE", f"{CRD_BASE}/widgets.{group}")
+
+
+# -- fault injection (embedded only) ------------------------------------------------------------------------------
+
+
+def test_injected_failures(kube: Kube, embedded: ApiServerHandle, name: str) -> None:
+    embedded.inject_failures("dispatchers", 2, 500)
+    body = {
+        "metadata": {"name": name},
+        "spec": {"changefeed": "cf", "capture": "c", "span": "s", "tableID": 1, "startKey": "00", "endKey": "ff"},
+    }
+    assert kube.req("POST", kube.path("dispatchers"), body).status == 500
+    assert kube.req("POST", kube.path("dispatchers"), body).status == 500
+    resp = kube.req("POST", kube.path("dispatchers"), body)
+    assert resp.status in (201, 422), resp.body  # the third write goes through (422 only if the body is invalid)
+    embedded.inject_failures("dispatchers", 1, 409)
+    assert kube.req("PATCH", kube.path("dispatchers", name), {"metadata": {"labels": {"a": "b"}}}, ct=MERGE).status in (
+        409,
+        404,
+    )
+
+
+def test_close_watches(kube: Kube, embedded: ApiServerHandle) -> None:
+    def watchers() -> int:
+        return embedded.call(lambda: sum(len(w) for w in embedded.store.watchers.values()))
+
+    baseline = watchers()
+    result: list[list[dict[str, Any]]] = []
+    thread = threading.Thread(
+        target=lambda: result.append(kube.watch(kube.path("spans"), resourceVersion="0", idle=20))
+    )
+    start = time.monotonic()
+    thread.start()
+    deadline = time.monotonic() + 10
+    while watchers() <= baseline:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert embedded.close_watches() >= 1
+    thread.join(timeout=15)
+    assert not thread.is_alive()
+    assert time.monotonic() - start < 10
+
+
+# -- clients: kubectl and Kopf -------------------------------------------------------------------------------------
+
+
+def _kubectl(kube: Kube, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig_path), "HOME": str(tmp_path)}
+    cmd = ["kubectl", "--cache-dir", str(tmp_path / "cache"), "-n", kube.namespace, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl(kube: Kube, name: str, tmp_path: Path) -> None:
+    kube.ok("POST", kube.path("spans"), kube.span(name))
+    out = _kubectl(kube, tmp_path, "apply", "-f", str(ROOT / "crds"))
+    assert out.returncode == 0, out.stderr
+    out = _kubectl(kube, tmp_path, "get", "cdc")
+    assert out.returncode == 0, out.stderr
+    assert name in out.stdout
+    assert "TABLE" in out.stdout
+    assert "CHECKPOINT" in out.stdout
+    out = _kubectl(kube, tmp_path, "get", "spans", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert name in out.stdout
+    assert '"kind": "Span"' in out.stdout
+    out = _kubectl(kube, tmp_path, "get", "cdcspan", name, "-o", "wide")
+    assert out.returncode == 0, out.stderr
+    assert "CHANGEFEED" in out.stdout
+
+
+KOPF_OPERATOR = textwrap.dedent(
+    """
+    import sys, kopf
+
+    LOG = sys.argv[1]
+
+    def log(line):
+        with open(LOG, "a") as f:
+            f.write(line + "\\n")
+
+    @kopf.on.startup()
+    def configure(settings, **_):
+        settings.watching.server_timeout = 30
+        settings.posting.level = 0
+
+    @kopf.on.create("cdc.maintainer.dev", "v1alpha1", "spans")
+    def created(name, patch, **_):
+        patch.metadata.annotations["cfm.test/created"] = "yes"
+        log("create " + name)
+
+    @kopf.on.delete("cdc.maintainer.dev", "v1alpha1", "spans")
+    def deleted(name, **_):
+        log("delete " + name)
+
+    kopf.run(standalone=True, namespaces=[sys.argv[2]])
+    """
+)
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_kopf_runs_handlers_with_finalizers(kube: Kube, name: str, tmp_path: Path) -> None:
+    script, log = tmp_path / "operator.py", tmp_path / "handlers.log"
+    script.write_text(KOPF_OPERATOR)
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig_path)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(log), kube.namespace],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        kube.ok("POST", kube.path("spans"), kube.span(name))
+        _wait(lambda: log.exists() and f"create {name}" in log.read_text(), 20, "the create handler")
+
+        def annotated() -> bool:
+            meta = kube.ok("GET", kube.path("spans", name))["metadata"]
+            return bool((meta.get("annotations") or {}).get("cfm.test/created") == "yes")
+
+        _wait(annotated, 20, "the handler's patch")  # Kopf applies the handler's patch after it returns
+        obj = kube.ok("GET", kube.path("spans", name))
+        assert obj["metadata"].get("finalizers")  # Kopf's finalizer (the delete handler is not optional)
+        kube.ok("DELETE", kube.path("spans", name))
+        _wait(lambda: f"delete {name}" in log.read_text(), 20, "the delete handler")
+        _wait(lambda: kube.req("GET", kube.path("spans", name)).status == 404, 20, "the object to disappear")
+    finally:
+        proc.terminate()
+        try:
+            output, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+    assert "Traceback" not in output, output[-3000:]
