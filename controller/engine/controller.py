@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from controller.engine.intents import Delete, Write
 from controller.engine.operators import ADVANCE, START
-from controller.engine.operators.common import fail
+from controller.engine.operators.common import fail, record
 from controller.engine.world import Tick
 from controller.model.records import SpanOperator
 from controller.model.states import Kind, OpPhase, OpSource
@@ -30,7 +30,43 @@ def owned_dispatchers(tick: Tick) -> set[str]:
     return names
 
 
+def resolve_conflicts(tick: Tick) -> None:
+    """Two Running operators on one span: keep one, cancel the others.
+
+    One maintainer never starts a second operator on a busy span, but a superseded one (alive for a
+    moment during a failover, before it notices) decides from its own view, and nothing fences a
+    status write to an operator. The survivor is the operator the span's status names, else the
+    oldest; the others are Canceled. Break-before-make still holds: the survivor closes any
+    dispatcher of the span that is not its own before it creates one.
+    """
+    claims: dict[str, list[SpanOperator]] = {}
+    for op in tick.in_flight():
+        if op.phase is OpPhase.RUNNING:
+            for name in {*op.spans, *(t.span for t in op.targets)}:
+                claims.setdefault(name, []).append(op)
+    canceled: set[str] = set()
+    for name in sorted(claims):
+        ops = [o for o in claims[name] if o.name not in canceled]
+        if len(ops) < 2:
+            continue
+        span = tick.spans.get(name)
+        named = [o for o in ops if span is not None and o.name == span.operator]
+        survivor = named[0] if named else ops[0]
+        for op in ops:
+            if op is survivor:
+                continue
+            canceled.add(op.name)
+            message = f"span {name!r} is also owned by operator {survivor.name!r}; only one may run"
+            _, write = record(
+                tick, op, phase=OpPhase.CANCELED, status_reason="Conflict", message=message, finished_at=tick.now
+            )
+            tick.emit(f"cancel {op.name}", [write])
+        for s in {*survivor.spans, *(t.span for t in survivor.targets)}:
+            tick.owner[s] = survivor.name
+
+
 def advance_running(tick: Tick) -> None:
+    resolve_conflicts(tick)
     for op in tick.in_flight():
         if op.phase is OpPhase.RUNNING and not tick.is_touched(op):
             tick.emit(f"{op.type} {op.name} {op.stage}", ADVANCE[op.type](tick, op))

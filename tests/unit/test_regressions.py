@@ -108,3 +108,72 @@ def test_an_absent_span_whose_add_failed_at_the_same_resource_version_is_placed_
     assert adds
     assert adds[0].name != failed.name
     assert adds[0].target == "c0"
+
+
+def test_a_split_whose_parent_was_deleted_by_hand_fails_instead_of_hanging():
+    """Seed 2167 (and 4896, 5301 for Merge): a person deleted the span a Split was splitting.
+
+    Once the origin's dispatcher was gone the Split moved to CreateSpans, found no span to copy the
+    table and mode from, and waited forever. It now ends Failed (SpanNotFound); the safety net re-covers
+    the range with an Absent span.
+    """
+    from controller.model.records import Target as T
+    from tests.unit.fixtures import Kind, last_status, pieces
+
+    halves = pieces(1, 2)
+    op = operator(
+        "sp",
+        OpType.SPLIT,
+        ("gone",),
+        phase=OpPhase.RUNNING,
+        stage=Stage.REMOVE_ORIGIN,
+        split_into=2,
+        targets=tuple(T(span=f"child-{i}", key_range=r) for i, r in enumerate(halves)),
+    )
+    dec = decide(world(table(1), capture("c0"), op), memory())
+    rec = last_status(dec, Kind.OPERATOR, "sp")
+    assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "SpanNotFound")
+    spans = [w for w in dec.chains for w in w.writes if type(w).__name__ == "Create"]
+    assert [w.obj.key_range for w in spans] == [trange(1)]  # the hole, re-covered as one Absent span
+
+
+def test_two_running_operators_on_one_span_keep_the_one_the_span_names():
+    """Seeds 3128, 3768: a superseded maintainer started an Add on a span its successor also placed.
+
+    Both Adds stayed Running and each closed the other's dispatcher before creating its own, forever.
+    The operator the span's status names now survives; the other is Canceled (reason Conflict).
+    """
+    from controller.model.records import Target as T
+    from tests.unit.fixtures import Kind, last_status
+
+    s = span("s1", state=SpanState.SCHEDULING, capture="c1", dispatcher="d-new", operator="add-new")
+    old = operator(
+        "add-old",
+        OpType.ADD,
+        ("s1",),
+        phase=OpPhase.RUNNING,
+        stage=Stage.ADD_DEST,
+        target="c0",
+        targets=(T(span="s1", key_range=trange(1), capture="c0", dispatcher="d-old", start_ts=100),),
+        created=10.0,
+    )
+    new = operator(
+        "add-new",
+        OpType.ADD,
+        ("s1",),
+        phase=OpPhase.RUNNING,
+        stage=Stage.ADD_DEST,
+        target="c1",
+        targets=(T(span="s1", key_range=trange(1), capture="c1", dispatcher="d-new", start_ts=100),),
+        created=20.0,
+    )
+    d_old = dispatcher("d-old", s, "c0", DispatcherState.WORKING)
+    dec = decide(world(table(1), capture("c0"), capture("c1"), s, old, new, d_old), memory())
+    assert last_status(dec, Kind.OPERATOR, "add-old").phase is OpPhase.CANCELED
+    assert last_status(dec, Kind.OPERATOR, "add-old").status_reason == "Conflict"
+    # The survivor carries on: the canceled Add's dispatcher goes before its own is created.
+    from tests.unit.fixtures import flat, statuses
+
+    assert statuses(dec, Kind.OPERATOR, "add-new") == []
+    assert ("delete", "Dispatcher", "d-old") in flat(dec)
+    assert ("create", "Dispatcher", "d-new") not in flat(dec)

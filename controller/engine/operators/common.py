@@ -199,7 +199,10 @@ def dispatcher_for(tick: Tick, op: SpanOperator, target: Target, span: Span) -> 
         epoch=tick.epoch,
         created=tick.now,
         finalizers=(DISPATCHER_FINALIZER,),
-        labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+        labels=(
+            ("cdc.maintainer.dev/capture", target.capture),
+            ("cdc.maintainer.dev/changefeed", tick.changefeed.name),
+        ),
     )
 
 

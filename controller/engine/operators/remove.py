@@ -46,7 +46,13 @@ def start(tick: Tick, op: SpanOperator) -> list[Write]:
     new, write = record(
         tick, op, phase=OpPhase.RUNNING, stage=Stage.REMOVE_ORIGIN, origins=origins, started_at=tick.now
     )
-    marks = [w for s in spans if not s.deleting for w in set_span(tick, s, state=SpanState.REMOVING, operator=op.name)]
+    # A new or Invalid span replicates nothing: it is not marked, only deleted (or left) at the end.
+    marks = [
+        w
+        for s in spans
+        if not s.deleting and s.state not in (None, SpanState.INVALID)
+        for w in set_span(tick, s, state=SpanState.REMOVING, operator=op.name)
+    ]
     return [write, *marks, *advance(tick, new)]
 
 
@@ -67,7 +73,7 @@ def advance(tick: Tick, op: SpanOperator) -> list[Write]:
             if not span.deleting:
                 settle.append(Delete(Kind.SPAN, span.name, span.uid))
                 tick.forget(Kind.SPAN, span.name)
-        else:
+        elif span.state not in (None, SpanState.INVALID):
             settle.extend(
                 set_span(
                     tick,

@@ -9,12 +9,13 @@ from controller.engine.operators.common import (
     advance_targets,
     choose_targets,
     final_checkpoint,
+    finish,
     record,
     set_span,
 )
 from controller.engine.world import Tick
 from controller.model.records import Span, SpanOperator
-from controller.model.states import Kind, SpanState, Stage
+from controller.model.states import Kind, OpPhase, SpanState, Stage
 
 
 def delete_spans(tick: Tick, names: tuple[str, ...]) -> list[Write]:
@@ -50,7 +51,10 @@ def create_spans(tick: Tick, op: SpanOperator, *replaced: str) -> list[Write]:
         writes.append(write)
     template = _template(tick, op, replaced)
     if template is None:
-        return writes  # cannot happen: replaced spans are deleted only after every new one exists
+        # Every replaced span was deleted by hand and none of the new ones exists yet: there is nothing
+        # to take the table and mode from. The safety net re-covers the range; this operator ends.
+        gone = ", ".join(replaced)
+        return writes + finish(tick, op, OpPhase.FAILED, "SpanNotFound", f"span(s) {gone} were deleted mid-way")
     for t in op.targets:
         if t.span not in tick.spans:
             writes.append(

@@ -1,0 +1,121 @@
+"""List+watch of one resource kind into a local cache: the agent's view of the world.
+
+Why hand-rolled: the agent needs exactly one behaviour, the client-go reflector's. List, then watch
+from the list's resourceVersion; follow BOOKMARKs; when the stream ends (server timeout, API restart)
+watch again from the last resourceVersion seen; on ``410 Gone`` (as an HTTP status or an ``ERROR``
+event) or any other ``ERROR`` event, list again and replace the cache whole. Connection errors back
+off and retry. ``changed`` is set on every change so the agent's loop wakes up at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from controller.capture.logs import fields
+from controller.kube.client import JSON, ApiError, Client, Resource
+
+log = logging.getLogger("controller.capture.informer")
+
+NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, ValueError)
+
+
+class Relist(Exception):
+    """The watch cannot resume from the last resourceVersion."""
+
+
+class Informer:
+    def __init__(
+        self,
+        client: Client,
+        resource: Resource,
+        namespace: str,
+        *,
+        label_selector: str = "",
+        keep: Callable[[JSON], bool] | None = None,
+        changed: asyncio.Event | None = None,
+        watch_timeout: int = 60,
+        backoff: float = 0.5,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.keep = keep
+        self.changed = changed if changed is not None else asyncio.Event()
+        self.watch_timeout = watch_timeout
+        self.backoff = backoff
+        self.objects: dict[str, JSON] = {}
+        self.resource_version = ""
+        self.synced = asyncio.Event()
+        self.relists = 0
+
+    def _wanted(self, obj: JSON) -> bool:
+        return self.keep is None or self.keep(obj)
+
+    async def run(self) -> None:
+        """Forever (until cancelled)."""
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._list()
+                    need_list = False
+                await self._watch()
+            except Relist as exc:
+                log.info("relisting %s", self.resource.plural, extra=fields(reason=str(exc)))
+                need_list = True
+            except ApiError as exc:
+                if exc.status == 410:
+                    need_list = True
+                else:
+                    log.warning("watch of %s failed", self.resource.plural, extra=fields(error=str(exc)))
+                    await asyncio.sleep(self.backoff)
+            except NETWORK_ERRORS as exc:
+                log.warning("watch of %s failed", self.resource.plural, extra=fields(error=repr(exc)))
+                await asyncio.sleep(self.backoff)
+
+    async def _list(self) -> None:
+        items, rv = await self.client.list(self.resource, self.namespace, self.label_selector)
+        self.objects = {o["metadata"]["name"]: o for o in items if self._wanted(o)}
+        self.resource_version = rv
+        self.relists += 1
+        self.synced.set()
+        self.changed.set()
+
+    async def _watch(self) -> None:
+        stream = self.client.watch(
+            self.resource,
+            self.namespace,
+            self.resource_version,
+            label_selector=self.label_selector,
+            timeout_seconds=self.watch_timeout,
+        )
+        async for event in stream:
+            self._apply(event)
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            raise Relist(f"{obj.get('code', '?')} {obj.get('reason', '')}: {obj.get('message', '')}")
+        meta = obj.get("metadata") or {}
+        rv = meta.get("resourceVersion")
+        if rv:
+            self.resource_version = str(rv)
+        if kind == "BOOKMARK":
+            return
+        name = meta.get("name")
+        if not isinstance(name, str):
+            return
+        if kind == "DELETED" or not self._wanted(obj):
+            # Not wanted any more (e.g. the label was changed away from this capture): forget it.
+            if self.objects.pop(name, None) is not None:
+                self.changed.set()
+            return
+        self.objects[name] = obj
+        self.changed.set()

@@ -1,0 +1,235 @@
+"""A small asyncio client for the Kubernetes API: exactly the verbs the maintainer and captures use.
+
+Why not the generated ``kubernetes.aio`` client: we need precise control over patch content types,
+delete preconditions and watch parameters (resourceVersion, bookmarks, timeouts), and the per-verb
+request counts the benchmark reports. Configuration (URL, credentials, TLS) is still loaded by the
+official ``kubernetes`` package from a kubeconfig or the in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes import client as kclient
+from kubernetes import config as kconfig
+
+from controller.model.states import GROUP, VERSION, Kind
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    status: bool = False
+
+    def path(self, namespace: str, name: str = "", sub: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        out = f"{base}/namespaces/{namespace}/{self.plural}"
+        if name:
+            out += f"/{name}"
+        if sub:
+            out += f"/{sub}"
+        return out
+
+
+RESOURCES: dict[Kind, Resource] = {
+    Kind.CHANGEFEED: Resource(GROUP, VERSION, "changefeeds", "Changefeed", True),
+    Kind.TABLE: Resource(GROUP, VERSION, "tables", "Table", True),
+    Kind.SPAN: Resource(GROUP, VERSION, "spans", "Span", True),
+    Kind.DISPATCHER: Resource(GROUP, VERSION, "dispatchers", "Dispatcher", True),
+    Kind.OPERATOR: Resource(GROUP, VERSION, "spanoperators", "SpanOperator", True),
+    Kind.CAPTURE: Resource(GROUP, VERSION, "captures", "Capture", True),
+}
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+EVENTS = Resource("", "v1", "events", "Event")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409 and self.reason != "AlreadyExists"
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.reason == "AlreadyExists"
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str
+    token: str = ""
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    verify: bool = True
+
+    @classmethod
+    def load(cls, kubeconfig: str | None = None, context: str | None = None) -> Config:
+        """From a kubeconfig (path, or $KUBECONFIG / ~/.kube/config), else the in-cluster account."""
+        cfg = kclient.Configuration()
+        try:
+            kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        except kconfig.ConfigException:
+            if kubeconfig:
+                raise
+            kconfig.load_incluster_config(client_configuration=cfg)
+        token = cfg.api_key.get("authorization", "") or cfg.api_key.get("BearerToken", "")
+        prefix = cfg.api_key_prefix.get("authorization", "")
+        if token and prefix and not token.startswith(prefix):
+            token = f"{prefix} {token}"
+        return cls(
+            url=cfg.host.rstrip("/"),
+            token=token,
+            ca_file=cfg.ssl_ca_cert or "",
+            cert_file=cfg.cert_file or "",
+            key_file=cfg.key_file or "",
+            verify=bool(cfg.verify_ssl),
+        )
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if not self.url.startswith("https"):
+            return False
+        ctx = ssl.create_default_context(cafile=self.ca_file or None)
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file or None)
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+
+class Client:
+    """One HTTP session; every method raises :class:`ApiError` for an API error status."""
+
+    def __init__(self, config: Config, connections: int = 32) -> None:
+        self.config = config
+        self.requests: Counter[str] = Counter()
+        headers = {"Accept": "application/json"}
+        if config.token:
+            headers["Authorization"] = config.token if " " in config.token else f"Bearer {config.token}"
+        self._session = aiohttp.ClientSession(
+            base_url=config.url,
+            headers=headers,
+            connector=aiohttp.TCPConnector(limit=connections, ssl=config.ssl_context()),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def request(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,  # noqa: ASYNC109 - a per-request budget handed to aiohttp
+    ) -> JSON:
+        self.requests[verb] += 1
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else None
+        async with self._session.request(
+            method, path, params=params, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            text = await resp.text()
+            payload: JSON = json.loads(text) if text else {}
+            if resp.status >= 400:
+                raise ApiError(resp.status, str(payload.get("reason", resp.reason)), str(payload.get("message", text)))
+            return payload
+
+    # -- verbs ----------------------------------------------------------------------------------------
+
+    async def get(self, res: Resource, namespace: str, name: str) -> JSON:
+        return await self.request("get", "GET", res.path(namespace, name))
+
+    async def list(self, res: Resource, namespace: str, label_selector: str = "") -> tuple[list[JSON], str]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        out = await self.request("list", "GET", res.path(namespace), params=params, timeout=120.0)
+        return list(out.get("items", [])), str(out.get("metadata", {}).get("resourceVersion", ""))
+
+    async def create(self, res: Resource, namespace: str, body: JSON) -> JSON:
+        return await self.request("create", "POST", res.path(namespace), body=body)
+
+    async def replace(self, res: Resource, namespace: str, name: str, body: JSON) -> JSON:
+        return await self.request("update", "PUT", res.path(namespace, name), body=body)
+
+    async def patch(self, res: Resource, namespace: str, name: str, patch: JSON, sub: str = "") -> JSON:
+        """A JSON merge patch; put ``metadata.resourceVersion`` in it for a precondition."""
+        return await self.request(
+            "patch/status" if sub else "patch",
+            "PATCH",
+            res.path(namespace, name, sub),
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+
+    async def delete(self, res: Resource, namespace: str, name: str, uid: str = "") -> JSON:
+        body: JSON = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        return await self.request("delete", "DELETE", res.path(namespace, name), body=body)
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str,
+        resource_version: str,
+        *,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[JSON]:
+        """Watch events (dicts with ``type`` and ``object``), BOOKMARKs included, until the server ends it."""
+        self.requests["watch"] += 1
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
+        async with self._session.get(res.path(namespace), params=params, timeout=timeout) as resp:
+            if resp.status >= 400:
+                text = await resp.text()
+                raise ApiError(resp.status, resp.reason or "", text)
+            async for line in resp.content:
+                if line.strip():
+                    yield json.loads(line)
+
+
+async def sleep_or(event: asyncio.Event, seconds: float) -> None:
+    """Sleep up to ``seconds``, returning early if ``event`` is set (and clearing it)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=seconds)
+    event.clear()

@@ -1,0 +1,171 @@
+"""Apply the engine's intended writes to the API, exactly as ``controller.engine.intents`` specifies.
+
+Chains run concurrently (bounded); the writes of one chain run in order and the chain stops at its
+first failure. Idempotence rules: AlreadyExists on create and NotFound on delete are success; a
+status write carries the resourceVersion the decision saw (or the one an earlier create in the same
+chain returned), and a status write after a create that found the object already there fails as a
+conflict instead of landing blindly on someone else's object. Every successful response is written
+through into the informer's cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.engine import intents as I
+from controller.engine.maintainer import Decision
+from controller.kube.client import EVENTS, RESOURCES, ApiError, Client
+from controller.kube.informer import Informer
+from controller.model import resources as conv
+from controller.model.states import API_VERSION
+
+log = logging.getLogger(__name__)
+JSON = dict[str, Any]
+ALREADY_EXISTS = "AlreadyExists"
+
+
+@dataclass
+class Outcome:
+    chains: int = 0
+    failed: int = 0
+    writes: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+class Executor:
+    def __init__(self, client: Client, informer: Informer, namespace: str, concurrency: int = 16) -> None:
+        self.client = client
+        self.informer = informer
+        self.namespace = namespace
+        self.sem = asyncio.Semaphore(concurrency)
+        self.errors: Counter[str] = Counter()
+
+    async def apply(self, decision: Decision) -> Outcome:
+        out = Outcome(chains=len(decision.chains))
+        results = await asyncio.gather(*(self._chain(c, out) for c in decision.chains))
+        out.failed = sum(1 for ok in results if not ok)
+        return out
+
+    async def _chain(self, chain: I.Chain, out: Outcome) -> bool:
+        local: dict[tuple[str, str], str] = {}
+        async with self.sem:
+            for w in chain.writes:
+                try:
+                    await self._one(w, local)
+                except ApiError as exc:
+                    reason = exc.reason or str(exc.status)
+                    out.errors[reason] += 1
+                    self.errors[reason] += 1
+                    log.debug("chain %r stopped at %s: %s", chain.why, w.describe(), exc)
+                    return False
+                out.writes += 1
+        return True
+
+    async def _one(self, w: I.Write, local: dict[tuple[str, str], str]) -> None:
+        ns = self.namespace
+        if isinstance(w, I.Create):
+            res = RESOURCES[w.obj.kind]
+            body = conv.to_resource(w.obj)
+            body.pop("status", None)
+            meta = body["metadata"]
+            for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "deletionTimestamp"):
+                meta.pop(key, None)
+            meta["namespace"] = ns
+            try:
+                created = await self.client.create(res, ns, body)
+            except ApiError as exc:
+                if exc.already_exists:
+                    local[(w.obj.kind.value, w.obj.name)] = ALREADY_EXISTS
+                    return
+                raise
+            local[(w.obj.kind.value, w.obj.name)] = created["metadata"]["resourceVersion"]
+            self.informer.offer(w.obj.kind.value, created)
+        elif isinstance(w, I.WriteStatus):
+            key = (w.obj.kind.value, w.obj.name)
+            rv = local.get(key, w.obj.resource_version)
+            if rv == ALREADY_EXISTS:
+                raise ApiError(409, "Conflict", f"{w.obj.kind} {w.obj.name} existed before this chain created it")
+            patch = conv.status_merge_patch(w.obj)
+            if rv:
+                patch["metadata"] = {"resourceVersion": rv}
+            updated = await self.client.patch(RESOURCES[w.obj.kind], ns, w.obj.name, patch, sub="status")
+            local[key] = updated["metadata"]["resourceVersion"]
+            self.informer.offer(w.obj.kind.value, updated)
+        elif isinstance(w, I.Delete):
+            try:
+                resp = await self.client.delete(RESOURCES[w.kind], ns, w.name, w.uid)
+            except ApiError as exc:
+                if exc.not_found or exc.status == 409:  # gone, or another incarnation (uid mismatch)
+                    self.informer.forget(w.kind.value, w.name)
+                    return
+                raise
+            if resp.get("kind") == RESOURCES[w.kind].kind and resp.get("metadata", {}).get("deletionTimestamp"):
+                self.informer.offer(w.kind.value, resp)
+            else:
+                self.informer.forget(w.kind.value, w.name)
+        elif isinstance(w, I.AddFinalizer | I.RemoveFinalizer):
+            await self._finalizer(w, local)
+        elif isinstance(w, I.Event):
+            await self._event(w)
+
+    async def _finalizer(self, w: I.AddFinalizer | I.RemoveFinalizer, local: dict[tuple[str, str], str]) -> None:
+        current = self.informer.store.objects.get(w.kind.value, {}).get(w.name)
+        if current is None:
+            if isinstance(w, I.RemoveFinalizer):
+                return
+            raise ApiError(404, "NotFound", f"{w.kind} {w.name} not in cache")
+        meta = current["metadata"]
+        have = list(meta.get("finalizers", []))
+        if isinstance(w, I.AddFinalizer):
+            if w.finalizer in have:
+                return
+            want = [*have, w.finalizer]
+        else:
+            if w.finalizer not in have:
+                return
+            want = [f for f in have if f != w.finalizer]
+        rv = local.get((w.kind.value, w.name), meta.get("resourceVersion", ""))
+        patch = {"metadata": {"finalizers": want, "resourceVersion": rv}}
+        try:
+            updated = await self.client.patch(RESOURCES[w.kind], self.namespace, w.name, patch)
+        except ApiError as exc:
+            if exc.not_found and isinstance(w, I.RemoveFinalizer):
+                self.informer.forget(w.kind.value, w.name)
+                return
+            raise
+        if updated.get("metadata", {}).get("deletionTimestamp") and not want:
+            self.informer.forget(w.kind.value, w.name, updated)
+        else:
+            local[(w.kind.value, w.name)] = updated["metadata"]["resourceVersion"]
+            self.informer.offer(w.kind.value, updated)
+
+    async def _event(self, w: I.Event) -> None:
+        now = conv.format_time(time.time())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{w.name[:200]}.", "namespace": self.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": w.kind.value,
+                "name": w.name,
+                "namespace": self.namespace,
+            },
+            "reason": w.reason,
+            "message": w.message[:1024],
+            "type": "Warning" if w.warning else "Normal",
+            "source": {"component": "changefeed-maintainer"},
+            "reportingComponent": "changefeed-maintainer",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.client.create(EVENTS, self.namespace, body)
+        except ApiError as exc:  # Events are best effort
+            log.debug("event %s not posted: %s", w.reason, exc)

@@ -1,0 +1,157 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, with client-go's semantics and defaults.
+
+- Acquire: create the Lease, or take it over once it has not been renewed for its duration as
+  observed on *our* clock (we time how long its renewTime has stayed unchanged, as client-go does,
+  so clock skew between nodes does not matter). Every write carries the Lease's resourceVersion, so
+  two candidates cannot both win.
+- The epoch of a term is the Lease's ``leaseTransitions`` after our acquisition; we set it to at least
+  one more than the epoch the changefeed already published, so it grows even if the Lease was deleted.
+- Renew every ``retry`` seconds; if no renewal succeeded for ``renew_deadline`` (< duration) the
+  leadership is lost and the caller must stop writing at once.
+- Release on graceful shutdown: holder cleared and duration 1 s, so a successor takes over quickly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from controller.kube.client import LEASES, ApiError, Client
+from controller.model.resources import format_time
+
+log = logging.getLogger(__name__)
+JSON = dict[str, Any]
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        client: Client,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry: float = 2.0,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.duration = duration
+        self.renew_deadline = renew_deadline
+        self.retry = retry
+        self.lease: JSON | None = None
+        self.epoch = 0
+        self._observed: tuple[str, str, float] | None = None  # (holder, renewTime, when we saw it change)
+
+    def _body(self, transitions: int, acquire: str, holder: str | None = None, duration: float | None = None) -> JSON:
+        now = format_time(time.time(), micro=True)
+        return {
+            "holderIdentity": self.identity if holder is None else holder,
+            "leaseDurationSeconds": max(1, round(self.duration if duration is None else duration)),
+            "acquireTime": acquire or now,
+            "renewTime": now,
+            "leaseTransitions": transitions,
+        }
+
+    async def try_acquire(self, floor: int = 0) -> bool:
+        """One attempt; True if we hold the Lease now (``self.epoch`` is then the term's epoch)."""
+        try:
+            lease = await self.client.get(LEASES, self.namespace, self.name)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._body(floor + 1, ""),
+            }
+            try:
+                self.lease = await self.client.create(LEASES, self.namespace, body)
+            except ApiError as exc2:
+                if exc2.status == 409:
+                    return False
+                raise
+            self.epoch = floor + 1
+            return True
+        spec = lease.get("spec", {})
+        holder = spec.get("holderIdentity") or ""
+        renew = spec.get("renewTime") or ""
+        now = time.monotonic()
+        if self._observed is None or self._observed[:2] != (holder, renew):
+            self._observed = (holder, renew, now)
+        duration = float(spec.get("leaseDurationSeconds") or self.duration)
+        expired = not holder or now - self._observed[2] >= duration
+        if holder != self.identity and not expired:
+            return False
+        transitions = max(int(spec.get("leaseTransitions") or 0), floor) + 1
+        lease["spec"] = self._body(transitions, "")
+        try:
+            self.lease = await self.client.replace(LEASES, self.namespace, self.name, lease)
+        except ApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        self.epoch = transitions
+        return True
+
+    async def acquire(self, floor: int = 0) -> int:
+        while True:
+            try:
+                if await self.try_acquire(floor):
+                    log.info("acquired lease %s as %s, epoch %d", self.name, self.identity, self.epoch)
+                    return self.epoch
+            except ApiError as exc:
+                log.warning("lease %s: %s", self.name, exc)
+            except Exception as exc:  # API unreachable: keep trying
+                log.warning("lease %s unreachable: %s", self.name, exc)
+            await asyncio.sleep(self.retry)
+
+    async def hold(self, lost: asyncio.Event) -> None:
+        """Renew until a renewal fails for ``renew_deadline`` or someone else holds it; then set ``lost``."""
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(self.retry)
+            try:
+                assert self.lease is not None
+                lease = dict(self.lease)
+                spec = dict(lease.get("spec", {}))
+                lease["spec"] = self._body(int(spec.get("leaseTransitions") or self.epoch), spec.get("acquireTime", ""))
+                self.lease = await self.client.replace(LEASES, self.namespace, self.name, lease)
+                last_ok = time.monotonic()
+                continue
+            except ApiError as exc:
+                if exc.status == 409:
+                    try:
+                        current = await self.client.get(LEASES, self.namespace, self.name)
+                    except Exception:
+                        current = None
+                    if current is not None and current.get("spec", {}).get("holderIdentity") == self.identity:
+                        self.lease = current
+                        continue
+                    log.warning("lease %s taken by another holder", self.name)
+                    lost.set()
+                    return
+                log.warning("lease %s renewal failed: %s", self.name, exc)
+            except Exception as exc:
+                log.warning("lease %s renewal failed: %s", self.name, exc)
+            if time.monotonic() - last_ok >= self.renew_deadline:
+                log.warning("lease %s not renewed for %.0fs: leadership lost", self.name, self.renew_deadline)
+                lost.set()
+                return
+
+    async def release(self) -> None:
+        if self.lease is None:
+            return
+        lease = dict(self.lease)
+        spec = dict(lease.get("spec", {}))
+        lease["spec"] = self._body(int(spec.get("leaseTransitions") or self.epoch), "", holder="", duration=1)
+        try:
+            await self.client.replace(LEASES, self.namespace, self.name, lease)
+        except Exception as exc:
+            log.info("lease %s not released: %s", self.name, exc)

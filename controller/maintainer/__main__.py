@@ -1,0 +1,64 @@
+"""``python -m controller.maintainer``: run the maintainer (Kopf process, our informer and loops)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+import kopf
+
+from controller.maintainer import operator
+from controller.maintainer.runner import Settings, default_identity
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="changefeed-maintainer", description=__doc__)
+    p.add_argument("--namespace", default=operator.pod_namespace(), help="namespace of the changefeeds")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig (default: in-cluster)")
+    p.add_argument("--context", default=None)
+    p.add_argument("--identity", default=None, help="leader-election identity (default: pod name + random)")
+    p.add_argument("--tick", type=float, default=0.5, help="seconds between decisions when nothing happens")
+    p.add_argument("--lease-duration", type=float, default=15.0)
+    p.add_argument("--renew-deadline", type=float, default=10.0)
+    p.add_argument("--retry-period", type=float, default=2.0)
+    p.add_argument("--max-leases", type=int, default=0, help="lead at most this many changefeeds (0: all)")
+    p.add_argument("--liveness", default="", help="e.g. http://0.0.0.0:8080/healthz (Kopf's liveness endpoint)")
+    p.add_argument("--log-format", choices=["plain", "json"], default="plain")
+    p.add_argument("--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    settings = Settings(
+        namespace=a.namespace,
+        identity=a.identity or default_identity(),
+        tick=a.tick,
+        lease_duration=a.lease_duration,
+        renew_deadline=a.renew_deadline,
+        retry=a.retry_period,
+        max_leases=a.max_leases,
+    )
+    if a.kubeconfig:
+        os.environ["KUBECONFIG"] = a.kubeconfig  # for Kopf's own login as well
+    operator.configure(settings, a.kubeconfig, a.context)
+    kopf.configure(
+        verbose=a.verbose,
+        log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    asyncio.run(
+        kopf.operator(
+            standalone=True,
+            namespaces=[a.namespace],
+            liveness_endpoint=a.liveness or None,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

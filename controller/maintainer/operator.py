@@ -1,0 +1,73 @@
+"""Kopf wiring: the process lifecycle, the liveness probe and logging come from Kopf.
+
+Kopf runs no resource handlers here on purpose. The maintainer's multi-step state lives only in our
+own status fields; Kopf's progress storage (annotations written in a separate request from status,
+so a kill between the two loses the status) is never used, and Kopf adds no finalizers (a daemon per
+Changefeed would, keeping the object undeletable whenever the operator is down). The watches are our
+informer's (see ``controller.kube.informer`` for why), and the liveness probe reports their health,
+so a silently dead watch makes the pod restart instead of leaving a zombie operator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from controller.kube.client import Client, Config
+from controller.maintainer.runner import Maintainer, Settings
+
+log = logging.getLogger("controller.maintainer")
+_state: dict[str, Any] = {}
+
+
+def configure(settings: Settings, kubeconfig: str | None, context: str | None) -> None:
+    _state["settings"] = settings
+    _state["kubeconfig"] = kubeconfig
+    _state["context"] = context
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.posting.enabled = False  # our Events come from the engine's decisions only
+    settings.peering.standalone = True
+    config = Config.load(_state.get("kubeconfig"), _state.get("context"))
+    client = Client(config)
+    maintainer = Maintainer(client, _state["settings"])
+    _state["client"] = client
+    _state["maintainer"] = maintainer
+    await maintainer.start()
+    log.info("maintainer %s started in namespace %s", maintainer.settings.identity, maintainer.settings.namespace)
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    maintainer: Maintainer | None = _state.get("maintainer")
+    if maintainer is not None:
+        await maintainer.stop()  # releases the Leases it holds, so a successor takes over at once
+    client: Client | None = _state.get("client")
+    if client is not None:
+        await client.close()
+
+
+@kopf.on.probe(id="watches")
+def watches(**_: Any) -> str:
+    maintainer: Maintainer | None = _state.get("maintainer")
+    if maintainer is None:
+        return "starting"
+    ok, why = maintainer.healthy()
+    if not ok:
+        raise kopf.PermanentError(why)
+    return why
+
+
+@kopf.on.probe(id="leading")
+def leading(**_: Any) -> list[str]:
+    maintainer: Maintainer | None = _state.get("maintainer")
+    return sorted(maintainer.leading) if maintainer is not None else []
+
+
+def pod_namespace() -> str:
+    return os.environ.get("POD_NAMESPACE", "default")

@@ -1,0 +1,197 @@
+"""The maintainer process: informer -> one loop per changefeed (led through its Lease) -> executor.
+
+Each changefeed has its own maintainer loop, as in TiCDC: it competes for the Lease
+``cfm-<changefeed>``, takes the term's epoch from it, waits until every kind has been listed, and
+then calls the pure engine every ``tick`` seconds (sooner when the informer reports a change),
+applying the decision's writes. When the Lease is lost the loop cancels whatever it is writing at
+once and goes back to competing. Several replicas of this process spread the changefeeds among
+themselves this way; ``max_leases`` caps how many one replica leads, so others take the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from controller.engine.maintainer import Memory, decide
+from controller.engine.world import World
+from controller.kube.client import Client, sleep_or
+from controller.kube.executor import Executor
+from controller.kube.informer import Informer
+from controller.kube.lease import LeaderElector
+from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
+from controller.model.states import Kind
+
+log = logging.getLogger("controller.maintainer")
+MIN_INTERVAL = 0.05
+
+
+def default_identity() -> str:
+    pod = os.environ.get("POD_NAME") or socket.gethostname()
+    return f"{pod}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Settings:
+    namespace: str
+    identity: str = field(default_factory=default_identity)
+    tick: float = 0.5
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry: float = 2.0
+    max_leases: int = 0  # 0: no cap
+    concurrency: int = 16
+
+
+@dataclass
+class Stats:
+    decisions: int = 0
+    writes: int = 0
+    failed_chains: int = 0
+    bootstrap_seconds: dict[str, float] = field(default_factory=dict)
+    epochs: dict[str, int] = field(default_factory=dict)
+
+
+class Maintainer:
+    def __init__(self, client: Client, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+        self.wakeup = asyncio.Event()
+        self.informer = Informer(client, settings.namespace, on_change=lambda kind, name: self.wakeup.set())
+        self.executor = Executor(client, self.informer, settings.namespace, settings.concurrency)
+        self.loops: dict[str, asyncio.Task[None]] = {}
+        self.leading: set[str] = set()
+        self.stats = Stats()
+        self._wakeups: dict[str, asyncio.Event] = {}
+        self._supervisor: asyncio.Task[None] | None = None
+        self.started = time.monotonic()
+
+    async def start(self) -> None:
+        await self.informer.start()
+        self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
+
+    async def stop(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        for t in self.loops.values():
+            t.cancel()
+        await asyncio.gather(*self.loops.values(), return_exceptions=True)
+        await self.informer.stop()
+
+    def healthy(self) -> tuple[bool, str]:
+        if self._supervisor is not None and self._supervisor.done():
+            return False, "supervisor ended"
+        return self.informer.healthy()
+
+    # -- supervision -------------------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        await self.informer.synced.wait()
+        while True:
+            names = {n for n, cf in self.informer.store.all(Kind.CHANGEFEED).items() if not cf.deleting}
+            for name in sorted(names - set(self.loops)):
+                self._wakeups[name] = asyncio.Event()
+                self.loops[name] = asyncio.create_task(self._changefeed(name), name=f"changefeed-{name}")
+            for name in sorted(set(self.loops) - names):
+                self.loops.pop(name).cancel()
+                self._wakeups.pop(name, None)
+            for ev in self._wakeups.values():
+                if self.wakeup.is_set():
+                    ev.set()
+            self.wakeup.clear()
+            await asyncio.sleep(0.05)
+
+    def snapshot(self, name: str) -> World | None:
+        store = self.informer.store
+        cf = store.record(Kind.CHANGEFEED, name)
+        if not isinstance(cf, Changefeed):
+            return None
+
+        def mine(kind: Kind) -> dict[str, object]:
+            return {n: r for n, r in store.all(kind).items() if getattr(r, "changefeed", None) == name}
+
+        return World(
+            now=time.time(),
+            changefeed=cf,
+            tables={n: r for n, r in mine(Kind.TABLE).items() if isinstance(r, Table)},
+            spans={n: r for n, r in mine(Kind.SPAN).items() if isinstance(r, Span)},
+            dispatchers={n: r for n, r in mine(Kind.DISPATCHER).items() if isinstance(r, Dispatcher)},
+            operators={n: r for n, r in mine(Kind.OPERATOR).items() if isinstance(r, SpanOperator)},
+            captures={n: r for n, r in store.all(Kind.CAPTURE).items() if isinstance(r, Capture)},
+        )
+
+    async def _changefeed(self, name: str) -> None:
+        s = self.settings
+        elector = LeaderElector(
+            self.client,
+            s.namespace,
+            f"cfm-{name}"[:253],
+            s.identity,
+            duration=s.lease_duration,
+            renew_deadline=s.renew_deadline,
+            retry=s.retry,
+        )
+        try:
+            while True:
+                while s.max_leases and len(self.leading) >= s.max_leases:  # noqa: ASYNC110 - polled cap
+                    await asyncio.sleep(s.retry)
+                cf = self.informer.store.record(Kind.CHANGEFEED, name)
+                floor = cf.epoch if isinstance(cf, Changefeed) else 0
+                epoch = await elector.acquire(floor)
+                self.leading.add(name)
+                self.stats.epochs[name] = epoch
+                lost = asyncio.Event()
+                holder = asyncio.create_task(elector.hold(lost), name=f"lease-{name}")
+                try:
+                    await self._lead(name, epoch, lost)
+                finally:
+                    self.leading.discard(name)
+                    holder.cancel()
+                    await asyncio.gather(holder, return_exceptions=True)
+                if not lost.is_set():
+                    return  # the changefeed is gone
+                log.warning("changefeed %s: leadership lost at epoch %d; stopped writing", name, epoch)
+        except asyncio.CancelledError:
+            await elector.release()
+            raise
+
+    async def _lead(self, name: str, epoch: int, lost: asyncio.Event) -> None:
+        await self.informer.synced.wait()
+        memory = Memory(epoch=epoch, identity=self.settings.identity)
+        began = time.monotonic()
+        wakeup = self._wakeups.setdefault(name, asyncio.Event())
+        while not lost.is_set():
+            world = self.snapshot(name)
+            if world is None or world.changefeed.deleting:
+                return
+            decision = decide(world, memory)
+            if decision.fenced:
+                log.warning("changefeed %s: a newer epoch is published; this maintainer is fenced", name)
+                lost.set()
+                return
+            if memory.bootstrapped is False and decision.memory.bootstrapped:
+                self.stats.bootstrap_seconds[name] = time.monotonic() - began
+                log.info("changefeed %s bootstrapped at epoch %d: %s", name, epoch, decision.memory.report)
+            memory = decision.memory
+            self.stats.decisions += 1
+            if decision.chains:
+                apply = asyncio.create_task(self.executor.apply(decision))
+                stop = asyncio.create_task(lost.wait())
+                done, _ = await asyncio.wait({apply, stop}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if apply not in done:
+                    apply.cancel()  # leadership lost mid-decision: stop writing at once
+                    await asyncio.gather(apply, return_exceptions=True)
+                    return
+                out = apply.result()
+                self.stats.writes += out.writes
+                self.stats.failed_chains += out.failed
+            # Batch: at most one decision per MIN_INTERVAL, however many events arrive; at the latest
+            # one per tick. Our own writes wake us too, so an operator advances as fast as its steps land.
+            await asyncio.sleep(MIN_INTERVAL)
+            await sleep_or(wakeup, self.settings.tick)
