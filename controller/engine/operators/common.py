@@ -157,9 +157,11 @@ def final_checkpoint(tick: Tick, op: SpanOperator, span: str) -> int:
         d = tick.world.dispatchers.get(o.dispatcher)
         cps.append(max(o.checkpoint_ts, d.known_checkpoint if d is not None else 0))
     if cps:
-        return min(cps)
+        return max(min(cps), tick.checkpoint_floor)
     s = tick.spans.get(span) or tick.world.spans.get(span)
-    return max(s.known_checkpoint if s is not None else 0, 0)
+    # Never below the changefeed's checkpoint (which no span's delivered data is below), even when
+    # nothing is known of the span any more (deleted by hand): TiCDC #4548.
+    return max(s.known_checkpoint if s is not None else 0, tick.checkpoint_floor)
 
 
 def refresh_origins(tick: Tick, op: SpanOperator) -> tuple[Origin, ...]:
@@ -229,8 +231,16 @@ def place_targets(tick: Tick, op: SpanOperator) -> tuple[tuple[Target, ...], lis
             continue
         span = tick.spans.get(t.span)
         if span is None:
-            # The span vanished under the operator (deleted by hand): nothing left to place.
-            targets.append(replace(t, done=True, lost=True))
+            # The span vanished under the operator (deleted by hand): close what we made for it, then
+            # there is nothing left to place (the safety net re-covers its keys).
+            mine = [x for x in tick.dispatchers_of_span(t.span)]
+            if t.dispatcher in tick.dispatchers and tick.dispatchers[t.dispatcher] not in mine:
+                mine.append(tick.dispatchers[t.dispatcher])
+            if mine:
+                acts.extend(w for x in mine for w in tick.close_dispatcher(x))
+                targets.append(t)
+            else:
+                targets.append(replace(t, done=True, lost=True))
             continue
         d = tick.dispatchers.get(t.dispatcher) if t.dispatcher else None
         others = [x for x in tick.dispatchers_of_span(t.span) if x.name != t.dispatcher]

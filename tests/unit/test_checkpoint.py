@@ -1,0 +1,89 @@
+"""The changefeed checkpoint: the minimum over spans and in-flight operators, never going backwards."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from controller.engine import checkpoint
+from controller.engine.maintainer import decide
+from controller.engine.world import Options, Tick
+from tests.unit.fixtures import (
+    EPOCH,
+    DispatcherState,
+    Kind,
+    OpPhase,
+    OpType,
+    SpanState,
+    Stage,
+    Target,
+    capture,
+    changefeed,
+    dispatcher,
+    last_status,
+    memory,
+    operator,
+    pieces,
+    span,
+    table,
+    world,
+)
+
+P = pieces(1, 3)
+A = span("a", key_range=P[0], capture="c0", dispatcher="da", checkpoint_ts=200)
+B = span("b", key_range=P[1], capture="c0", dispatcher="db", checkpoint_ts=200)
+C = span("c", key_range=P[2], capture="c0", dispatcher="dc", checkpoint_ts=200)
+DA = dispatcher("da", A, "c0", checkpoint_ts=300)
+DB = dispatcher("db", B, "c0", checkpoint_ts=260)
+DC = dispatcher("dc", C, "c0", checkpoint_ts=280)
+
+
+def compute(*recs, cf=None):
+    return checkpoint.compute(Tick(world(*recs, cf=cf), EPOCH, Options()))
+
+
+def test_minimum_of_working_dispatchers():
+    assert compute(table(1), capture("c0"), A, B, C, DA, DB, DC) == 260
+
+
+def test_written_to_changefeed_status():
+    dec = decide(world(table(1), capture("c0"), A, B, C, DA, DB, DC), memory())
+    assert last_status(dec, Kind.CHANGEFEED, "cf").checkpoint_ts == 260
+
+
+def test_non_working_dispatcher_uses_persisted_checkpoint():
+    assert compute(table(1), capture("c0"), A, B, C, DA, replace(DB, state=DispatcherState.INITIALIZING), DC) == 200
+
+
+def test_absent_span_holds_it_back():
+    b = replace(B, state=SpanState.ABSENT, dispatcher="", capture="", checkpoint_ts=150)
+    assert compute(table(1), capture("c0"), A, b, C, DA, DC) == 150
+
+
+def test_in_flight_operator_holds_it_back():
+    op = operator("mv", OpType.MOVE, ("a",), OpPhase.RUNNING, Stage.ADD_DEST, checkpoint_ts=170,
+                  targets=(Target(span="a", key_range=P[0], capture="c1", dispatcher="x", start_ts=170),))
+    assert compute(table(1), capture("c0"), A, B, C, DA, DB, DC, op) == 170
+
+
+def test_undone_target_start_ts_holds_it_back():
+    op = operator("sp", OpType.SPLIT, ("gone",), OpPhase.RUNNING, Stage.ADD_SPANS, checkpoint_ts=0,
+                  targets=(Target(span="kid", key_range=P[0], capture="c1", dispatcher="x", start_ts=120),))
+    assert compute(table(1), capture("c0"), A, B, C, DA, DB, DC, op) == 120
+
+
+def test_invalid_spans_and_deleted_tables_ignored():
+    bad = span("bad", table_id=1, state=SpanState.INVALID, checkpoint_ts=0, start_ts=0)
+    other = span("o", table_id=2, checkpoint_ts=110, state=SpanState.ABSENT)
+    assert compute(table(1), table(2, deleting=True), capture("c0"), A, B, C, DA, DB, DC, bad, other) == 260
+
+
+@pytest.mark.parametrize("published", [260, 500])
+def test_never_backwards(published):
+    cf = changefeed(checkpoint_ts=published)
+    assert compute(table(1), capture("c0"), A, B, C, DA, DB, DC, cf=cf) == max(published, 260)
+
+
+def test_nothing_known_keeps_previous():
+    assert compute(cf=changefeed(checkpoint_ts=321)) == 321

@@ -1,0 +1,175 @@
+"""The operator controller: one operator per span, the in-flight limit, garbage collection; table deletion."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from controller.engine.maintainer import decide
+from tests.unit.fixtures import (
+    NOW,
+    DispatcherState,
+    Kind,
+    OpPhase,
+    OpSource,
+    OpType,
+    Origin,
+    SchedulerConfig,
+    SpanState,
+    Stage,
+    Target,
+    capture,
+    changefeed,
+    created,
+    dispatcher,
+    flat,
+    last_status,
+    memory,
+    operator,
+    pieces,
+    span,
+    statuses,
+    table,
+    world,
+)
+
+P = pieces(1, 2)
+A = span("a", key_range=P[0], capture="c0", dispatcher="da")
+B = span("b", key_range=P[1], capture="c0", dispatcher="db")
+DA = dispatcher("da", A, "c0")
+DB = dispatcher("db", B, "c0")
+BASE = [table(1), capture("c0"), capture("c1"), A, B, DA, DB]
+MOVE_A = operator(
+    "mv1", OpType.MOVE, ("a",), OpPhase.RUNNING, Stage.REMOVE_ORIGIN, target="c1",
+    origins=(Origin(span="a", dispatcher="da", capture="c0"),),
+    targets=(Target(span="a", key_range=P[0], capture="c1", dispatcher="na"),), created=NOW - 20,
+)
+
+
+def test_second_operator_on_owned_span_fails_span_busy():
+    running = [table(1), capture("c0"), capture("c1"), replace(A, state=SpanState.SCHEDULING, operator="mv1"), B,
+               replace(DA, deleting=True), DB, MOVE_A]
+    op = operator("mv2", OpType.MOVE, ("a",), target="c0")
+    dec = decide(world(*running, op), memory())
+    assert [w for w in flat(dec) if w[2] == "mv2"] == [
+        ("status", "SpanOperator", "mv2"),
+        ("event", "SpanOperator", "mv2", "OperatorFailed"),
+    ]
+    rec = last_status(dec, Kind.OPERATOR, "mv2")
+    assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "SpanBusy")
+    assert "mv1" in rec.message
+
+
+def test_in_flight_limit_keeps_pending_waiting():
+    cf = changefeed(scheduler=SchedulerConfig(max_in_flight_operators=1))
+    running = [table(1), capture("c0"), capture("c1"), replace(A, state=SpanState.SCHEDULING, operator="mv1"), B,
+               replace(DA, deleting=True), DB, MOVE_A]
+    op = operator("mv2", OpType.MOVE, ("b",), target="c1")
+    dec = decide(world(*running, op, cf=cf), memory())
+    assert [w for w in flat(dec) if w[2] == "mv2"] == []
+
+
+def test_in_flight_limit_admits_oldest_first():
+    cf = changefeed(scheduler=SchedulerConfig(max_in_flight_operators=1))
+    young = operator("young", OpType.MOVE, ("a",), target="c1", created=NOW - 1)
+    old = operator("zold", OpType.MOVE, ("b",), target="c1", created=NOW - 5)
+    dec = decide(world(*BASE, young, old, cf=cf), memory())
+    assert last_status(dec, Kind.OPERATOR, "zold").phase is OpPhase.RUNNING
+    assert statuses(dec, Kind.OPERATOR, "young") == []
+
+
+def finished(name, source, age):
+    return operator(name, OpType.MOVE, ("a",), OpPhase.SUCCEEDED, source=source, created=NOW - 5000,
+                    finished_at=NOW - age)
+
+
+@pytest.mark.parametrize(
+    ("source", "age", "collected"),
+    [
+        (OpSource.SCHEDULER, 299, False),
+        (OpSource.SCHEDULER, 300, True),
+        (OpSource.MAINTAINER, 301, True),
+        (OpSource.USER, 301, False),
+        (OpSource.USER, 3600, True),
+    ],
+)
+def test_garbage_collection_after_retention(source, age, collected):
+    dec = decide(world(*BASE, finished("old", source, age)), memory())
+    assert (("delete", "SpanOperator", "old") in flat(dec)) is collected
+
+
+def test_table_deleted_mid_move_cancels_and_removes():
+    """The Move is canceled first; the table's Remove is created Pending in the same decision and claims the
+    spans only in the next one (the cancel might not land), then closes every dispatcher of the table."""
+    tbl = table(1, deleting=True)
+    recs = [tbl, capture("c0"), capture("c1"), replace(A, state=SpanState.SCHEDULING, operator="mv1"), B,
+            replace(DA, deleting=True), DB, MOVE_A]
+    dec = decide(world(*recs), memory())
+    got = flat(dec)
+    (rm,) = created(dec, Kind.OPERATOR)
+    assert got == [("status", "SpanOperator", "mv1"), ("create", "SpanOperator", rm.name)]
+    cancel = last_status(dec, Kind.OPERATOR, "mv1")
+    assert (cancel.phase, cancel.status_reason) == (OpPhase.CANCELED, "TableDeleted")
+    assert (rm.type, rm.spans, rm.delete_spans, rm.source) == (OpType.REMOVE, ("a", "b"), True, OpSource.MAINTAINER)
+    assert rm.phase is OpPhase.PENDING
+    # next decision: the Move is Canceled in the world; the Remove starts, recording before it deletes
+    recs[-1] = cancel
+    dec = decide(world(*recs, replace(rm, uid="uid-rm", resource_version="1")), memory())
+    assert flat(dec) == [
+        ("status", "SpanOperator", rm.name),
+        ("status", "Span", "a"),
+        ("status", "Span", "b"),
+        ("delete", "Dispatcher", "db"),
+    ]
+    assert not created(dec, Kind.DISPATCHER)
+    started = last_status(dec, Kind.OPERATOR, rm.name)
+    assert (started.phase, started.stage) == (OpPhase.RUNNING, Stage.REMOVE_ORIGIN)
+    assert ("unfinalize", "Table", "t1") not in flat(dec)
+
+
+def test_table_deleted_remove_finishes_then_finalizer_released():
+    rm = operator("rm", OpType.REMOVE, ("a", "b"), OpPhase.RUNNING, Stage.REMOVE_ORIGIN, delete_spans=True,
+                  source=OpSource.MAINTAINER)
+    tbl = table(1, deleting=True)
+    a = replace(A, state=SpanState.REMOVING, operator="rm")
+    b = replace(B, state=SpanState.REMOVING, operator="rm")
+    dec = decide(world(tbl, capture("c0"), a, b, rm), memory())
+    assert flat(dec) == [("delete", "Span", "a"), ("delete", "Span", "b"), ("status", "SpanOperator", "rm")]
+    dec = decide(world(tbl, capture("c0"), replace(rm, phase=OpPhase.SUCCEEDED)), memory())
+    assert flat(dec) == [("unfinalize", "Table", "t1")]
+
+
+def test_table_finalizer_waits_for_leftover_dispatcher():
+    tbl = table(1, deleting=True)
+    d = replace(DA, deleting=True, state=DispatcherState.STOPPED)
+    dec = decide(world(tbl, capture("c0"), d), memory())
+    assert ("unfinalize", "Table", "t1") not in flat(dec)
+
+
+def test_new_table_gets_finalizer_and_spans():
+    dec = decide(world(table(7, finalizers=(), pre_split_spans=3), capture("c0")), memory())
+    got = flat(dec)
+    assert got[0] == ("finalize", "Table", "t7")
+    spans = created(dec, Kind.SPAN)
+    assert [s.key_range for s in spans] == list(pieces(7, 3))
+
+
+def test_second_table_with_same_id_is_invalid_and_gets_no_spans():
+    dup = table(1, name="again", created=NOW - 1)
+    dec = decide(world(table(1, created=NOW - 50), dup, capture("c0"), A, B, DA, DB), memory())
+    assert [w for w in flat(dec, keep_bookkeeping=True) if w[2] == "again"] == [
+        ("status", "Table", "again"),
+        ("event", "Table", "again", "TableRejected"),
+    ]
+    st = last_status(dec, Kind.TABLE, "again")
+    assert (st.state, st.message) == ("Invalid", "table ID 1 is already defined by Table 't1'")
+    assert created(dec, Kind.SPAN) == []
+
+
+def test_table_status_counts_spans():
+    a = replace(A, state=SpanState.ABSENT, dispatcher="", capture="")
+    dec = decide(world(table(1, state=""), capture("c0"), capture("c1"), a, B, DB), memory())
+    st = last_status(dec, Kind.TABLE, "t1")
+    assert st.state == "Active"
+    assert (st.span_counts.absent + st.span_counts.scheduling, st.span_counts.replicating) == (1, 1)

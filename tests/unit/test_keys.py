@@ -1,0 +1,144 @@
+"""Key ranges: table ranges, split_at validation, even splits, gaps and overlaps."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.model.keys import MAX_TABLE_ID, KeyError_, KeyRange, gaps, overlapping_pairs, table_key
+
+
+def k(*bs: int) -> bytes:
+    return bytes(bs)
+
+
+R = KeyRange(k(0x10), k(0x20))
+
+
+def test_table_range_is_t_plus_big_endian_id():
+    rng = KeyRange.of_table(1)
+    assert rng.start == b"t" + b"\x00" * 7 + b"\x01"
+    assert rng.end == b"t" + b"\x00" * 7 + b"\x02"
+    assert KeyRange.of_table(1).end == KeyRange.of_table(2).start
+    assert not KeyRange.of_table(1).overlaps(KeyRange.of_table(2))
+    assert KeyRange.of_table(255).contains_key(table_key(255) + b"\xff" * 10)
+    assert not KeyRange.of_table(255).contains_key(table_key(256))
+
+
+@pytest.mark.parametrize("table_id", [-1, MAX_TABLE_ID + 2])
+def test_table_id_out_of_range(table_id):
+    with pytest.raises(KeyError_):
+        table_key(table_id)
+
+
+def test_empty_range_refused():
+    with pytest.raises(KeyError_):
+        KeyRange(k(1), k(1))
+    with pytest.raises(KeyError_):
+        KeyRange(k(2), k(1))
+
+
+def test_from_hex_and_bad_hex():
+    assert KeyRange.from_hex("10", "20") == R
+    assert R.hex() == ("10", "20")
+    with pytest.raises(KeyError_):
+        KeyRange.from_hex("zz", "20")
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        ([k(0x18)], [(k(0x10), k(0x18)), (k(0x18), k(0x20))]),
+        ([k(0x11), k(0x12)], [(k(0x10), k(0x11)), (k(0x11), k(0x12)), (k(0x12), k(0x20))]),
+        ([k(0x10, 0)], [(k(0x10), k(0x10, 0)), (k(0x10, 0), k(0x20))]),
+    ],
+)
+def test_split_at_valid(keys, expected):
+    assert [(r.start, r.end) for r in R.split_at(keys)] == expected
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [k(0x10)],  # equal to start
+        [k(0x20)],  # equal to end
+        [k(0x05)],  # below
+        [k(0x30)],  # above
+        [k(0x18), k(0x12)],  # not increasing
+        [k(0x18), k(0x18)],  # duplicate
+    ],
+)
+def test_split_at_invalid(keys):
+    with pytest.raises(KeyError_, match="strictly increasing and strictly inside"):
+        R.split_at(keys)
+
+
+def test_even_split_too_narrow_and_bad_count():
+    with pytest.raises(KeyError_):
+        KeyRange(k(1), k(1, 0)).even_split_keys(2)
+    with pytest.raises(KeyError_):
+        R.even_split_keys(0)
+    assert R.even_split_keys(1) == ()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**12), st.integers(2, 128))
+def test_even_split_keys_ordered_inside_and_partition(table_id, n):
+    rng = KeyRange.of_table(table_id)
+    keys = rng.even_split_keys(n)
+    assert len(keys) == n - 1
+    assert list(keys) == sorted(set(keys))
+    assert all(rng.start < key < rng.end for key in keys)
+    parts = rng.split_at(keys)
+    assert (parts[0].start, parts[-1].end) == (rng.start, rng.end)
+    assert all(a.end == b.start for a, b in itertools.pairwise(parts))
+    assert gaps(rng, list(parts)) == []
+    assert overlapping_pairs([(str(i), p) for i, p in enumerate(parts)]) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(min_size=1, max_size=6), st.binary(min_size=1, max_size=6), st.integers(2, 16))
+def test_even_split_keys_arbitrary_bounds(a, b, n):
+    if a == b:
+        return
+    rng = KeyRange(min(a, b), max(a, b))
+    try:
+        keys = rng.even_split_keys(n)
+    except KeyError_:
+        return  # too narrow is a clean refusal
+    assert all(rng.start < key < rng.end for key in keys)
+    assert list(keys) == sorted(set(keys))
+
+
+@pytest.mark.parametrize(
+    ("parts", "holes"),
+    [
+        ([], [(0x10, 0x20)]),
+        ([(0x10, 0x20)], []),
+        ([(0x10, 0x14), (0x16, 0x20)], [(0x14, 0x16)]),
+        ([(0x12, 0x14)], [(0x10, 0x12), (0x14, 0x20)]),
+        ([(0x00, 0x12), (0x11, 0x30)], []),  # overlaps and overhang cover everything
+        ([(0x30, 0x40)], [(0x10, 0x20)]),  # outside
+        ([(0x14, 0x16), (0x10, 0x12)], [(0x12, 0x14), (0x16, 0x20)]),  # unsorted input
+    ],
+)
+def test_gaps(parts, holes):
+    got = gaps(R, [KeyRange(k(a), k(b)) for a, b in parts])
+    assert got == [KeyRange(k(a), k(b)) for a, b in holes]
+
+
+@pytest.mark.parametrize(
+    ("parts", "pairs"),
+    [
+        ([("a", 0x10, 0x14), ("b", 0x14, 0x20)], []),
+        ([("a", 0x10, 0x15), ("b", 0x14, 0x20)], [("a", "b")]),
+        ([("a", 0x10, 0x20), ("b", 0x12, 0x13), ("c", 0x18, 0x19)], [("a", "b"), ("a", "c")]),
+        ([("x", 0x10, 0x20), ("y", 0x10, 0x20)], [("x", "y")]),
+        ([("b", 0x14, 0x20), ("a", 0x10, 0x15)], [("a", "b")]),
+    ],
+)
+def test_overlapping_pairs(parts, pairs):
+    assert overlapping_pairs([(n, KeyRange(k(a), k(b))) for n, a, b in parts]) == pairs

@@ -1,0 +1,224 @@
+"""The safety net: orphan and duplicate dispatchers, holes, overlaps, adoption, spans without an operator,
+and validation of user-applied spans."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from controller.engine import invariants, naming
+from controller.engine.maintainer import Memory, decide
+from controller.model.keys import KeyRange
+from controller.model.records import Changefeed
+from tests.unit.fixtures import (
+    NOW,
+    DispatcherState,
+    Kind,
+    Mode,
+    OpSource,
+    OpType,
+    SpanState,
+    Store,
+    capture,
+    changefeed,
+    created,
+    dispatcher,
+    flat,
+    last_status,
+    memory,
+    pieces,
+    span,
+    table,
+    trange,
+    world,
+)
+
+P = pieces(1, 2)
+A = span("a", key_range=P[0], capture="c0", dispatcher="da", checkpoint_ts=150)
+B = span("b", key_range=P[1], capture="c1", dispatcher="db", checkpoint_ts=150)
+DA = dispatcher("da", A, "c0", checkpoint_ts=150)
+DB = dispatcher("db", B, "c1", checkpoint_ts=150)
+CAPS = [capture("c0"), capture("c1")]
+GOOD = [table(1), *CAPS, A, B, DA, DB]
+
+
+def test_healthy_world_needs_no_writes():
+    dec = decide(world(*GOOD), memory())
+    assert flat(dec) == []
+    assert dec.repairs == ()
+
+
+@pytest.mark.parametrize(("alive", "expected"), [(True, ["delete"]), (False, ["delete", "unfinalize"])])
+def test_dispatcher_without_span_deleted(alive, expected):
+    ghost = replace(DA, name="ghost", span="nope", key_range=KeyRange(b"a", b"b"), table_id=99, capture="c2")
+    dec = decide(world(*GOOD, ghost, capture("c2", alive=alive)), memory())
+    assert [w[0] for w in flat(dec) if w[2] == "ghost"] == expected
+    assert [w for w in flat(dec) if w[2] != "ghost"] == []
+
+
+def test_two_dispatchers_for_one_span_keep_the_named_one():
+    extra = dispatcher("da2", A, "c1", created=NOW - 1)
+    dec = decide(world(*GOOD, extra), memory())
+    assert flat(dec) == [("delete", "Dispatcher", "da2")]
+
+
+def test_hole_filled_with_absent_span_for_exactly_the_hole():
+    dec = decide(world(table(1), *CAPS, A, DA), memory())
+    (new,) = created(dec, Kind.SPAN)
+    assert new.key_range == P[1]
+    assert new.name == naming.span_name("cf", 1, Mode.DEFAULT, P[1])
+    st = last_status(dec, Kind.SPAN, new.name)
+    assert st.state is SpanState.ABSENT
+    assert flat(dec)[:2] == [("create", "Span", new.name), ("status", "Span", new.name)]
+
+
+def test_unexplained_overlap_removes_newer_span():
+    x = span("x", key_range=KeyRange(P[0].start, P[1].end), capture="c1", dispatcher="dx", created=NOW - 5)
+    dx = dispatcher("dx", x, "c1")
+    dec = decide(world(*GOOD, x, dx), memory())
+    (rm,) = created(dec, Kind.OPERATOR)
+    assert (rm.type, rm.spans, rm.delete_spans, rm.source) == (OpType.REMOVE, ("x",), True, OpSource.MAINTAINER)
+    got = flat(dec)
+    assert got[:2] == [("create", "SpanOperator", rm.name), ("status", "SpanOperator", rm.name)]
+    assert ("delete", "Dispatcher", "dx") in got
+    assert not {("delete", "Dispatcher", "da"), ("delete", "Dispatcher", "db")} & set(got)
+
+
+def test_working_dispatcher_matching_absent_span_adopted():
+    a = replace(A, state=SpanState.ABSENT, dispatcher="", capture="")
+    dec = decide(world(table(1), *CAPS, a, B, DA, DB), memory())
+    assert flat(dec) == [("status", "Span", "a")]
+    st = last_status(dec, Kind.SPAN, "a")
+    assert (st.state, st.dispatcher, st.capture) == (SpanState.REPLICATING, "da", "c0")
+    assert not created(dec, Kind.OPERATOR)
+
+
+def test_orphan_dispatcher_with_exact_range_adopted_by_absent_span():
+    a = replace(A, state=SpanState.ABSENT, dispatcher="", capture="")
+    orphan = replace(DA, name="orph", span="vanished")
+    dec = decide(world(table(1), *CAPS, a, B, orphan, DB), memory())
+    st = last_status(dec, Kind.SPAN, "a")
+    assert (st.state, st.dispatcher) == (SpanState.REPLICATING, "orph")
+    assert not created(dec, Kind.OPERATOR)
+    assert ("delete", "Dispatcher", "orph") not in flat(dec)
+
+
+def test_replicating_span_whose_dispatcher_is_gone_goes_absent():
+    dec = decide(world(table(1), *CAPS, A, B, DB), memory())
+    assert flat(dec) == [("status", "Span", "a")]
+    st = last_status(dec, Kind.SPAN, "a")
+    assert (st.state, st.dispatcher, st.checkpoint_ts) == (SpanState.ABSENT, "", 150)
+
+
+def test_replicating_span_on_lost_capture_goes_absent_and_dispatcher_released():
+    dec = decide(world(table(1), capture("c0", alive=False), capture("c1"), A, B, DA, DB), memory())
+    got = flat(dec)
+    assert got[0] == ("status", "Span", "a")
+    assert last_status(dec, Kind.SPAN, "a").state is SpanState.ABSENT
+    assert {("delete", "Dispatcher", "da"), ("unfinalize", "Dispatcher", "da")} <= set(got)
+
+
+@pytest.mark.parametrize(
+    ("state", "d_state", "expected"),
+    [
+        (SpanState.SCHEDULING, DispatcherState.WORKING, SpanState.REPLICATING),
+        (SpanState.SCHEDULING, DispatcherState.INITIALIZING, SpanState.ABSENT),
+        (SpanState.REMOVING, DispatcherState.WORKING, SpanState.ABSENT),
+    ],
+)
+def test_span_in_flight_without_operator(state, d_state, expected):
+    a = replace(A, state=state, operator="vanished-op")
+    dec = decide(world(table(1), *CAPS, a, B, replace(DA, state=d_state), DB), memory())
+    assert last_status(dec, Kind.SPAN, "a").state is expected
+
+
+# -- user-applied spans ----------------------------------------------------------------------------------
+
+
+def user_span(name, table_id=1, key_range=None, mode=Mode.DEFAULT):
+    return span(name, table_id=table_id, key_range=key_range, state=None, checkpoint_ts=0, mode=mode, created=NOW - 1)
+
+
+def test_user_span_accepted_and_rest_filled():
+    dec = decide(world(table(1), *CAPS, user_span("u", key_range=P[0])), memory())
+    st = last_status(dec, Kind.SPAN, "u")
+    assert (st.state, st.message, st.checkpoint_ts) == (SpanState.ABSENT, "", 100)
+    (filled,) = created(dec, Kind.SPAN)
+    assert filled.key_range == P[1]
+
+
+@pytest.mark.parametrize(
+    ("u", "extra", "needle"),
+    [
+        (user_span("u", key_range=KeyRange(trange(1).start, trange(3).start)), [], "outside table"),
+        (user_span("u", key_range=KeyRange(P[0].start, P[1].end)), [A, B, DA, DB], "overlaps span"),
+        (user_span("u", table_id=42), [A, B, DA, DB], "is not a table of changefeed"),
+        (user_span("u", key_range=P[0], mode=Mode.REDO), [A, B, DA, DB], "spec.redo is false"),
+    ],
+)
+def test_user_span_invalid(u, extra, needle):
+    dec = decide(world(table(1), *CAPS, u, *extra), memory())
+    assert [w for w in flat(dec) if w[2] == "u"] == [("status", "Span", "u"), ("event", "Span", "u", "SpanRejected")]
+    st = last_status(dec, Kind.SPAN, "u")
+    assert st.state is SpanState.INVALID
+    assert needle in st.message
+    assert not [w for w in flat(dec) if w[0] in ("delete", "create") and w[2] in ("a", "b", "da", "db")]
+
+
+def test_redo_span_accepted_on_redo_changefeed():
+    cf = changefeed(redo=True)
+    r = user_span("r", mode=Mode.REDO)
+    dec = decide(world(table(1), *CAPS, A, B, DA, DB, r, cf=cf), memory())
+    assert last_status(dec, Kind.SPAN, "r").state is SpanState.ABSENT
+
+
+def test_redo_changefeed_gets_spans_per_mode():
+    dec = decide(world(table(1), capture("c0"), cf=changefeed(redo=True)), memory())
+    assert sorted((s.mode.value, s.key_range) for s in created(dec, Kind.SPAN)) == [
+        ("default", trange(1)),
+        ("redo", trange(1)),
+    ]
+
+
+def test_redo_spans_removed_when_redo_is_off():
+    r = span("r", mode=Mode.REDO, capture="c0", dispatcher="dr")
+    dec = decide(world(*GOOD, r, dispatcher("dr", r, "c0")), memory())
+    (rm,) = created(dec, Kind.OPERATOR)
+    assert (rm.type, rm.spans, rm.delete_spans) == (OpType.REMOVE, ("r",), True)
+    assert flat(dec) == [
+        ("create", "SpanOperator", rm.name),
+        ("status", "SpanOperator", rm.name),
+        ("status", "Span", "r"),
+        ("delete", "Dispatcher", "dr"),
+    ]
+
+
+def test_adopted_orphan_dispatcher_stays_adopted():
+    """Adoption of an orphan (its span no longer exists) that exactly matches an Absent span must stick: the next
+    decision writes nothing (it used to un-adopt it and delete the dispatcher, then duplicate it)."""
+    absent = replace(A, state=SpanState.ABSENT, dispatcher="", capture="")
+    orphan = dispatcher("orph", replace(A, name="vanished"), "c0", created=NOW - 30)
+    first = decide(world(table(1), *CAPS, absent, B, orphan, DB), memory())
+    adopted = last_status(first, Kind.SPAN, "a")
+    assert (adopted.state, adopted.dispatcher) == (SpanState.REPLICATING, "orph")
+    second = decide(world(table(1), *CAPS, adopted, B, orphan, DB), memory())
+    assert flat(second) == []
+
+
+def test_adopted_orphan_dispatcher_satisfies_settled():
+    """An orphan Working dispatcher adopted by an exactly matching Absent span: the engine then writes nothing
+    more, and its own end-state check agrees (settled() used to report the adopted dispatcher as an orphan)."""
+    st = Store()
+    a = span("a", key_range=P[0], state=SpanState.ABSENT)
+    b = span("b", key_range=P[1], capture="c1", dispatcher="db")
+    orphan = dispatcher("orph", replace(a, name="vanished"), "c0", created=NOW - 30)
+    st.add(Changefeed(name="cf", start_ts=100, epoch=1, holder="m1"), table(1), *CAPS, a, b, orphan,
+           dispatcher("db", b, "c1"))
+    mem = Memory(epoch=1, identity="m1")
+    for _ in range(10):
+        _, mem = st.step(mem)
+    dec = decide(st.world(), mem)
+    assert [w for w in flat(dec) if w[1] != "Changefeed"] == []  # the engine is at rest
+    assert st.get(Kind.SPAN, "a").dispatcher == "orph"  # type: ignore[union-attr]
+    assert invariants.settled(st.world()) == []
