@@ -90,11 +90,11 @@ class Config:
         """From a kubeconfig (path, or $KUBECONFIG / ~/.kube/config), else the in-cluster account."""
         cfg = kclient.Configuration()
         try:
-            kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+            kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)  # type: ignore[no-untyped-call]
         except kconfig.ConfigException:
             if kubeconfig:
                 raise
-            kconfig.load_incluster_config(client_configuration=cfg)
+            kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         token = cfg.api_key.get("authorization", "") or cfg.api_key.get("BearerToken", "")
         prefix = cfg.api_key_prefix.get("authorization", "")
         if token and prefix and not token.startswith(prefix):

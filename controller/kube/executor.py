@@ -86,15 +86,15 @@ class Executor:
             local[(w.obj.kind.value, w.obj.name)] = created["metadata"]["resourceVersion"]
             self.informer.offer(w.obj.kind.value, created)
         elif isinstance(w, I.WriteStatus):
-            key = (w.obj.kind.value, w.obj.name)
-            rv = local.get(key, w.obj.resource_version)
+            ref = (w.obj.kind.value, w.obj.name)
+            rv = local.get(ref, w.obj.resource_version)
             if rv == ALREADY_EXISTS:
                 raise ApiError(409, "Conflict", f"{w.obj.kind} {w.obj.name} existed before this chain created it")
             patch = conv.status_merge_patch(w.obj)
             if rv:
                 patch["metadata"] = {"resourceVersion": rv}
             updated = await self.client.patch(RESOURCES[w.obj.kind], ns, w.obj.name, patch, sub="status")
-            local[key] = updated["metadata"]["resourceVersion"]
+            local[ref] = updated["metadata"]["resourceVersion"]
             self.informer.offer(w.obj.kind.value, updated)
         elif isinstance(w, I.Delete):
             try:

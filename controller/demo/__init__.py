@@ -1,0 +1,1 @@
+"""The whole system in one command: an API (embedded, or a cluster), the maintainer, captures, examples."""
