@@ -29,6 +29,22 @@ def configure(settings: Settings, kubeconfig: str | None, context: str | None) -
     _state["context"] = context
 
 
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """Kopf connects exactly where our own client does (the same kubeconfig, context or service account)."""
+    config = Config.load(_state.get("kubeconfig"), _state.get("context"))
+    token = config.token.split(" ", 1)[1] if " " in config.token else config.token
+    return kopf.ConnectionInfo(
+        server=config.url,
+        scheme="Bearer" if token else None,
+        token=token or None,
+        ca_path=config.ca_file or None,
+        certificate_path=config.cert_file or None,
+        private_key_path=config.key_file or None,
+        insecure=not config.verify,
+    )
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # our Events come from the engine's decisions only
