@@ -143,6 +143,22 @@ def close_origins(tick: Tick, op: SpanOperator, spans: tuple[str, ...]) -> tuple
     return not left, writes
 
 
+def wait_origins(tick: Tick, op: SpanOperator, assume_gone: bool = False) -> list[Write] | None:
+    """The writes that keep closing ``op``'s origins, or None once every one is gone.
+
+    While waiting, the origins' recorded checkpoints are raised to what their dispatchers last
+    reported, so a crash loses as little progress as possible.
+    """
+    gone, closing = close_origins(tick, op, op.spans)
+    if gone or assume_gone:
+        return None
+    origins = refresh_origins(tick, op)
+    if origins != op.origins:
+        _, write = record(tick, op, origins=origins)
+        return [write, *closing]
+    return closing
+
+
 def final_checkpoint(tick: Tick, op: SpanOperator, span: str) -> int:
     """Best known final checkpoint of ``span``'s origins: the start ts of whatever replaces them.
 

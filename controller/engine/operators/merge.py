@@ -22,16 +22,15 @@ from controller.engine.intents import Write
 from controller.engine.operators import spans_common
 from controller.engine.operators.common import (
     Rejected,
-    close_origins,
     fail,
     origins_of,
     record,
-    refresh_origins,
     require_capture,
     require_placeable,
     require_span,
     set_span,
     span_kind_check,
+    wait_origins,
 )
 from controller.engine.world import Tick
 from controller.model.keys import KeyRange
@@ -80,13 +79,9 @@ def start(tick: Tick, op: SpanOperator) -> list[Write]:
 
 def advance(tick: Tick, op: SpanOperator) -> list[Write]:
     if op.stage is Stage.REMOVE_ORIGIN:
-        gone, closing = close_origins(tick, op, op.spans)
-        if not gone:
-            origins = refresh_origins(tick, op)
-            if origins != op.origins:
-                _, write = record(tick, op, origins=origins)
-                return [write, *closing]
-            return closing
+        waiting = wait_origins(tick, op)
+        if waiting is not None:
+            return waiting
         return spans_common.create_spans(tick, op, *op.spans)
     if op.stage is Stage.CREATE_SPANS:
         return spans_common.create_spans(tick, op, *op.spans)

@@ -24,7 +24,6 @@ from controller.engine.intents import Write
 from controller.engine.operators.common import (
     Rejected,
     advance_targets,
-    close_origins,
     fail,
     final_checkpoint,
     finish,
@@ -32,12 +31,12 @@ from controller.engine.operators.common import (
     new_dispatcher_name,
     origins_of,
     record,
-    refresh_origins,
     require_capture,
     require_placeable,
     require_span,
     set_span,
     span_kind_check,
+    wait_origins,
 )
 from controller.engine.world import Tick
 from controller.model.records import SpanOperator, Target
@@ -92,16 +91,11 @@ def advance(tick: Tick, op: SpanOperator) -> list[Write]:
 
 def _remove_origin(tick: Tick, op: SpanOperator) -> list[Write]:
     (span_name,) = op.spans
-    gone, closing = close_origins(tick, op, op.spans)
-    if tick.mutant("move-adds-before-origin-stopped"):
-        gone = True
+    # The mutant is a deliberate bug for the simulator's mutation check: it adds before the origin stopped.
+    waiting = wait_origins(tick, op, assume_gone=tick.mutant("move-adds-before-origin-stopped"))
+    if waiting is not None:
+        return waiting
     target = op.targets[0]
-    if not gone:
-        origins = refresh_origins(tick, op)
-        if origins != op.origins:
-            _, write = record(tick, op, origins=origins)
-            return [write, *closing]
-        return closing
     cp = final_checkpoint(tick, op, span_name)
     span = tick.spans.get(span_name)
     if span is None:

@@ -16,15 +16,14 @@ from __future__ import annotations
 from controller.engine.intents import Delete, Write
 from controller.engine.operators.common import (
     Rejected,
-    close_origins,
     fail,
     final_checkpoint,
     finish,
     origins_of,
     record,
-    refresh_origins,
     set_span,
     span_kind_check,
+    wait_origins,
 )
 from controller.engine.world import Tick
 from controller.model.records import SpanOperator
@@ -57,13 +56,9 @@ def start(tick: Tick, op: SpanOperator) -> list[Write]:
 
 
 def advance(tick: Tick, op: SpanOperator) -> list[Write]:
-    gone, closing = close_origins(tick, op, op.spans)
-    if not gone:
-        origins = refresh_origins(tick, op)
-        if origins != op.origins:
-            _, write = record(tick, op, origins=origins)
-            return [write, *closing]
-        return closing
+    waiting = wait_origins(tick, op)
+    if waiting is not None:
+        return waiting
     settle: list[Write] = []
     for name in op.spans:
         span = tick.spans.get(name)
