@@ -46,6 +46,19 @@ class Store:
     tombstones: dict[str, dict[str, int]] = field(default_factory=dict)
     records: dict[str, dict[str, Record]] = field(default_factory=dict)
     invalid: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Lease name -> (renewTime as written by its holder, our wall time when we saw it change).
+    lease_seen: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def _observe_lease(self, obj: JSON, now: float) -> None:
+        """Liveness is judged on *our* clock, as client-go does: a capture is alive while the renewTime
+        of its Lease keeps changing, whatever its clock says. Skew can then delay the verdict "lost"
+        (after a restart, by one lease duration) but never make a live capture look lost, which would
+        let the maintainer release the finalizers of dispatchers that still run."""
+        name = obj["metadata"]["name"]
+        renew = str(obj.get("spec", {}).get("renewTime") or "")
+        seen = self.lease_seen.get(name)
+        if seen is None or seen[0] != renew:
+            self.lease_seen[name] = (renew, now)
 
     def _bucket(self, kind: str) -> dict[str, JSON]:
         return self.objects.setdefault(kind, {})
@@ -59,6 +72,8 @@ class Store:
         if self.tombstones.get(kind, {}).get(name, -1) >= rv:
             return False
         self._bucket(kind)[name] = obj
+        if kind == LEASE:
+            self._observe_lease(obj, time.time())
         self.tombstones.get(kind, {}).pop(name, None)
         self.records.get(kind, {}).pop(name, None)
         return True
@@ -74,6 +89,10 @@ class Store:
 
     def replace_all(self, kind: str, items: Iterable[JSON]) -> None:
         self.objects[kind] = {o["metadata"]["name"]: o for o in items}
+        if kind == LEASE:
+            now = time.time()
+            for o in items:
+                self._observe_lease(o, now)
         self.records[kind] = {}
         self.invalid[kind] = {}
         self.tombstones[kind] = {}
@@ -88,6 +107,10 @@ class Store:
         try:
             if kind is Kind.CAPTURE:
                 lease = self._bucket(LEASE).get(conv.lease_name(name))
+                if lease is not None and lease["metadata"]["name"] in self.lease_seen:
+                    observed = self.lease_seen[lease["metadata"]["name"]][1]
+                    spec = {**lease.get("spec", {}), "renewTime": conv.format_time(observed, micro=True)}
+                    lease = {**lease, "spec": spec}
                 rec: Record = conv.capture_from_resources(obj, lease)
             else:
                 rec = conv.from_resource(obj)
