@@ -9,6 +9,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# No timing in tests: Hypothesis's deadline and its "input generation is slow" health check measure
+# wall time, which a loaded 2-core CI machine makes meaningless. Examples stay deterministic per run.
+settings.register_profile("cfm", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("cfm")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
