@@ -1,0 +1,238 @@
+"""One instrumented Maintainer in its own process, driven by ``bench/run.py`` over stdin/stdout (JSON lines).
+
+Why a process of its own: so that the benchmark can SIGKILL it for real (no Lease release, writes cut
+mid-flight) while still counting every API request exactly (``Client.requests``, read in this process).
+The maintainer code is not changed; it is only observed:
+
+* ``CountingClient`` also counts requests by (verb, resource, collection-or-object);
+* ``runner.LeaderElector`` is wrapped to time the Lease acquisition;
+* ``runner.decide`` and ``Maintainer.snapshot`` are wrapped to time them and to snapshot the request
+  counter at the exact decision that completes bootstrap (before its writes are applied).
+
+Commands (one per line on stdin, one JSON reply per line on stdout): ``state PREFIX``, ``spans``,
+``stats``, ``profile SECONDS``. EOF on stdin: graceful stop (Lease released).
+"""
+
+from __future__ import annotations
+
+import time
+
+T_PROCESS = time.monotonic()  # before the heavy imports: the process start, on the system-wide monotonic clock
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import cProfile  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import pstats  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+from collections import Counter  # noqa: E402
+from typing import Any  # noqa: E402
+
+import controller.maintainer.runner as runner  # noqa: E402
+from controller.kube.client import Client, Config  # noqa: E402
+from controller.model.records import Span, SpanOperator  # noqa: E402
+from controller.model.states import Kind  # noqa: E402
+
+STATE: dict[str, Any] = {"t_process": T_PROCESS, "decide_n": 0, "decide_s": 0.0, "snapshot_s": 0.0}
+TERMINAL = ("Succeeded", "Failed", "Canceled")
+
+
+def _resource_of(path: str) -> tuple[str, bool]:
+    """('spans', True) for .../namespaces/ns/spans/NAME[/status]; per-object or collection."""
+    parts = path.split("?")[0].strip("/").split("/")
+    if "namespaces" in parts:
+        i = parts.index("namespaces") + 2
+        return (parts[i] if i < len(parts) else "?"), len(parts) > i + 1
+    return (parts[-1] if parts else "?"), False
+
+
+class CountingClient(Client):
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.by_resource: Counter[str] = Counter()
+
+    async def request(self, verb: str, method: str, path: str, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
+        plural, one = _resource_of(path)
+        self.by_resource[f"{verb} {plural}{'/<name>' if one and verb in ('get', 'list') else ''}"] += 1
+        return await super().request(verb, method, path, **kw)
+
+    async def watch(self, res: Any, namespace: str, resource_version: str, **kw: Any) -> Any:  # type: ignore[override]
+        self.by_resource[f"watch {res.plural}"] += 1
+        async for ev in super().watch(res, namespace, resource_version, **kw):
+            yield ev
+
+
+class TimedElector(runner.LeaderElector):
+    async def acquire(self, floor: int = 0) -> int:
+        STATE.setdefault("t_lease_first_try", time.monotonic())
+        epoch = await super().acquire(floor)
+        STATE.setdefault("t_lease_acquired", time.monotonic())
+        return epoch
+
+
+runner.LeaderElector = TimedElector  # type: ignore[misc]
+_decide = runner.decide
+CLIENT: CountingClient | None = None
+
+
+def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
+    t = time.perf_counter()
+    d = _decide(world, memory, options)
+    STATE["decide_s"] += time.perf_counter() - t
+    STATE["decide_n"] += 1
+    if not memory.bootstrapped and d.memory.bootstrapped and "t_bootstrapped" not in STATE:
+        STATE["t_bootstrapped"] = time.monotonic()
+        STATE["bootstrap_report"] = d.memory.report
+        STATE["bootstrap_writes"] = d.writes
+        assert CLIENT is not None
+        STATE["bootstrap_requests"] = dict(CLIENT.requests)
+        STATE["bootstrap_by_resource"] = dict(CLIENT.by_resource)
+    return d
+
+
+runner.decide = timed_decide  # type: ignore[assignment]
+
+
+class TimedMaintainer(runner.Maintainer):
+    def snapshot(self, name: str) -> Any:
+        t = time.perf_counter()
+        try:
+            return super().snapshot(name)
+        finally:
+            STATE["snapshot_s"] += time.perf_counter() - t
+
+
+def rss_kib() -> dict[str, int]:
+    out = {"ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmHWM:", "VmRSS:")):
+                    out[line.split(":")[0]] = int(line.split()[1])
+    except OSError:
+        pass
+    return out
+
+
+def state(m: runner.Maintainer, prefix: str) -> dict[str, Any]:
+    store = m.informer.store
+    spans = Counter(str(s.state or "New") for s in store.all(Kind.SPAN).values() if isinstance(s, Span))
+    phases: Counter[str] = Counter()
+    in_flight = 0
+    for name, op in store.all(Kind.OPERATOR).items():
+        if not isinstance(op, SpanOperator):
+            continue
+        in_flight += op.in_flight
+        if prefix and name.startswith(prefix):
+            phases[f"{op.phase}/{op.stage}" if op.phase == "Running" else str(op.phase)] += 1
+    return {
+        "spans": dict(spans),
+        "span_total": sum(spans.values()),
+        "in_flight": in_flight,
+        "ops": dict(phases),
+        "synced": m.informer.synced.is_set(),
+        "bootstrapped": "t_bootstrapped" in STATE,
+    }
+
+
+def spans(m: runner.Maintainer) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": s.name,
+            "table": s.table_id,
+            "start": s.key_range.start.hex(),
+            "end": s.key_range.end.hex(),
+            "capture": s.capture,
+            "state": str(s.state),
+        }
+        for s in m.informer.store.all(Kind.SPAN).values()
+        if isinstance(s, Span)
+    ]
+
+
+def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
+    return {
+        **STATE,
+        "now": time.monotonic(),
+        "requests": dict(client.requests),
+        "by_resource": dict(client.by_resource),
+        "decisions": m.stats.decisions,
+        "writes": m.stats.writes,
+        "failed_chains": m.stats.failed_chains,
+        "bootstrap_seconds": m.stats.bootstrap_seconds,
+        "epochs": m.stats.epochs,
+        "executor_errors": dict(m.executor.errors),
+        "rss": rss_kib(),
+        "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+    }
+
+
+async def profile(seconds: float, top: int = 25) -> dict[str, Any]:
+    prof = cProfile.Profile()
+    prof.enable()
+    await asyncio.sleep(seconds)
+    prof.disable()
+    out = {}
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(key).print_stats(top)
+        out[key] = buf.getvalue()
+    return out
+
+
+def reply(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def main(a: argparse.Namespace) -> None:
+    global CLIENT
+    client = CLIENT = CountingClient(Config.load(a.kubeconfig))
+    settings = runner.Settings(
+        namespace=a.namespace,
+        identity=a.identity,
+        tick=a.tick,
+        lease_duration=a.lease_duration,
+        renew_deadline=a.lease_duration * 2 / 3,
+        retry=a.retry,
+    )
+    m = TimedMaintainer(client, settings)
+    STATE["t_start"] = time.monotonic()
+    await m.start()
+    reply({"ready": True, **STATE})
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    try:
+        while line := (await reader.readline()).decode().strip():
+            cmd, _, arg = line.partition(" ")
+            if cmd == "state":
+                reply(state(m, arg))
+            elif cmd == "spans":
+                reply(spans(m))
+            elif cmd == "stats":
+                reply(stats(m, client))
+            elif cmd == "profile":
+                reply(await profile(float(arg or 10)))
+            else:
+                reply({"error": f"unknown command {cmd!r}"})
+    finally:
+        await m.stop()
+        await client.close()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--identity", required=True)
+    p.add_argument("--lease-duration", type=float, default=3.0)
+    p.add_argument("--retry", type=float, default=0.5)
+    p.add_argument("--tick", type=float, default=0.5)
+    p.add_argument("--log-level", default="WARNING")
+    args = p.parse_args()
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(main(args))

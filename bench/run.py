@@ -1,0 +1,649 @@
+"""``python bench/run.py``: figures of the maintainer on the embedded Kubernetes API (a figure printer, not a test).
+
+For each span count N it starts a fresh embedded API server (``python -m controller.apiserver``, a
+subprocess), C capture agents (subprocesses) and an instrumented maintainer (``bench/maintainer_worker.py``,
+a subprocess running ``controller.maintainer.runner.Maintainer`` with asyncio; it reports its exact
+request counts over a pipe), then measures:
+
+1. scale-up: Tables with ``preSplit.spans`` summing to N applied -> all N spans Replicating;
+2. API requests by verb, overall and per user operator (Move, Split, Merge, Remove);
+3. failover: K Moves held in RemoveOrigin by the ``hold-close`` hook, the maintainer SIGKILLed
+   (a real SIGKILL: no Lease release), a new one started: Lease wait, bootstrap time, bootstrap
+   requests by verb, and the time to finish all K after the hooks are released;
+4. peak RSS of the maintainer process;
+5. the raw sequential status-write rate of the same API server from one client
+   (``controller.apiserver.bench.run``), and the maintainer's status-write rate during phase 1 against it.
+
+See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from controller.apiserver import bench as api_bench  # noqa: E402
+from controller.kube.client import RESOURCES, ApiError, Client, Config  # noqa: E402
+from controller.model.states import GROUP, Kind  # noqa: E402
+
+NS = "bench"
+CF = "bench"
+HOLD_CLOSE = f"{GROUP}/hold-close"
+API_VERSION = f"{GROUP}/v1alpha1"
+TERMINAL = ("Succeeded", "Failed", "Canceled")
+WORKER = ROOT / "bench" / "maintainer_worker.py"
+MAX_PRESPLIT = 1000  # the Table CRD caps preSplit.spans at 1024 (the engine at 4096)
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    keys = set(after) | set(before)
+    return {k: after.get(k, 0) - before.get(k, 0) for k in sorted(keys) if after.get(k, 0) != before.get(k, 0)}
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a (live) process, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+class Worker:
+    """The maintainer process; commands over its stdin, JSON replies on its stdout."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, identity: str, spawned: float) -> None:
+        self.proc = proc
+        self.identity = identity
+        self.spawned = spawned
+        self.ready: dict[str, Any] = {}
+        self.lock = asyncio.Lock()
+
+    @classmethod
+    async def start(cls, kubeconfig: str, identity: str, log_dir: Path, lease: float) -> Worker:
+        spawned = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(WORKER), "--kubeconfig", kubeconfig, "--namespace", NS, "--identity", identity,
+            "--lease-duration", str(lease),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=open(log_dir / f"{identity}.log", "ab"),  # noqa: SIM115, ASYNC230 - lives as long as the process
+            cwd=ROOT, start_new_session=True, limit=2**28,
+        )  # fmt: skip
+        w = cls(proc, identity, spawned)
+        assert proc.stdout is not None
+        w.ready = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+        return w
+
+    async def ask(self, cmd: str, timeout: float = 120.0) -> Any:  # noqa: ASYNC109
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        async with self.lock:
+            self.proc.stdin.write(cmd.encode() + b"\n")
+            await self.proc.stdin.drain()
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"maintainer {self.identity} exited")
+        return json.loads(line)
+
+    def sigkill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            assert self.proc.stdin is not None
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except TimeoutError:
+                self.sigkill()
+                await self.proc.wait()
+
+
+class System:
+    def __init__(self, a: argparse.Namespace, n: int) -> None:
+        self.a = a
+        self.n = n
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"cfm-bench-{n}-"))
+        self.log_dir = Path(a.log_dir) / str(n)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.kubeconfig = str(self.tmp / "kubeconfig")
+        self.server: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.captures: dict[str, subprocess.Popen[bytes]] = {}
+        self.worker: Worker | None = None
+        self.client: Client | None = None
+
+    def start_server(self) -> None:
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "controller.apiserver", "--crds", str(ROOT / "crds"), "--kubeconfig",
+             self.kubeconfig, "--history-size", str(max(50_000, 40 * self.n))],
+            stdout=subprocess.PIPE, stderr=open(self.log_dir / "apiserver.log", "ab"), text=True, cwd=ROOT,  # noqa: SIM115
+        )  # fmt: skip
+        assert self.server.stdout is not None
+        self.url = self.server.stdout.readline().strip()
+        self.server.stdout.readline()  # "kubeconfig: ..."
+        self.client = Client(Config.load(self.kubeconfig))
+
+    def start_captures(self) -> None:
+        for i in range(self.a.captures):
+            name = f"capture-{i}"
+            self.captures[name] = subprocess.Popen(
+                [sys.executable, "-m", "controller.capture", "--name", name, "--namespace", NS, "--kubeconfig",
+                 self.kubeconfig, "--report-interval", str(self.a.report_interval), "--log-level", "WARNING"],
+                stdout=open(self.log_dir / f"{name}.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT,  # noqa: SIM115
+                start_new_session=True,
+            )  # fmt: skip
+
+    def cpu(self) -> dict[str, float]:
+        out = {"driver": sum(resource.getrusage(resource.RUSAGE_SELF)[:2])}
+        if self.server is not None:
+            out["apiserver"] = cpu_seconds(self.server.pid)
+        if self.worker is not None:
+            out["maintainer"] = cpu_seconds(self.worker.proc.pid)
+        out["captures"] = sum(cpu_seconds(p.pid) for p in self.captures.values())
+        return out
+
+    async def close(self) -> None:
+        if self.worker is not None:
+            await self.worker.stop()
+        for p in self.captures.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.captures.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        if self.client is not None:
+            await self.client.close()
+        if self.server is not None:
+            self.server.terminate()
+            self.server.wait(timeout=30)
+
+
+# -- resources --------------------------------------------------------------------------------------------
+
+
+def changefeed() -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Changefeed",
+        "metadata": {"name": CF, "namespace": NS},
+        "spec": {"scheduler": {"maxInFlightOperators": 10000, "basicBatchSize": 512}},
+    }
+
+
+def tables(n: int) -> list[dict[str, Any]]:
+    count = math.ceil(n / MAX_PRESPLIT)
+    sizes = [n // count + (1 if i < n % count else 0) for i in range(count)]
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "Table",
+            "metadata": {"name": f"t{i}", "namespace": NS, "labels": {f"{GROUP}/changefeed": CF}},
+            "spec": {"changefeed": CF, "tableID": 1000 + i, "preSplit": {"spans": size}},
+        }
+        for i, size in enumerate(sizes)
+    ]
+
+
+def operator(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "SpanOperator",
+        "metadata": {"name": name, "namespace": NS, "labels": {f"{GROUP}/changefeed": CF}},
+        "spec": {"changefeed": CF, "reason": "bench", **spec},
+    }
+
+
+async def create_all(client: Client, kind: Kind, bodies: list[dict[str, Any]], parallel: int = 16) -> None:
+    sem = asyncio.Semaphore(parallel)
+
+    async def one(body: dict[str, Any]) -> None:
+        async with sem:
+            try:
+                await client.create(RESOURCES[kind], NS, body)
+            except ApiError as exc:
+                if not exc.already_exists:
+                    raise
+
+    await asyncio.gather(*(one(b) for b in bodies))
+
+
+async def set_hold(system: System, value: str | None) -> None:
+    assert system.client is not None
+    for c in system.captures:
+        patch = {"metadata": {"annotations": {HOLD_CLOSE: value}}}
+        await system.client.patch(RESOURCES[Kind.CAPTURE], NS, c, patch)
+
+
+def pick_ops(kind: str, spans: list[dict[str, Any]], k: int, captures: list[str], prefix: str) -> list[dict[str, Any]]:
+    ready = sorted((s for s in spans if s["state"] == "Replicating"), key=lambda s: (s["table"], s["start"]))
+    bodies: list[dict[str, Any]] = []
+    if kind == "Merge":
+        i = 0
+        while i + 1 < len(ready) and len(bodies) < k:
+            x, y = ready[i], ready[i + 1]
+            if x["table"] == y["table"] and x["end"] == y["start"]:
+                bodies.append(operator(f"{prefix}{len(bodies)}", {"type": "Merge", "spans": [x["name"], y["name"]]}))
+                i += 2
+            else:
+                i += 1
+        return bodies
+    step = max(1, len(ready) // k)  # spread over the tables and captures
+    for s in ready[::step][:k]:
+        i = len(bodies)
+        if kind == "Move":
+            target = next(c for c in captures[i % len(captures) :] + captures if c != s["capture"])
+            spec: dict[str, Any] = {"type": "Move", "spans": [s["name"]], "target": target}
+        elif kind == "Split":
+            spec = {"type": "Split", "spans": [s["name"]], "splitInto": 2}
+        else:
+            spec = {"type": "Remove", "spans": [s["name"]]}
+        bodies.append(operator(f"{prefix}{i}", spec))
+    return bodies
+
+
+# -- waiting -------------------------------------------------------------------------------------------------
+
+
+async def wait_for(
+    worker: Worker,
+    prefix: str,
+    done: Any,
+    timeout: float,  # noqa: ASYNC109
+    label: str,
+    every: float = 0.5,
+) -> tuple[bool, float, dict[str, Any]]:
+    start = time.monotonic()
+    last_print = 0.0
+    st: dict[str, Any] = {}
+    while True:
+        st = await worker.ask(f"state {prefix}")
+        elapsed = time.monotonic() - start
+        if done(st):
+            return True, elapsed, st
+        if elapsed - last_print >= 10:
+            last_print = elapsed
+            log(f"  {label} {elapsed:5.0f}s spans={st['spans']} in_flight={st['in_flight']} ops={st['ops']}")
+        if elapsed > timeout:
+            return False, elapsed, st
+        await asyncio.sleep(every)
+
+
+def all_replicating(n: int | None = None) -> Any:
+    def check(st: dict[str, Any]) -> bool:
+        total = st["span_total"]
+        return (n is None or total == n) and total > 0 and st["spans"].get("Replicating", 0) == total
+
+    return check
+
+
+def ops_finished(k: int) -> Any:
+    return lambda st: sum(v for p, v in st["ops"].items() if p in TERMINAL) >= k
+
+
+def settled(k: int) -> Any:
+    rep = all_replicating()
+    return lambda st: ops_finished(k)(st) and st["in_flight"] == 0 and rep(st)
+
+
+# -- phases -------------------------------------------------------------------------------------------------
+
+
+async def profile_and_report(system: System, out: dict[str, Any], why: str) -> None:
+    assert system.worker is not None
+    log(f"{why}: profiling the maintainer for {system.a.profile_window:.0f}s")
+    cpu0 = system.cpu()
+    prof = await system.worker.ask(f"profile {system.a.profile_window}", timeout=system.a.profile_window + 120)
+    cpu1 = system.cpu()
+    share = {k: round(cpu1[k] - cpu0[k], 2) for k in cpu0}
+    out.setdefault("profiles", []).append({"why": why, "cpu_seconds_in_window": share, **prof})
+    print(f"--- CPU seconds per process during the {system.a.profile_window:.0f}s window: {share}")
+    print("--- maintainer profile, by own time (tottime) ---")
+    print(prof["tottime"])
+    print("--- maintainer profile, by cumulative time ---")
+    print(prof["cumulative"])
+
+
+async def phase_scale(system: System, out: dict[str, Any]) -> bool:
+    worker, client, n = system.worker, system.client, system.n
+    assert worker is not None
+    assert client is not None
+    before = await worker.ask("stats")
+    cpu0 = system.cpu()
+    t0 = time.monotonic()
+    await create_all(client, Kind.TABLE, tables(n))
+    log(f"phase 1: applied {len(tables(n))} Table(s) with preSplit spans summing to {n}")
+    window = system.a.profile_window if system.a.profile else 0
+    timeout = system.a.timeout
+    if window:
+        await asyncio.sleep(min(system.a.profile_at, timeout / 2))
+        await profile_and_report(system, out, "requested (--profile)")
+    ok, _, st = await wait_for(worker, "", all_replicating(n), timeout - (time.monotonic() - t0), "scale-up")
+    elapsed = time.monotonic() - t0
+    after = await worker.ask("stats")
+    cpu1 = system.cpu()
+    reqs = delta(after["requests"], before["requests"])
+    p1: dict[str, Any] = {
+        "complete": ok,
+        "seconds": round(elapsed, 2),
+        "spans_replicating": st["spans"].get("Replicating", 0),
+        "spans_per_s": round(st["spans"].get("Replicating", 0) / elapsed, 1),
+        "requests": reqs,
+        "requests_total": sum(reqs.values()),
+        "requests_by_resource": delta(after["by_resource"], before["by_resource"]),
+        "status_writes_per_s": round(reqs.get("patch/status", 0) / elapsed, 1),
+        "writes_per_s": round(sum(v for k, v in reqs.items() if k not in ("get", "list", "watch")) / elapsed, 1),
+        "decisions": after["decisions"] - before["decisions"],
+        "decide_seconds": round(after["decide_s"] - before["decide_s"], 2),
+        "snapshot_seconds": round(after["snapshot_s"] - before["snapshot_s"], 2),
+        "cpu_seconds": {k: round(cpu1[k] - cpu0[k], 2) for k in cpu0},
+        "executor_errors": after["executor_errors"],
+    }
+    raw = out["raw_status_patches_per_s"]
+    p1["status_write_ratio_to_raw"] = round(p1["status_writes_per_s"] / raw, 3) if raw else None
+    out["scale"] = p1
+    log(f"phase 1: {'done' if ok else 'NOT done'} in {elapsed:.1f}s: {st['spans']}")
+    if not ok:
+        await profile_and_report(system, out, f"scale-up of {n} spans not done within {timeout:.0f}s")
+    return ok
+
+
+async def phase_operators(system: System, out: dict[str, Any]) -> bool:
+    worker, client = system.worker, system.client
+    assert worker is not None
+    assert client is not None
+    k = system.a.ops
+    s0 = await worker.ask("stats")
+    cpu0 = system.cpu()
+    await asyncio.sleep(system.a.idle)
+    s1 = await worker.ask("stats")
+    idle = delta(s1["requests"], s0["requests"])
+    span_idle = s1["now"] - s0["now"]
+    cpu1 = system.cpu()
+    out["idle_requests_per_s"] = {v: round(c / span_idle, 2) for v, c in idle.items()}
+    out["idle_requests_by_resource"] = delta(s1["by_resource"], s0["by_resource"])
+    out["idle_cpu_share"] = {p: round((cpu1[p] - cpu0[p]) / span_idle, 2) for p in cpu0}
+    out["idle_decisions_per_s"] = round((s1["decisions"] - s0["decisions"]) / span_idle, 2)
+    out["idle_decide_share"] = round((s1["decide_s"] - s0["decide_s"]) / span_idle, 2)
+    per_op: dict[str, Any] = {}
+    out["operators"] = per_op
+    for kind in ("Move", "Split", "Merge", "Remove"):
+        spans = await worker.ask("spans")
+        prefix = f"bench-{kind.lower()}-"
+        bodies = pick_ops(kind, spans, k, list(system.captures), prefix)
+        if not bodies:
+            per_op[kind] = {"skipped": "no suitable spans"}
+            continue
+        before = await worker.ask("stats")
+        t0 = time.monotonic()
+        await create_all(client, Kind.OPERATOR, bodies)
+        ok1, t_fin, _ = await wait_for(worker, prefix, ops_finished(len(bodies)), system.a.timeout, kind)
+        at_fin = await worker.ask("stats")
+        ok2, _, st = await wait_for(worker, prefix, settled(len(bodies)), system.a.timeout, kind)
+        t_set = time.monotonic() - t0
+        at_set = await worker.ask("stats")
+        kk = len(bodies)
+        fin = delta(at_fin["requests"], before["requests"])
+        sett = delta(at_set["requests"], before["requests"])
+        per_op[kind] = {
+            "k": kk,
+            "finished": ok1,
+            "settled": ok2,
+            "seconds_to_finish": round(t_fin, 2),
+            "seconds_to_settle": round(t_set, 2),
+            "phases": st["ops"],
+            "requests_per_op_to_finish": {v: round(c / kk, 2) for v, c in fin.items()},
+            "requests_per_op_to_settle": {v: round(c / kk, 2) for v, c in sett.items()},
+            "total_per_op_to_settle": round(sum(sett.values()) / kk, 2),
+            "requests_by_resource_to_settle": delta(at_set["by_resource"], before["by_resource"]),
+        }
+        log(f"phase 2: {kk} {kind}s finished in {t_fin:.1f}s, settled in {t_set:.1f}s; {st['ops']}")
+        if not (ok1 and ok2):
+            return False
+    return True
+
+
+async def phase_failover(system: System, out: dict[str, Any]) -> None:
+    worker, client = system.worker, system.client
+    assert worker is not None
+    assert client is not None
+    k = system.a.inflight
+    fo: dict[str, Any] = {"k": k, "kill": "SIGKILL of the maintainer process (no Lease release)"}
+    out["failover"] = fo
+    await set_hold(system, "*")
+    await asyncio.sleep(1.5)  # the captures re-read their hooks every loop (0.2 s)
+    spans = await worker.ask("spans")
+    prefix = "bench-held-"
+    bodies = pick_ops("Move", spans, k, list(system.captures), prefix)
+    fo["k"] = k = len(bodies)
+    await create_all(client, Kind.OPERATOR, bodies)
+
+    def held(st: dict[str, Any]) -> bool:
+        return st["ops"].get("Running/RemoveOrigin", 0) >= k
+
+    ok, t_held, st = await wait_for(worker, prefix, held, system.a.timeout, "hold")
+    fo["seconds_to_hold"] = round(t_held, 2)
+    fo["held"] = st["ops"]
+    if not ok:
+        log(f"phase 3: only {st['ops']} held in RemoveOrigin; killing anyway")
+    old = await worker.ask("stats")
+    out["maintainer_rss_kib_before_kill"] = old["rss"]
+    t_kill = time.monotonic()
+    worker.sigkill()
+    await worker.proc.wait()
+    log(f"phase 3: SIGKILLed {worker.identity} with {st['ops']}")
+    new = await Worker.start(system.kubeconfig, "maintainer-2", system.log_dir, system.a.lease)
+    system.worker = new
+
+    def booted(st: dict[str, Any]) -> bool:
+        return bool(st["bootstrapped"])
+
+    ok, _, _ = await wait_for(new, prefix, booted, system.a.timeout, "bootstrap")
+    s = await new.ask("stats")
+    boot_reqs = s.get("bootstrap_requests", {})
+    by_res = s.get("bootstrap_by_resource", {})
+    kinds = len(RESOURCES) + 1  # the six kinds and Leases
+    per_object_gets = {r: c for r, c in by_res.items() if r.startswith("get ") and "/<name>" in r}
+    non_lease_gets = {r: c for r, c in per_object_gets.items() if not r.startswith("get leases")}
+    lists = {r: c for r, c in by_res.items() if r.startswith("list ")}
+    watches = {r: c for r, c in by_res.items() if r.startswith("watch ")}
+    goal = len(lists) == kinds and all(c == 1 for c in lists.values()) and len(watches) == kinds
+    goal = goal and all(c == 1 for c in watches.values()) and not non_lease_gets
+    fo.update(
+        {
+            "bootstrapped": ok,
+            "process_start_to_maintainer_start_s": round(s["t_start"] - s["t_process"], 3),
+            "lease_wait_s": round(s.get("t_lease_acquired", math.nan) - s["t_start"], 3),
+            "bootstrap_seconds": round(s["bootstrap_seconds"].get(CF, math.nan), 3),
+            "kill_to_bootstrapped_s": round(s.get("t_bootstrapped", math.nan) - t_kill, 3),
+            "bootstrap_report": s.get("bootstrap_report", ""),
+            "bootstrap_requests": boot_reqs,
+            "bootstrap_requests_by_resource": by_res,
+            "goal_one_list_one_watch_per_kind_no_object_get": goal,
+            "lease_gets_during_bootstrap": sum(c for r, c in per_object_gets.items() if r.startswith("get leases")),
+        }
+    )
+    log(f"phase 3: bootstrapped: lease wait {fo['lease_wait_s']}s, bootstrap {fo['bootstrap_seconds']}s; {boot_reqs}")
+    t_rel = time.monotonic()
+    await set_hold(system, None)
+    ok, t_fin, st = await wait_for(new, prefix, ops_finished(k), system.a.timeout, "release")
+    fo["finished"] = ok
+    fo["seconds_release_to_all_finished"] = round(t_fin, 2)
+    fo["seconds_kill_to_all_finished"] = round(time.monotonic() - t_kill, 2)
+    fo["phases_after"] = st["ops"]
+    log(f"phase 3: {st['ops']} {t_fin:.1f}s after releasing the hooks (released {t_rel - t_kill:.1f}s after kill)")
+    end = await new.ask("stats")
+    out["new_maintainer_rss_kib"] = end["rss"]
+    out["new_maintainer_requests_total"] = end["requests"]
+
+
+async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"spans": n, "captures": a.captures, "ops_k": a.ops, "inflight_k": a.inflight}
+    system = System(a, n)
+    try:
+        system.start_server()
+        log(f"N={n}: embedded API at {system.url}; logs in {system.log_dir}")
+        raw = await api_bench.run(system.url, a.raw_writes, 2)
+        out["raw_status_patches_per_s"] = round(raw["status_patches_per_s"], 1)
+        log(f"raw sequential status writes from one client: {raw['status_patches_per_s']:.0f}/s")
+        assert system.client is not None
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+        with contextlib.suppress(ApiError):
+            await system.client.request("create", "POST", "/api/v1/namespaces", body=ns)
+        await system.client.create(RESOURCES[Kind.CHANGEFEED], NS, changefeed())
+        system.start_captures()
+        while len((await system.client.list(RESOURCES[Kind.CAPTURE], NS))[0]) < a.captures:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+        system.worker = await Worker.start(system.kubeconfig, "maintainer-1", system.log_dir, a.lease)
+        ok, _, _ = await wait_for(system.worker, "", lambda st: st["bootstrapped"], 60, "first bootstrap")
+        if not ok:
+            raise RuntimeError("the first maintainer did not bootstrap within 60 s")
+        done = await phase_scale(system, out)
+        if done and a.ops > 0:
+            done = await phase_operators(system, out)
+        stats = await system.worker.ask("stats")
+        out["maintainer_rss_kib"] = stats["rss"]
+        out["maintainer_requests_total"] = stats["requests"]
+        if done and a.inflight:
+            await phase_failover(system, out)
+        elif not done:
+            out["skipped"] = "phases after the first incomplete one"
+    except Exception as exc:  # print partial figures rather than nothing
+        out["error"] = repr(exc)
+        log(f"N={n}: stopped by {exc!r}")
+    finally:
+        await system.close()
+    return out
+
+
+# -- printing -----------------------------------------------------------------------------------------------
+
+
+def fmt_reqs(d: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:g}" for k, v in sorted(d.items())) or "-"
+
+
+def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    sc = r.get("scale", {})
+    fo = r.get("failover", {})
+    out = [
+        ("raw status writes/s (1 client)", f"{r.get('raw_status_patches_per_s', '-')}"),
+        ("1 scale-up: seconds to all Replicating",
+         f"{sc.get('seconds', '-')}{'' if sc.get('complete') else ' (INCOMPLETE)'}"),
+        ("1 scale-up: spans/s", f"{sc.get('spans_per_s', '-')}"),
+        ("1 scale-up: requests by verb", fmt_reqs(sc.get("requests", {}))),
+        ("1 scale-up: maintainer status writes/s", f"{sc.get('status_writes_per_s', '-')}"),
+        ("5 ... as a ratio of the raw rate", f"{sc.get('status_write_ratio_to_raw', '-')}"),
+        ("1 scale-up: decisions / decide s / snapshot s",
+         f"{sc.get('decisions', '-')} / {sc.get('decide_seconds', '-')} / {sc.get('snapshot_seconds', '-')}"),
+        ("1 scale-up: CPU s per process", fmt_reqs(sc.get("cpu_seconds", {}))),
+        ("2 idle requests/s", fmt_reqs(r.get("idle_requests_per_s", {}))),
+        ("2 idle CPU (cores) per process", fmt_reqs(r.get("idle_cpu_share", {}))),
+        ("2 idle decisions/s, share of a core in decide",
+         f"{r.get('idle_decisions_per_s', '-')}, {r.get('idle_decide_share', '-')}"),
+    ]  # fmt: skip
+    for kind, o in r.get("operators", {}).items():
+        if "skipped" in o:
+            out.append((f"2 {kind}", o["skipped"]))
+            continue
+        out.append(
+            (f"2 {kind} x{o['k']}: s to finish / settle", f"{o['seconds_to_finish']} / {o['seconds_to_settle']}")
+        )
+        out.append((f"2 {kind}: requests per op (to settle)", fmt_reqs(o["requests_per_op_to_settle"])))
+    if fo:
+        out += [
+            (f"3 failover: in flight at kill (of {fo.get('k')})", fmt_reqs(fo.get("held", {}))),
+            ("3 new maintainer: process start -> start s", f"{fo.get('process_start_to_maintainer_start_s', '-')}"),
+            ("3 new maintainer: Lease wait s", f"{fo.get('lease_wait_s', '-')}"),
+            ("3 new maintainer: bootstrap_seconds", f"{fo.get('bootstrap_seconds', '-')}"),
+            ("3 kill -> bootstrapped s", f"{fo.get('kill_to_bootstrapped_s', '-')}"),
+            ("3 bootstrap requests by verb", fmt_reqs(fo.get("bootstrap_requests", {}))),
+            ("3 goal 1 LIST + 1 WATCH per kind, no GET", str(fo.get("goal_one_list_one_watch_per_kind_no_object_get"))),
+            ("3 Lease GETs during bootstrap", f"{fo.get('lease_gets_during_bootstrap', '-')}"),
+            ("3 release -> all K finished s", f"{fo.get('seconds_release_to_all_finished', '-')}"),
+            ("3 operators after", fmt_reqs(fo.get("phases_after", {}))),
+        ]
+    rss = r.get("maintainer_rss_kib_before_kill") or r.get("maintainer_rss_kib") or {}
+    out.append(("4 maintainer peak RSS MiB (VmHWM)", f"{rss.get('VmHWM', 0) / 1024:.0f}" if rss else "-"))
+    rss2 = r.get("new_maintainer_rss_kib") or {}
+    out.append(("4 new maintainer peak RSS MiB", f"{rss2.get('VmHWM', 0) / 1024:.0f}" if rss2 else "-"))
+    if "error" in r or "skipped" in r:
+        out.append(("note", r.get("error") or r.get("skipped", "")))
+    return out
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    cols = [dict(rows(r)) for r in results]
+    labels = [label for label, _ in rows(results[0])]
+    for c in cols[1:]:
+        labels += [k for k in c if k not in labels]
+    width = max(len(x) for x in labels)
+    colw = [max(12, *(len(c.get(x, "")) for x in labels)) for c in cols]
+    colw = [min(w, 70) for w in colw]
+    print()
+    print(" " * width + " | " + " | ".join(f"N={r['spans']}".ljust(w) for r, w in zip(results, colw, strict=True)))
+    print("-" * (width + sum(w + 3 for w in colw)))
+    for x in labels:
+        print(x.ljust(width) + " | " + " | ".join(c.get(x, "-").ljust(w) for c, w in zip(cols, colw, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--spans", default="1000,10000", help="comma-separated span counts (default 1000,10000)")
+    p.add_argument("--inflight", type=int, default=500, help="Moves held in flight at the SIGKILL (default 500)")
+    p.add_argument("--ops", type=int, default=100, help="operators of each type in phase 2 (default 100)")
+    p.add_argument("--captures", type=int, default=3)
+    p.add_argument("--lease", type=float, default=3.0, help="maintainer Lease duration, s (default 3)")
+    p.add_argument("--report-interval", type=float, default=10.0, help="captures' checkpoint report interval, s")
+    p.add_argument("--raw-writes", type=int, default=3000, help="sequential status writes for the raw rate")
+    p.add_argument("--idle", type=float, default=5.0, help="seconds of idle request-rate baseline before phase 2")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-phase limit, s; then profile and stop")
+    p.add_argument("--profile", action="store_true", help="also profile a window early in phase 1")
+    p.add_argument("--profile-at", type=float, default=10.0, help="seconds after the Table apply (--profile)")
+    p.add_argument("--profile-window", type=float, default=20.0)
+    p.add_argument("--json", help="write all figures to this file")
+    p.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "cfm-bench-logs"))
+    p.add_argument("--quick", action="store_true", help="300 spans, 20 ops per type, 50 in flight")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.spans, a.ops, a.inflight, a.raw_writes, a.idle, a.timeout = "300", 20, 50, 1000, 2.0, 120.0
+    sizes = [int(x) for x in a.spans.split(",") if x.strip()]
+    results = []
+    started = time.monotonic()
+    for n in sizes:
+        r = asyncio.run(run_size(a, n))
+        results.append(r)
+        if a.json:  # after every size, so a later stall still leaves the earlier figures
+            Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=2, default=str))
+    print_table(results)
+    print(f"\ntotal wall time {time.monotonic() - started:.0f}s; logs in {a.log_dir}")
+    counts = Counter("error" in r for r in results)
+    return 1 if counts[True] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
