@@ -881,3 +881,11 @@ def test_examples_fit_together() -> None:
     }
     for op in ops.values():
         assert set(typing.cast(SpanOperator, op).spans) <= names
+
+
+def test_engine_pre_split_cap_matches_the_table_crd() -> None:
+    from controller.engine.repair import MAX_PRE_SPLIT
+
+    crd = yaml.safe_load((ROOT / "crds" / "tables.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["preSplit"]["properties"]["spans"]["maximum"] == MAX_PRE_SPLIT
