@@ -82,7 +82,10 @@ def validate_new_spans(tick: Tick) -> None:
         return
     accepted: dict[tuple[int, Mode], list[tuple[str, KeyRange]]] = defaultdict(list)
     for s in tick.spans.values():
-        if s.state not in (None, SpanState.INVALID) and not s.deleting:
+        # A span an operator owns is taken even before its status is written (a split child, or a
+        # span re-created under the name an in-flight Add still targets).
+        taken = s.state is not None or tick.busy(s.name)
+        if taken and s.state is not SpanState.INVALID and not s.deleting:
             accepted[(s.table_id, s.mode)].append((s.name, s.key_range))
     for key, ranges in _planned_ranges(tick).items():
         accepted[key].extend(("(planned)", r) for r in ranges)

@@ -177,3 +177,30 @@ def test_two_running_operators_on_one_span_keep_the_one_the_span_names():
     assert statuses(dec, Kind.OPERATOR, "add-new") == []
     assert ("delete", "Dispatcher", "d-old") in flat(dec)
     assert ("create", "Dispatcher", "d-new") not in flat(dec)
+
+
+def test_a_user_span_overlapping_a_span_an_operator_owns_before_its_status_is_written_is_invalid():
+    """Seeds 6290, 9754, 15660 (50,000-history run): a person deleted a span while its Add was in flight;
+    hole repair re-created it under the same name (same range) and was killed before writing its status.
+    A user span applied inside that range was accepted, because the re-created span had no status yet;
+    the Add then finished the re-created span: two accepted spans over the same keys. A span an operator
+    owns now counts as taken even before its status is written.
+    """
+    from controller.model.keys import KeyRange
+    from controller.model.records import Target as T
+    from tests.unit.fixtures import Kind, last_status
+
+    whole = span("x", state=None, capture="", dispatcher="")
+    add = operator(
+        "add-x",
+        OpType.ADD,
+        ("x",),
+        phase=OpPhase.RUNNING,
+        stage=Stage.ADD_DEST,
+        target="c0",
+        targets=(T(span="x", key_range=trange(1), capture="c0", dispatcher="dx", start_ts=100),),
+    )
+    inner = KeyRange(trange(1).start + b"\x40", trange(1).start + b"\x80")
+    user = span("user", state=None, key_range=inner, capture="", dispatcher="", created=2000.0)
+    dec = decide(world(table(1), capture("c0"), whole, add, user), memory())
+    assert last_status(dec, Kind.SPAN, "user").state is SpanState.INVALID
