@@ -8,6 +8,7 @@ phases see earlier phases' effects), and the chains it has decided on.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -71,7 +72,8 @@ class Tick:
         self.dispatchers: dict[str, Dispatcher] = dict(world.dispatchers)
         self.touched: set[tuple[Kind, str]] = set()
         self._by_span: defaultdict[str, list[Dispatcher]] | None = None
-        self._by_table: defaultdict[tuple[int, Mode], list[str]] | None = None
+        self._by_table: dict[tuple[int, Mode], tuple[list[bytes], list[bytes], list[str]]] | None = None
+        self._created: defaultdict[tuple[int, Mode], list[str]] = defaultdict(list)
         self.repairs: list[str] = []
         self.alive = {n for n, c in world.captures.items() if c.alive(world.now)}
         self.first_tick = False  # set by the maintainer on the first decision of a term
@@ -139,13 +141,37 @@ class Tick:
         return sorted(mine.values(), key=lambda d: (d.created, d.name))
 
     def overlapping_dispatchers(self, table_id: int, mode: Mode, rng: KeyRange) -> list[Dispatcher]:
-        """Dispatchers (closing ones included) of ``table_id`` and ``mode`` whose keys overlap ``rng``."""
+        """Dispatchers (closing ones included) of ``table_id`` and ``mode`` whose keys overlap ``rng``.
+
+        Called once per placement, so it must not scan the table: per table and mode, the snapshot's
+        dispatchers are sorted by start key with a running maximum of end keys; a query bisects to
+        the last start below ``rng.end`` and walks back only while an earlier range could still reach
+        ``rng.start``. Dispatchers created in this decision are few and checked one by one.
+        """
         if self._by_table is None:
-            self._by_table = defaultdict(list)
-            for d in self.dispatchers.values():
-                self._by_table[(d.table_id, d.mode)].append(d.name)
-        found = (self.dispatchers.get(n) for n in self._by_table.get((table_id, mode), ()))
-        return sorted((d for d in found if d is not None and d.key_range.overlaps(rng)), key=lambda d: d.name)
+            groups: defaultdict[tuple[int, Mode], list[Dispatcher]] = defaultdict(list)
+            for d in self.world.dispatchers.values():
+                groups[(d.table_id, d.mode)].append(d)
+            self._by_table = {}
+            for key, ds in groups.items():
+                ds.sort(key=lambda d: d.key_range.start)
+                reach: list[bytes] = []
+                for d in ds:
+                    reach.append(max(reach[-1], d.key_range.end) if reach else d.key_range.end)
+                self._by_table[key] = ([d.key_range.start for d in ds], reach, [d.name for d in ds])
+        found: list[Dispatcher] = []
+        starts, reach, names = self._by_table.get((table_id, mode), ([], [], []))
+        j = bisect.bisect_left(starts, rng.end) - 1
+        while j >= 0 and reach[j] > rng.start:
+            hit = self.dispatchers.get(names[j])
+            if hit is not None and hit.key_range.overlaps(rng):
+                found.append(hit)
+            j -= 1
+        for name in self._created.get((table_id, mode), ()):
+            new = self.dispatchers.get(name)
+            if new is not None and new.key_range.overlaps(rng):
+                found.append(new)
+        return sorted(found, key=lambda d: d.name)
 
     def in_flight(self) -> list[SpanOperator]:
         ops = (o for o in self.operators.values() if o.in_flight)
@@ -202,8 +228,8 @@ class Tick:
         elif isinstance(obj, Dispatcher):
             if obj.name not in self.dispatchers and self._by_span is not None:
                 self._by_span[obj.span].append(obj)
-            if obj.name not in self.dispatchers and self._by_table is not None:
-                self._by_table[(obj.table_id, obj.mode)].append(obj.name)
+            if obj.name not in self.world.dispatchers and obj.name not in self.dispatchers:
+                self._created[(obj.table_id, obj.mode)].append(obj.name)
             self.dispatchers[obj.name] = obj
 
     def forget(self, kind: Kind, name: str) -> None:

@@ -142,3 +142,26 @@ def test_gaps(parts, holes):
 )
 def test_overlapping_pairs(parts, pairs):
     assert overlapping_pairs([(n, KeyRange(k(a), k(b))) for n, a, b in parts]) == pairs
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 20)), max_size=25), st.integers(0, 70), st.integers(1, 20))
+def test_overlapping_dispatchers_index_agrees_with_a_scan(ranges: list[tuple[int, int]], qs: int, ql: int) -> None:
+    """Tick.overlapping_dispatchers bisects a sorted index; it must find exactly what a full scan finds."""
+    from controller.engine.world import Options, Tick, World
+    from controller.model.records import Changefeed, Dispatcher
+    from controller.model.states import Mode
+
+    def key(i: int) -> bytes:
+        return b"t" + i.to_bytes(2, "big")
+
+    ds = {
+        f"d{n}": Dispatcher(
+            name=f"d{n}", changefeed="cf", span=f"s{n}", table_id=1, key_range=KeyRange(key(a), key(a + w)),
+            capture="c", start_ts=0, epoch=1,
+        )
+        for n, (a, w) in enumerate(ranges)
+    }  # fmt: skip
+    tick = Tick(World(now=0.0, changefeed=Changefeed(name="cf"), dispatchers=ds), 1, Options())
+    q = KeyRange(key(qs), key(qs + ql))
+    got = [d.name for d in tick.overlapping_dispatchers(1, Mode.DEFAULT, q)]
+    assert got == sorted(n for n, d in ds.items() if d.key_range.overlaps(q))
