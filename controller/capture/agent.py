@@ -358,7 +358,10 @@ class Agent:
             await asyncio.sleep(s.renew_interval)
             sent = time.monotonic()
             try:
-                await asyncio.wait_for(self._renew(), timeout=timeout)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+                # arrives as the renewal fails (e.g. connection refused), and this loop would never end.
+                async with asyncio.timeout(timeout):
+                    await self._renew()
                 self.last_renew = sent
             except LeaseLost as exc:
                 self._fence(str(exc))

@@ -1,0 +1,73 @@
+"""Fixtures of the process-level tests: the API (embedded, or a real cluster), a namespace, the processes.
+
+By default one embedded API server (``controller.apiserver.start_server``) serves a test module. When
+``CFM_TEST_KUBECONFIG`` names a kubeconfig, the same tests run against that cluster instead: the CRDs of
+crds/ are applied (or updated) once per module, and every test gets a fresh namespace, deleted afterwards
+(after the finalizers that killed processes could not release are stripped).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from controller.apiserver import ApiServerHandle, start_server
+from tests.integration.harness import CRD_DIR, Api, System, apply_crds, cluster_api, embedded_api, release_everything
+
+
+@dataclass
+class Target:
+    """Where the API is: an embedded server (``handle``) or a cluster (``kubeconfig``)."""
+
+    handle: ApiServerHandle | None
+    kubeconfig: Path
+
+    def api(self, namespace: str) -> Api:
+        if self.handle is not None:
+            return embedded_api(self.handle.url, self.handle.kubeconfig_path, namespace)
+        return cluster_api(self.kubeconfig, namespace)
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[Target]:
+    real = os.environ.get("CFM_TEST_KUBECONFIG")
+    if real:
+        t = Target(None, Path(real))
+        api = t.api("default")
+        apply_crds(api)
+        api.pool.clear()
+        yield t
+        return
+    handle = start_server(CRD_DIR, bookmark_interval=0.5)
+    try:
+        yield Target(handle, handle.kubeconfig_path)
+    finally:
+        handle.stop()
+
+
+@pytest.fixture
+def api(target: Target) -> Iterator[Api]:
+    namespace = f"cfm-it-{uuid.uuid4().hex[:8]}"
+    api = target.api(namespace)
+    api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    try:
+        yield api
+    finally:
+        if target.handle is None:
+            release_everything(api)
+            api.req("DELETE", f"/api/v1/namespaces/{namespace}")
+        api.pool.clear()
+
+
+@pytest.fixture
+def system(api: Api, tmp_path: Path) -> Iterator[System]:
+    system = System(api, tmp_path)
+    try:
+        yield system
+    finally:
+        system.stop_all()
