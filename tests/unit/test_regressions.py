@@ -204,3 +204,32 @@ def test_a_user_span_overlapping_a_span_an_operator_owns_before_its_status_is_wr
     user = span("user", state=None, key_range=inner, capture="", dispatcher="", created=2000.0)
     dec = decide(world(table(1), capture("c0"), whole, add, user), memory())
     assert last_status(dec, Kind.SPAN, "user").state is SpanState.INVALID
+
+
+def test_an_add_never_runs_keys_another_spans_dispatcher_runs():
+    """Seed 863: a deposed maintainer's view lagged; it and its successor each covered a new table, with
+    different cuts, so two accepted spans overlapped. Placing both would run the same keys twice. A
+    dispatcher is now created only when no dispatcher of another span overlaps its keys; otherwise the
+    placement is given up (span Absent) and the safety net removes the newer of the overlapping spans.
+    """
+    from controller.model.records import Target as T
+    from tests.unit.fixtures import Kind, created, last_status, pieces
+
+    halves = pieces(1, 2)
+    left = span("left", key_range=halves[0], capture="c0", dispatcher="dl")
+    whole = span("whole", state=SpanState.SCHEDULING, operator="add-w", capture="c1", dispatcher="dw", created=2000.0)
+    add = operator(
+        "add-w",
+        OpType.ADD,
+        ("whole",),
+        phase=OpPhase.RUNNING,
+        stage=Stage.ADD_DEST,
+        target="c1",
+        targets=(T(span="whole", key_range=trange(1), capture="c1", dispatcher="dw", start_ts=100),),
+    )
+    dl = dispatcher("dl", left, "c0", DispatcherState.WORKING)
+    dec = decide(world(table(1), capture("c0"), capture("c1"), left, whole, add, dl), memory())
+    assert created(dec, Kind.DISPATCHER) == []
+    assert last_status(dec, Kind.SPAN, "whole").state is SpanState.ABSENT
+    rec = last_status(dec, Kind.OPERATOR, "add-w")
+    assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "KeysBusy")

@@ -326,18 +326,28 @@ def advance_targets(tick: Tick, op: SpanOperator, lost_reason: str) -> list[Writ
     """The common AddDest/AddSpans step: place, record progress, finish when every target is done."""
     targets, acts, settles = place_targets(tick, op)
     if all(t.done for t in targets):
-        lost = [t.span for t in targets if t.lost]
+        lost = [t for t in targets if t.lost]
         if not lost:
             return settles + finish(tick, op, OpPhase.SUCCEEDED, "", "", targets=targets)
+        reason, why = _why_lost(tick, lost[0], lost_reason)
+        names = ", ".join(t.span for t in lost)
         if len(lost) == len(targets):
-            msg = f"destination lost; left Absent for rescheduling: {', '.join(lost)}"
-            return settles + finish(tick, op, OpPhase.FAILED, lost_reason, msg, targets=targets)
-        msg = f"{len(lost)} of {len(targets)} spans lost their destination and were left Absent"
+            return settles + finish(tick, op, OpPhase.FAILED, reason, f"{why}: {names}", targets=targets)
+        msg = f"{len(lost)} of {len(targets)} spans not placed ({why}): {names}"
         return settles + finish(tick, op, OpPhase.SUCCEEDED, "PartiallyPlaced", msg, targets=targets)
     if targets != op.targets:
         _, write = record(tick, op, targets=targets)
         return [*settles, write, *acts]
     return settles + acts
+
+
+def _why_lost(tick: Tick, t: Target, lost_reason: str) -> tuple[str, str]:
+    """Reason and message for a target given up: span deleted, keys busy, or its capture lost."""
+    if t.span not in tick.spans:
+        return "SpanDeleted", "span deleted by hand mid-way; its keys are re-covered by the safety net"
+    if tick.capture_alive(t.capture):
+        return "KeysBusy", "another span's dispatcher runs these keys; left Absent, the overlap is repaired"
+    return lost_reason, f"destination capture {t.capture or '(none)'} lost; left Absent for rescheduling"
 
 
 def choose_targets(tick: Tick, op: SpanOperator, targets: tuple[Target, ...], start_ts: int) -> tuple[Target, ...]:
