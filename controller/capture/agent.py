@@ -76,6 +76,10 @@ EXIT_ERROR = 1
 EXIT_FENCED = 3
 
 API_ERRORS = (ApiError, *NETWORK_ERRORS)
+#: How many dispatchers one reconcile pass works on at once (each step is a few API requests).
+STEP_CONCURRENCY = 16
+#: Per reconcile pass: changefeed name -> the strong read of its published epoch.
+Epochs = dict[str, "asyncio.Future[int | None]"]
 
 
 class LeaseLost(Exception):
@@ -411,24 +415,37 @@ class Agent:
             self.rejected.discard(gone)
             self.disowned.pop(gone, None)
         self._noted = {n for n in self._noted if n[0] in objects}
-        epochs: dict[str, int | None] = {}  # strong reads of this pass
-        for name in sorted(objects):
+        epochs: Epochs = {}  # strong reads of this pass, shared by its steps
+        gate = asyncio.Semaphore(STEP_CONCURRENCY)
+
+        async def one(name: str) -> None:
             raw = objects[name]
             try:
                 d = dispatcher_from_resource(raw)
             except InvalidResource as exc:
                 self._note(name, "invalid", logging.WARNING, "ignoring an invalid Dispatcher", error=str(exc))
-                continue
-            try:
-                await self._step(d, raw, epochs)
-            except API_ERRORS as exc:
-                log.warning("dispatcher step failed", extra=fields(dispatcher=name, error=repr(exc)))
+                return
+            async with gate:
+                try:
+                    await self._step(d, raw, epochs)
+                except API_ERRORS as exc:
+                    log.warning("dispatcher step failed", extra=fields(dispatcher=name, error=repr(exc)))
+
+        # Steps of different dispatchers are independent; their writes go out concurrently (a capture
+        # with thousands of dispatchers must not report them one request at a time). A TaskGroup: if one
+        # step finds the capture fenced, the others are cancelled at once.
+        try:
+            async with asyncio.TaskGroup() as group:
+                for name in sorted(objects):
+                    group.create_task(one(name))
+        except BaseExceptionGroup as eg:  # e.g. Fenced: raise it as a sequential pass would have
+            raise eg.exceptions[0] from None
         try:
             await self._report_capture()
         except API_ERRORS as exc:
             log.warning("Capture status write failed", extra=fields(error=repr(exc)))
 
-    async def _step(self, d: Dispatcher, raw: JSON, epochs: dict[str, int | None]) -> None:
+    async def _step(self, d: Dispatcher, raw: JSON, epochs: Epochs) -> None:
         name = d.name
         if d.deleting:
             await self._close(d, raw)
@@ -439,7 +456,7 @@ class Agent:
         elif d.state in LIVE_DISPATCHER_STATES:
             await self._disown(d)
 
-    async def _create(self, d: Dispatcher, epochs: dict[str, int | None]) -> None:
+    async def _create(self, d: Dispatcher, epochs: Epochs) -> None:
         if self.hooks.pauses_create(d.table_id):
             self._note(d.name, "pause-create", logging.INFO, "create paused by hook", tableID=d.table_id)
             return
@@ -462,7 +479,7 @@ class Agent:
         )
         await self._report(self.runs[d.name], d)
 
-    async def _advance(self, run: Run, d: Dispatcher, epochs: dict[str, int | None]) -> None:
+    async def _advance(self, run: Run, d: Dispatcher, epochs: Epochs) -> None:
         cp = self.rt.checkpoint(d.name)
         if run.state is DispatcherState.INITIALIZING and cp > d.start_ts:
             epoch = await self._epoch(d.changefeed, epochs)
@@ -579,18 +596,22 @@ class Agent:
                 raise
         return False
 
-    async def _epoch(self, changefeed: str, epochs: dict[str, int | None]) -> int | None:
-        """The changefeed's published epoch by a strong read (GET); ``None`` if it does not exist."""
+    async def _epoch(self, changefeed: str, epochs: Epochs) -> int | None:
+        """The changefeed's published epoch by a strong read (GET); ``None`` if it does not exist.
+
+        One read per changefeed per pass, shared by the pass's concurrent steps."""
         if changefeed not in epochs:
-            try:
-                obj = await self.client.get(CHANGEFEEDS, self.settings.namespace, changefeed)
-                epoch = (obj.get("status") or {}).get("epoch") or 0
-                epochs[changefeed] = int(epoch)
-            except ApiError as exc:
-                if not exc.not_found:
-                    raise
-                epochs[changefeed] = None
-        return epochs[changefeed]
+            epochs[changefeed] = asyncio.ensure_future(self._read_epoch(changefeed))
+        return await epochs[changefeed]
+
+    async def _read_epoch(self, changefeed: str) -> int | None:
+        try:
+            obj = await self.client.get(CHANGEFEEDS, self.settings.namespace, changefeed)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            return None
+        return int((obj.get("status") or {}).get("epoch") or 0)
 
     def _read_hooks(self) -> None:
         obj = self.captures.objects.get(self.settings.name) or {}
