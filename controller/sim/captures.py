@@ -55,6 +55,7 @@ class SimCapture:
     pending_since: dict[str, float] = field(default_factory=dict)
     #: Dispatchers being closed: final checkpoint, and whether Stopped was written.
     closing: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    closing_uid: dict[str, str] = field(default_factory=dict)
     #: Dispatchers refused at the Working transition (stale epoch): reported Rejected until deleted.
     rejected: set[str] = field(default_factory=set)
     #: hook -> table ids it applies to (empty tuple: all tables)
@@ -133,8 +134,12 @@ class Captures:
                 del cap.runs[name]
                 ctx.trace.add(f"  {cap.name}: {name} vanished; stopped")
         for name in sorted(cap.closing):
-            if name not in mine:
+            # Gone, or re-created under the same name (the watch coalesced the deletion away): a new
+            # incarnation is not the one being closed (seed 35063: a re-created dispatcher never started).
+            current = mine.get(name)
+            if current is None or current.uid != cap.closing_uid.get(name):
                 del cap.closing[name]
+                cap.closing_uid.pop(name, None)
         cap.rejected &= set(mine)
         for name in sorted(mine):
             obj = mine[name]
@@ -236,6 +241,7 @@ class Captures:
             cap.pending_since.pop(d.name, None)
             already = d.state in (DispatcherState.STOPPED, DispatcherState.REJECTED, DispatcherState.REMOVED)
             cap.closing[d.name] = (final, already and run is None)
+            cap.closing_uid[d.name] = d.uid
         final, written = cap.closing[d.name]
         if not written:
             if not self._status(cap, d, DispatcherState.STOPPED, final):
@@ -250,6 +256,7 @@ class Captures:
                 ctx.trace.add(f"  {cap.name}: release {d.name} failed: {e.code}")
                 return
         cap.closing.pop(d.name, None)
+        cap.closing_uid.pop(d.name, None)
 
 
 def _capture_of(obj: object) -> str:

@@ -27,7 +27,8 @@ from controller.sim.maintainer import SimMaintainer
 from controller.sim.workload import CF, Workload
 
 DT = 0.5
-QUIET_STEPS = 240
+# A cap: a settled history stops early. Redo with maxInFlightOperators=2 needs >240 (seeds 28426, 35063).
+QUIET_STEPS = 600
 DEFAULT_STEPS = 60
 MAINTAINER_RENEW_DEADLINE = 10.0
 
