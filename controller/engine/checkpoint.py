@@ -13,8 +13,11 @@ checkpoint, which the engine never does) leaves the published value where it is.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from controller.engine.world import Tick
-from controller.model.states import DispatcherState, OpPhase, OpType, SpanState
+from controller.model.keys import KeyRange, gaps
+from controller.model.states import DispatcherState, Mode, OpPhase, OpType, SpanState
 
 
 def compute(tick: Tick) -> int:
@@ -42,6 +45,31 @@ def compute(tick: Tick) -> int:
                 if not t.done and t.start_ts:
                     lower(t.start_ts)
     previous = tick.checkpoint_floor
-    if low is None:
+    if low is None or _has_hole(tick):
         return previous
     return max(previous, low)
+
+
+def _has_hole(tick: Tick) -> bool:
+    """Keys of a live table that no accepted span (nor an operator's planned span) covers.
+
+    Their data is replicated by nobody, so nothing bounds how far they are delivered: the checkpoint
+    must not move until the safety net has covered them again (simulator seed 34720).
+    """
+    ranges: dict[tuple[int, Mode], list[KeyRange]] = defaultdict(list)
+    for span in tick.spans.values():
+        if span.state not in (None, SpanState.INVALID) and not span.deleting:
+            ranges[(span.table_id, span.mode)].append(span.key_range)
+    for op in tick.operators.values():
+        if op.phase is OpPhase.RUNNING and op.type in (OpType.SPLIT, OpType.MERGE):
+            for t in op.targets:
+                s = tick.spans.get(t.span) or tick.world.spans.get(op.spans[0]) if op.spans else None
+                if s is not None:
+                    ranges[(s.table_id, s.mode)].append(t.key_range)
+    for table in tick.tables_by_id.values():
+        if table.deleting or table.changefeed != tick.changefeed.name:
+            continue
+        for mode in tick.changefeed.modes:
+            if gaps(table.key_range, ranges.get((table.table_id, mode), [])):
+                return True
+    return False

@@ -303,7 +303,16 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
             ("cdc.maintainer.dev/table-id", str(table.table_id)),
         ),
     )
-    if span.name in tick.spans:
+    existing = tick.spans.get(span.name)
+    if existing is not None:
+        # The hole's deterministic name is taken by a span refused earlier (it overlapped something
+        # that is gone now, e.g. a deposed maintainer's span): it fits exactly, so accept it. Otherwise
+        # the hole could never be filled (simulator seed 34720).
+        if existing.state is SpanState.INVALID and existing.key_range == rng and not existing.deleting:
+            tick.emit(
+                f"span {existing.name} re-accepted",
+                set_span(tick, existing, state=SpanState.ABSENT, message="", checkpoint_ts=start),
+            )
         return
     accepted = replace(span, state=SpanState.ABSENT, checkpoint_ts=start)
     tick.emit(f"span {span.name} new", [tick.create(span), tick.write_status(accepted)])

@@ -233,3 +233,28 @@ def test_an_add_never_runs_keys_another_spans_dispatcher_runs():
     assert last_status(dec, Kind.SPAN, "whole").state is SpanState.ABSENT
     rec = last_status(dec, Kind.OPERATOR, "add-w")
     assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "KeysBusy")
+
+
+def test_a_hole_whose_name_an_invalid_span_holds_is_filled_and_holds_the_checkpoint():
+    """Seed 34720 (long run): a hole-fill span was refused (Invalid) because a deposed maintainer's span
+    overlapped it; that span was later removed, leaving the hole, but the hole's deterministic name was the
+    Invalid span's, so the hole was never filled, and the changefeed checkpoint moved past keys nobody
+    replicated. Now the refused span is accepted when it fits the hole exactly, and the checkpoint does
+    not move while a live table has keys no span covers.
+    """
+    from controller.engine import naming
+    from controller.model.keys import KeyRange
+    from controller.model.states import Mode
+    from tests.unit.fixtures import Kind, changefeed, last_status, pieces, statuses
+
+    left, right = pieces(1, 2)
+    hole_name = naming.span_name("cf", 1, Mode.DEFAULT, left)
+    refused = span(hole_name, key_range=left, state=SpanState.INVALID, message="overlapped", capture="", dispatcher="")
+    r = span("r", key_range=right, capture="c0", dispatcher="dr", checkpoint_ts=500)
+    dr = dispatcher("dr", r, "c0", DispatcherState.WORKING, checkpoint_ts=900)
+    cf = changefeed(checkpoint_ts=300)
+    dec = decide(world(table(1), capture("c0"), refused, r, dr, cf=cf), memory())
+    assert last_status(dec, Kind.SPAN, hole_name).state is SpanState.ABSENT
+    # This decision still saw the hole: the checkpoint stays at 300 rather than following span r to 900.
+    assert [c.checkpoint_ts for c in statuses(dec, Kind.CHANGEFEED, "cf")] in ([], [300])
+    assert KeyRange(left.start, right.end) == trange(1)
