@@ -21,15 +21,6 @@ from controller.model.records import SpanOperator
 from controller.model.states import Kind, OpPhase, OpSource
 
 
-def owned_dispatchers(tick: Tick) -> set[str]:
-    names: set[str] = set()
-    for op in tick.in_flight():
-        if op.phase is OpPhase.RUNNING:
-            names.update(o.dispatcher for o in op.origins)
-            names.update(t.dispatcher for t in op.targets if t.dispatcher)
-    return names
-
-
 def resolve_conflicts(tick: Tick) -> None:
     """Two Running operators on one span: keep one, cancel the others.
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Resource
 from controller.model import resources as conv
-from controller.model.records import Capture, Record
+from controller.model.records import Record
 from controller.model.states import Kind
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,3 @@ class Informer:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
-
-def capture_of(store: Store, name: str) -> Capture | None:
-    rec = store.record(Kind.CAPTURE, name)
-    return rec if isinstance(rec, Capture) else None
