@@ -147,7 +147,7 @@ class Agent:
     rejected: set[str] = field(default_factory=set)
     #: Dispatchers reported Stopped/Rejected because they do not run here: when (skip re-writes for a while).
     disowned: dict[str, float] = field(default_factory=dict)
-    rates: dict[tuple[str, int], float] = field(default_factory=dict)
+    rates: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)
     rates_at: float = -1e9
     last_renew: float = 0.0
     lease_rv: str = ""
@@ -517,7 +517,7 @@ class Agent:
         run.written_state, run.written_cp, run.written_at = state, cp, now
         log.debug(
             "reported",
-            extra=fields(dispatcher=d.name, state=state.value, checkpointTs=cp, writeRate=self.rt.write_rate(d.name)),
+            extra=fields(dispatcher=d.name, state=state.value, checkpointTs=cp),
         )
 
     async def _close(self, d: Dispatcher, raw: JSON) -> None:
@@ -564,6 +564,11 @@ class Agent:
         if self.fence_reason and state in LIVE_DISPATCHER_STATES:
             raise Fenced(self.fence_reason)
         record = d.evolve(state=state, checkpoint_ts=cp, heartbeat=round_time(time.time()), message=message)
+        rate, regions = 0.0, 0
+        if state in LIVE_DISPATCHER_STATES:  # what the split and merge schedulers judge by
+            with contextlib.suppress(KeyError):  # not started in the runtime yet
+                rate, regions = self.rt.write_rate(d.name), self.rt.region_count(d.name)
+        record = record.evolve(write_rate=rate, region_count=regions)
         return await self.client.patch(DISPATCHERS, d.namespace, d.name, status_merge_patch(record), sub="status")
 
     async def _release_finalizer(self, obj: JSON) -> bool:
@@ -624,11 +629,11 @@ class Agent:
             for problem in problems:
                 log.warning("bad test hook annotation", extra=fields(problem=problem))
 
-    def _rate_of(self, d: Dispatcher) -> float:
-        return self.rates.get((d.changefeed, d.table_id), 0.0)
+    def _rate_of(self, d: Dispatcher) -> tuple[float, int]:
+        return self.rates.get((d.changefeed, d.table_id), (0.0, 0))
 
     async def _refresh_rates(self) -> None:
-        """Re-read the Tables list now and then while dispatchers run (write rates, for split-by-traffic)."""
+        """Re-read the Tables list now and then while dispatchers run (traffic, for split and merge)."""
         if not self.runs or time.monotonic() - self.rates_at < self.settings.tables_interval:
             return
         self.rates_at = time.monotonic()
@@ -637,11 +642,12 @@ class Agent:
         except API_ERRORS as exc:
             log.warning("could not list Tables", extra=fields(error=repr(exc)))
             return
-        rates: dict[tuple[str, int], float] = {}
+        rates: dict[tuple[str, int], tuple[float, int]] = {}
         for item in items:
             spec = item.get("spec") or {}
             with contextlib.suppress(KeyError, TypeError, ValueError):
-                rates[(str(spec.get("changefeed")), int(spec["tableID"]))] = float(spec.get("writeRate") or 0.0)
+                key = (str(spec.get("changefeed")), int(spec["tableID"]))
+                rates[key] = (float(spec.get("writeRate") or 0.0), int(spec.get("regionCount") or 0))
         self.rates = rates
 
     async def _report_capture(self) -> None:

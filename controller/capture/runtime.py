@@ -6,13 +6,15 @@ can stop every dispatcher at once from any task without awaiting I/O:
 
 * ``start(dispatcher)``: begin replicating ``dispatcher.key_range`` from ``dispatcher.start_ts``;
 * ``checkpoint(name)``: all changes up to this ts have been delivered (never decreases);
-* ``write_rate(name)``: the upstream write rate the span sees (rows/s), for split-by-traffic;
+* ``write_rate(name)`` / ``region_count(name)``: the upstream rows/s and the regions of the span, for
+  the split and merge schedulers (reported in ``Dispatcher.status``);
 * ``close(name)``: stop; returns the final checkpoint (what a successor must start from).
 
 :class:`LogicalClockRuntime`, the default, replicates nothing: its upstream ts follows wall time like
 a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails it by a small lag,
-never below the dispatcher's startTs. Its write rate is the Table's ``spec.writeRate``, looked up
-through a callable the agent supplies (the runtime does no API I/O of its own).
+never below the dispatcher's startTs. A span's write rate and region count are its share (by key
+space) of the Table's ``spec.writeRate`` and ``spec.regionCount``, looked up through a callable the
+agent supplies (the runtime does no API I/O of its own).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from controller.model.keys import KeyRange
 from controller.model.records import Dispatcher
 
 #: Bits of a TSO below the physical milliseconds (TiDB's logical counter).
@@ -51,6 +54,10 @@ class DispatcherRuntime(Protocol):
         """Rows/s the running dispatcher's span receives (``KeyError`` if it does not run)."""
         ...
 
+    def region_count(self, name: str) -> int:
+        """Regions of the running dispatcher's span (``KeyError`` if it does not run)."""
+        ...
+
     def close(self, name: str) -> int:
         """Stop it; returns its final checkpoint (``KeyError`` if it does not run)."""
         ...
@@ -68,7 +75,7 @@ class LogicalClockRuntime:
 
     ``lag_ms``: how far a checkpoint trails the upstream ts. ``init_delay``: seconds before a new
     dispatcher makes its first progress (while Initializing a real dispatcher resolves its span and
-    connects to the downstream). ``rate_of``: the write rate of a dispatcher's table.
+    connects to the downstream). ``rate_of``: the write rate and region count of a dispatcher's table.
     ``clock``/``monotonic`` can be replaced in tests.
     """
 
@@ -77,7 +84,7 @@ class LogicalClockRuntime:
         *,
         lag_ms: int = 500,
         init_delay: float = 0.5,
-        rate_of: Callable[[Dispatcher], float] | None = None,
+        rate_of: Callable[[Dispatcher], tuple[float, int]] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -107,9 +114,18 @@ class LogicalClockRuntime:
             run.checkpoint = max(run.checkpoint, target)
         return run.checkpoint
 
+    def _share(self, name: str) -> tuple[float, int, float]:
+        d = self._runs[name].dispatcher
+        rate, regions = self.rate_of(d) if self.rate_of is not None else (0.0, 0)
+        return rate, regions, d.key_range.share_of(KeyRange.of_table(d.table_id))
+
     def write_rate(self, name: str) -> float:
-        run = self._runs[name]
-        return self.rate_of(run.dispatcher) if self.rate_of is not None else 0.0
+        rate, _, share = self._share(name)
+        return round(rate * share, 3)
+
+    def region_count(self, name: str) -> int:
+        _, regions, share = self._share(name)
+        return round(regions * share)
 
     def close(self, name: str) -> int:
         final = self.checkpoint(name)

@@ -12,11 +12,14 @@ Order of one decision::
     operators   advance every Running operator (restored ones included) from the observed world
     repair      the safety net: new spans validated, spans and dispatchers no operator explains
     operators   admit Pending operators (oldest first) within maxInFlightOperators
-    schedulers  basic: Absent spans to the least-loaded capture (skipped while paused)
+    schedulers  (none while spec.paused) drain: spans off draining captures; basic: Absent spans
+                to the least-loaded capture; split/merge by reported traffic; balance (see balance.py,
+                traffic.py for when each may run)
     coverage    initial spans for new tables, holes filled, unexplained overlaps removed
     gc          finished operators past their retention
-    status      Changefeed and Table status; on the term's first decision, the Bootstrapped
-                condition and one Event saying what was restored and repaired
+    status      Changefeed and Table status (incl. what the schedulers do); on the term's first
+                decision, the Bootstrapped condition and one Event saying what was restored and
+                repaired; an Event for each capture newly found lost while it held our spans
 
 There is no separate recovery path: bootstrap is the first ordinary decision of a term, and every
 rule is level-triggered on the snapshot.
@@ -24,12 +27,12 @@ rule is level-triggered on the snapshot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from controller.engine import checkpoint, controller, repair, scheduler, tables
+from controller.engine import balance, checkpoint, controller, repair, scheduler, tables, traffic
 from controller.engine.intents import Chain, WriteStatus
 from controller.engine.world import Options, Tick, World
-from controller.model.records import Changefeed, Condition, SpanCounts
+from controller.model.records import Changefeed, Condition, SchedulerStatus, SpanCounts
 from controller.model.states import SpanState
 
 BOOTSTRAPPED = "Bootstrapped"
@@ -45,6 +48,12 @@ class Memory:
     restored: int = 0
     repaired: int = 0
     report: str = ""  # the Bootstrapped condition's message, kept so the condition is re-asserted
+    #: When the last balance round ran (the term's start until one has).
+    balanced_at: float = 0.0
+    #: Consecutive hot/cold traffic checks per span (lost with the term: counting starts afresh).
+    counters: traffic.Counters = field(default_factory=traffic.Counters)
+    #: Captures this term has already reported as lost (one Event each).
+    lost_captures: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,16 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
     controller.advance_running(tick)
     repair.run(tick)
     controller.admit_pending(tick)
+    sched = balance.status(tick)
+    balanced_at = memory.balanced_at if memory.bootstrapped else world.now
+    counters = memory.counters if memory.bootstrapped else traffic.Counters(checked_at=world.now)
     if not cf.paused:
+        balance.drain(tick)
         scheduler.basic(tick)
+        counters = traffic.run(tick, counters)
+        if balance.balance_due(tick, balanced_at, sched):
+            balance.balance(tick)
+            balanced_at = world.now
     repair.coverage(tick)
     controller.garbage_collect(tick)
     repaired = len(tick.repairs) if first else memory.repaired
@@ -86,9 +103,19 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         if first
         else memory.report
     )
-    _status(tick, first, report)
+    lost = _lost_captures(tick)
+    _status(tick, first, report, sched, sorted(lost - memory.lost_captures))
 
-    new_memory = replace(memory, bootstrapped=True, restored=restored, repaired=repaired, report=report)
+    new_memory = replace(
+        memory,
+        bootstrapped=True,
+        restored=restored,
+        repaired=repaired,
+        report=report,
+        balanced_at=balanced_at,
+        counters=counters,
+        lost_captures=frozenset(lost),
+    )
     return Decision(tuple(tick.chains), new_memory, repairs=tuple(tick.repairs))
 
 
@@ -130,7 +157,14 @@ def _counts(states: list[SpanState | None]) -> SpanCounts:
     )
 
 
-def _status(tick: Tick, first: bool, report: str) -> None:
+def _lost_captures(tick: Tick) -> set[str]:
+    """Captures whose Lease lapsed while they held spans or dispatchers of this changefeed."""
+    holding = {s.capture for s in tick.world.spans.values() if s.capture and s.state is not SpanState.ABSENT}
+    holding |= {d.capture for d in tick.world.dispatchers.values()}
+    return {c for c in holding if c not in tick.alive}
+
+
+def _status(tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_lost: list[str]) -> None:
     cf = tick.changefeed
     per_table: dict[int, list[SpanState | None]] = {}
     for s in tick.spans.values():
@@ -148,11 +182,22 @@ def _status(tick: Tick, first: bool, report: str) -> None:
     conditions = _set_condition(cf, cond)
     if first:
         writes.append(tick.event(cf, "Bootstrapped", report))
+    for name in newly_lost:
+        held = sum(1 for s in tick.world.spans.values() if s.capture == name and s.state is not SpanState.ABSENT)
+        capture = tick.world.captures.get(name)
+        message = (
+            f"capture {name} lost its Lease while holding {held} span(s) of changefeed {cf.name}; they are placed again"
+        )
+        if capture is not None:
+            writes.append(tick.event(capture, "CaptureLost", message, warning=True))
+        else:
+            writes.append(tick.event(cf, "CaptureLost", message, warning=True))
     new = replace(
         cf,
         checkpoint_ts=checkpoint.compute(tick),
         span_counts=_counts([s.state for s in tick.spans.values()]),
         operators_in_flight=sum(1 for op in tick.operators.values() if op.in_flight),
+        scheduler_status=sched,
         conditions=conditions,
         observed_generation=cf.generation,
     )

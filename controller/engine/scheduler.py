@@ -15,9 +15,8 @@ from controller.model.states import OpSource, OpType, SpanState
 
 
 def basic(tick: Tick) -> None:
-    cfg = tick.changefeed.scheduler
-    room = min(cfg.basic_batch_size, cfg.max_in_flight_operators - tick.slots_used())
-    if room <= 0:
+    left = room(tick, tick.changefeed.scheduler.basic_batch_size)
+    if left <= 0:
         return
     captures = tick.schedulable_captures()
     if not captures:
@@ -39,7 +38,7 @@ def basic(tick: Tick) -> None:
     )
     pending = {name for op in tick.in_flight() for name in op.spans}
     for span in absent:
-        if room <= 0:
+        if left <= 0:
             break
         if span.name in pending:
             continue  # a queued operator already names it
@@ -48,19 +47,9 @@ def basic(tick: Tick) -> None:
         name = _add_name(tick, span.name, span.resource_version)
         if not name:
             continue  # made from this very snapshot already and still in flight
-        op = SpanOperator(
-            name=name,
-            namespace=span.namespace,
-            changefeed=tick.changefeed.name,
-            type=OpType.ADD,
-            spans=(span.name,),
-            target=capture,
-            source=OpSource.SCHEDULER,
-            created=tick.now,
-            labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
-        )
+        op = scheduler_operator(tick, name, OpType.ADD, (span.name,), target=capture)
         controller.admit(tick, op, create=True)
-        room -= 1
+        left -= 1
 
 
 def _add_name(tick: Tick, span: str, resource_version: str) -> str:
@@ -68,16 +57,45 @@ def _add_name(tick: Tick, span: str, resource_version: str) -> str:
 
     A finished operator of the same name does not block a new one: an Add whose start chain broke
     before it bound the span and whose capture was then lost fails without writing the span, so the
-    span is Absent again at the very same resourceVersion (simulator seed 103). The retry gets an
-    attempt number; the first attempt keeps the plain name, so the same snapshot names the same Add.
+    span is Absent again at the very same resourceVersion (simulator seed 103).
+    """
+    return fresh_operator_name(tick, OpType.ADD, (span,), (resource_version,))
+
+
+def fresh_operator_name(tick: Tick, type_: OpType, spans: tuple[str, ...], basis: tuple[object, ...]) -> str:
+    """A scheduler operator's name from what caused it; "" if that very operator is still in flight.
+
+    The same snapshot names the same operator (a retried create is AlreadyExists). A finished operator
+    of that name does not block a new one: the retry gets an attempt number, and the first attempt
+    keeps the plain name.
     """
     attempt = 0
     while True:
-        basis: tuple[object, ...] = (resource_version,) if attempt == 0 else (resource_version, attempt)
-        name = naming.operator_name(OpType.ADD, (span,), basis)
+        name = naming.operator_name(type_, spans, basis if attempt == 0 else (*basis, attempt))
         existing = tick.operators.get(name)
         if existing is None:
             return name
         if existing.in_flight:
             return ""
         attempt += 1
+
+
+def scheduler_operator(tick: Tick, name: str, type_: OpType, spans: tuple[str, ...], **spec: object) -> SpanOperator:
+    """A SpanOperator the maintainer's schedulers create (source ``scheduler``)."""
+    first = tick.spans[spans[0]]
+    return SpanOperator(
+        name=name,
+        namespace=first.namespace,
+        changefeed=tick.changefeed.name,
+        type=type_,
+        spans=spans,
+        source=OpSource.SCHEDULER,
+        created=tick.now,
+        labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+        **spec,  # type: ignore[arg-type]
+    )
+
+
+def room(tick: Tick, batch: int) -> int:
+    """How many more operators this tick may start: within ``batch`` and ``maxInFlightOperators``."""
+    return min(batch, tick.changefeed.scheduler.max_in_flight_operators - tick.slots_used())

@@ -97,6 +97,22 @@ class KeyRange:
             keys.append(key)
         return tuple(keys)
 
+    def share_of(self, outer: KeyRange) -> float:
+        """The fraction of ``outer``'s key space (as ``even_split_keys`` measures it) this range covers.
+
+        Keys are read as big integers padded to a common width, so the shares of the pieces of an
+        even split add up to 1. Parts of this range outside ``outer`` do not count.
+        """
+        lo_key, hi_key = max(self.start, outer.start), min(self.end, outer.end)
+        if not lo_key < hi_key:
+            return 0.0
+        width = max(len(outer.start), len(outer.end), len(lo_key), len(hi_key)) + 4
+
+        def num(key: bytes) -> int:
+            return int.from_bytes(key.ljust(width, b"\0"), "big")
+
+        return (num(hi_key) - num(lo_key)) / (num(outer.end) - num(outer.start))
+
     def hex(self) -> tuple[str, str]:
         return key_to_hex(self.start), key_to_hex(self.end)
 

@@ -13,7 +13,17 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, TypeVar
 
 from controller.model.keys import KeyRange
-from controller.model.states import DispatcherState, Kind, Mode, OpPhase, OpSource, OpType, SpanState, Stage
+from controller.model.states import (
+    DispatcherState,
+    Kind,
+    Mode,
+    OpPhase,
+    OpSource,
+    OpType,
+    SchedulerState,
+    SpanState,
+    Stage,
+)
 
 R = TypeVar("R", bound="Record")
 
@@ -69,7 +79,10 @@ class Record:
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
-    """``Changefeed.spec.scheduler``. Defaults follow TiCDC's (see docs/architecture.md)."""
+    """``Changefeed.spec.scheduler``. Defaults follow TiCDC's (see docs/architecture.md, Schedulers).
+
+    A threshold or interval of 0 switches that scheduler off.
+    """
 
     max_in_flight_operators: int = 10000
     #: How many Add operators the basic scheduler starts per tick (TiCDC's add-table batch).
@@ -78,6 +91,28 @@ class SchedulerConfig:
     operator_retention_seconds: float = 300.0
     #: Seconds a finished user operator is kept.
     user_operator_retention_seconds: float = 3600.0
+    #: Seconds between balance rounds (TiCDC: 15 s); 0: no balancing.
+    balance_interval_seconds: float = 15.0
+    #: At most this many Moves per balance round.
+    balance_max_moves: int = 1024
+    #: At most this many Moves per tick off draining captures.
+    drain_batch_size: int = 512
+    #: Balancing stays off this long after a drain finished (TiCDC: 120 s).
+    drain_cooldown_seconds: float = 120.0
+    #: Seconds between the traffic checks that split and merge count (a "check" of TiCDC).
+    traffic_check_interval_seconds: float = 15.0
+    #: Split a span whose write rate (rows/s) stays above this for ``split_checks`` checks; 0: off.
+    split_write_threshold: float = 0.0
+    #: Split a span holding more than this many regions (TiCDC's region-threshold); 0: off.
+    split_region_threshold: int = 10000
+    split_checks: int = 3
+    #: The split scheduler never makes a table (per mode) hold more spans than this.
+    max_spans_per_table: int = 128
+    #: Merge adjacent spans of one table whose write rates stay below this for ``merge_checks``; 0: off.
+    merge_write_threshold: float = 0.0
+    merge_checks: int = 5
+    #: At most this many Merge operators per check.
+    merge_max_per_round: int = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +123,20 @@ class Condition:
     message: str = ""
     observed_generation: int = 0
     last_transition: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerStatus:
+    """``Changefeed.status.scheduler``: what the automatic schedulers are doing, durably.
+
+    ``state``: Active, Paused (``spec.paused``), Draining (a draining capture still holds spans) or
+    CoolingDown (a drain finished; balancing resumes at ``balance_resumes_at``). Kept in status, not
+    in memory, so that a new maintainer honours a cool-down its predecessor started.
+    """
+
+    state: SchedulerState = SchedulerState.NONE
+    message: str = ""
+    balance_resumes_at: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +158,7 @@ class Changefeed(Record):
         "checkpoint_ts",
         "span_counts",
         "operators_in_flight",
+        "scheduler_status",
         "conditions",
         "observed_generation",
     )
@@ -123,6 +173,7 @@ class Changefeed(Record):
     checkpoint_ts: int = 0
     span_counts: SpanCounts = field(default_factory=SpanCounts)
     operators_in_flight: int = 0
+    scheduler_status: SchedulerStatus = field(default_factory=SchedulerStatus)
     conditions: tuple[Condition, ...] = ()
     observed_generation: int = 0
 
@@ -149,6 +200,7 @@ class Table(Record):
         "pre_split_keys",
         "start_ts",
         "write_rate",
+        "region_count",
     )
     STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("state", "message", "span_counts", "observed_generation")
 
@@ -163,6 +215,8 @@ class Table(Record):
     start_ts: int = 0
     #: Simulated upstream write rate (rows/s) the default dispatcher runtime reports.
     write_rate: float = 0.0
+    #: Simulated number of regions of the table, which the default runtime reports per span.
+    region_count: int = 0
 
     state: str = ""  # "" | "Active" | "Invalid" | "Removing"
     message: str = ""
@@ -229,7 +283,14 @@ class Dispatcher(Record):
         "operator",
         "epoch",
     )
-    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("state", "checkpoint_ts", "heartbeat", "message")
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = (
+        "state",
+        "checkpoint_ts",
+        "heartbeat",
+        "message",
+        "write_rate",
+        "region_count",
+    )
 
     changefeed: str
     span: str
@@ -245,6 +306,10 @@ class Dispatcher(Record):
     checkpoint_ts: int = 0
     heartbeat: float = 0.0
     message: str = ""
+    #: Upstream rows/s the span receives, as the capture last reported it (split/merge by traffic).
+    write_rate: float = 0.0
+    #: Regions of the span, as the capture last reported them (split by size).
+    region_count: int = 0
 
     @property
     def known_checkpoint(self) -> int:

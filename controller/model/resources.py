@@ -47,6 +47,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
@@ -60,6 +61,7 @@ from controller.model.records import (
     Origin,
     Record,
     SchedulerConfig,
+    SchedulerStatus,
     Span,
     SpanCounts,
     SpanOperator,
@@ -75,6 +77,7 @@ from controller.model.states import (
     OpPhase,
     OpSource,
     OpType,
+    SchedulerState,
     SpanState,
     Stage,
 )
@@ -110,6 +113,8 @@ CHANGEFEED_LABEL = f"{GROUP}/changefeed"
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 #: Values of ``Table.status.state`` ("" in the model: not yet validated, omitted in the resource).
 TABLE_STATES = ("Active", "Invalid", "Removing")
+#: Scheduler knobs whose minimum is 1 (the others may be 0, which switches a scheduler off).
+_AT_LEAST_ONE = frozenset({"max_in_flight_operators", "basic_batch_size", "split_checks", "merge_checks"})
 CONDITION_STATUSES = ("True", "False", "Unknown")
 #: Largest ts the resources carry (int64, as the API server stores integers).
 MAX_TS = 2**63 - 1
@@ -272,18 +277,18 @@ def _changefeed_parts(cf: Changefeed) -> tuple[Obj, Obj]:
     _put(spec, "paused", cf.paused)
     _put(spec, "redo", cf.redo)
     _put(spec, "startTs", cf.start_ts)
-    spec["scheduler"] = {
-        "maxInFlightOperators": cf.scheduler.max_in_flight_operators,
-        "basicBatchSize": cf.scheduler.basic_batch_size,
-        "operatorRetentionSeconds": cf.scheduler.operator_retention_seconds,
-        "userOperatorRetentionSeconds": cf.scheduler.user_operator_retention_seconds,
-    }
+    spec["scheduler"] = {resource_paths(f.name)[0]: getattr(cf.scheduler, f.name) for f in fields(SchedulerConfig)}
     status: Obj = {}
     _put(status, "epoch", cf.epoch)
     _put(status, "holder", cf.holder)
     _put(status, "checkpointTs", cf.checkpoint_ts)
     _put(status, "spans", _counts(cf.span_counts))
     _put(status, "operatorsInFlight", cf.operators_in_flight)
+    sched: Obj = {}
+    _put(sched, "state", cf.scheduler_status.state.value)
+    _put(sched, "message", cf.scheduler_status.message)
+    _put_time(sched, "balanceResumesAt", cf.scheduler_status.balance_resumes_at)
+    _put(status, "scheduler", sched)
     _put(status, "conditions", [_condition(c) for c in cf.conditions])
     _put(status, "observedGeneration", cf.observed_generation)
     return spec, status
@@ -297,6 +302,7 @@ def _table_parts(table: Table) -> tuple[Obj, Obj]:
     _put(spec, "preSplit", pre_split)
     _put(spec, "startTs", table.start_ts)
     _put(spec, "writeRate", table.write_rate)
+    _put(spec, "regionCount", table.region_count)
     status: Obj = {}
     _put(status, "state", table.state)
     _put(status, "message", table.message)
@@ -344,6 +350,8 @@ def _dispatcher_parts(disp: Dispatcher) -> tuple[Obj, Obj]:
     _put(status, "checkpointTs", disp.checkpoint_ts)
     _put_time(status, "heartbeat", disp.heartbeat)
     _put(status, "message", disp.message)
+    _put(status, "writeRate", disp.write_rate)
+    _put(status, "regionCount", disp.region_count)
     return spec, status
 
 
@@ -435,6 +443,7 @@ _RENAMED: dict[str, tuple[str, ...]] = {
     "pre_split_spans": ("preSplit.spans",),
     "pre_split_keys": ("preSplit.splitKeys",),
     "span_counts": ("spans",),
+    "scheduler_status": ("scheduler",),
     "status_reason": ("reason",),
     "last_transition": ("lastTransitionTime",),
 }
@@ -466,6 +475,8 @@ def status_merge_patch(record: Record) -> Obj:
     patch: Obj = {key: status.get(key) for key in _status_keys(record)}
     if "spans" in patch and patch["spans"] is None:
         patch["spans"] = {"absent": 0, "scheduling": 0, "replicating": 0, "removing": 0, "invalid": 0}
+    if "scheduler" in patch:  # a nested object: every key written, absent ones cleared
+        patch["scheduler"] = {"state": None, "message": None, "balanceResumesAt": None, **(patch["scheduler"] or {})}
     return {"status": patch}
 
 
@@ -705,37 +716,18 @@ def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
     reader, common, spec, status = _start(obj, Kind.CHANGEFEED)
     sched = reader.obj(spec, "scheduler", "spec.scheduler")
     defaults = SchedulerConfig()
-    p = "spec.scheduler"
-    scheduler = SchedulerConfig(
-        max_in_flight_operators=reader.int_(
-            sched,
-            "maxInFlightOperators",
-            f"{p}.maxInFlightOperators",
-            default=defaults.max_in_flight_operators,
-            minimum=1,
-            maximum=MAX_INT32,
-        ),
-        basic_batch_size=reader.int_(
-            sched,
-            "basicBatchSize",
-            f"{p}.basicBatchSize",
-            default=defaults.basic_batch_size,
-            minimum=1,
-            maximum=MAX_INT32,
-        ),
-        operator_retention_seconds=reader.float_(
-            sched,
-            "operatorRetentionSeconds",
-            f"{p}.operatorRetentionSeconds",
-            default=defaults.operator_retention_seconds,
-        ),
-        user_operator_retention_seconds=reader.float_(
-            sched,
-            "userOperatorRetentionSeconds",
-            f"{p}.userOperatorRetentionSeconds",
-            default=defaults.user_operator_retention_seconds,
-        ),
-    )
+    knobs: dict[str, Any] = {}
+    for f in fields(SchedulerConfig):
+        key = resource_paths(f.name)[0]
+        default = getattr(defaults, f.name)
+        path = f"spec.scheduler.{key}"
+        if isinstance(default, int):
+            low = 1 if f.name in _AT_LEAST_ONE else 0
+            knobs[f.name] = reader.int_(sched, key, path, default=default, minimum=low, maximum=MAX_INT32)
+        else:
+            knobs[f.name] = reader.float_(sched, key, path, default=default)
+    scheduler = SchedulerConfig(**knobs)
+    sstatus = reader.obj(status, "scheduler", "status.scheduler")
     return Changefeed(
         **common,
         paused=reader.bool_(spec, "paused", "spec.paused"),
@@ -747,6 +739,11 @@ def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
         checkpoint_ts=reader.int_(status, "checkpointTs", "status.checkpointTs"),
         span_counts=_read_counts(reader, status, "status.spans"),
         operators_in_flight=reader.int_(status, "operatorsInFlight", "status.operatorsInFlight"),
+        scheduler_status=SchedulerStatus(
+            state=reader.enum(sstatus, "state", "status.scheduler.state", SchedulerState, SchedulerState.NONE),
+            message=reader.str_(sstatus, "message", "status.scheduler.message"),
+            balance_resumes_at=reader.time0(sstatus, "balanceResumesAt", "status.scheduler.balanceResumesAt"),
+        ),
         conditions=tuple(
             _read_condition(reader, path, item)
             for path, item in reader.objects(status, "conditions", "status.conditions")
@@ -767,6 +764,7 @@ def table_from_resource(obj: Mapping[str, Any]) -> Table:
         pre_split_keys=reader.keys(pre_split, "splitKeys", "spec.preSplit.splitKeys"),
         start_ts=reader.int_(spec, "startTs", "spec.startTs"),
         write_rate=reader.float_(spec, "writeRate", "spec.writeRate"),
+        region_count=reader.int_(spec, "regionCount", "spec.regionCount", maximum=MAX_INT32),
         state=reader.choice(status, "state", "status.state", TABLE_STATES),
         message=reader.str_(status, "message", "status.message"),
         span_counts=_read_counts(reader, status, "status.spans"),
@@ -810,6 +808,8 @@ def dispatcher_from_resource(obj: Mapping[str, Any]) -> Dispatcher:
         checkpoint_ts=reader.int_(status, "checkpointTs", "status.checkpointTs"),
         heartbeat=reader.time0(status, "heartbeat", "status.heartbeat"),
         message=reader.str_(status, "message", "status.message"),
+        write_rate=reader.float_(status, "writeRate", "status.writeRate"),
+        region_count=reader.int_(status, "regionCount", "status.regionCount", maximum=MAX_INT32),
     )
 
 

@@ -95,3 +95,13 @@ class OpSource(StrEnum):
     USER = "user"
     SCHEDULER = "scheduler"
     MAINTAINER = "maintainer"  # safety net and table removal
+
+
+class SchedulerState(StrEnum):
+    """``Changefeed.status.scheduler.state``: what the automatic schedulers are doing."""
+
+    NONE = ""  # not written yet
+    ACTIVE = "Active"
+    PAUSED = "Paused"  # spec.paused: no automatic scheduler runs
+    DRAINING = "Draining"  # a draining capture still holds spans; balancing waits
+    COOLING_DOWN = "CoolingDown"  # a drain finished; balancing resumes at balanceResumesAt

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.model.records import Capture, Changefeed, Dispatcher
+from controller.model.records import Capture, Changefeed, Dispatcher, Table
 from controller.model.states import DISPATCHER_FINALIZER, DispatcherState, Kind, Mode
 from controller.sim.api import ApiError, Watcher, WatchEvent
 from controller.sim.context import Ctx, Frontier
@@ -27,6 +27,8 @@ from controller.sim.executor import Cache
 
 LEASE = 10.0
 RENEW_DEADLINE = 7.0
+
+LIVE = (DispatcherState.INITIALIZING, DispatcherState.WORKING)
 
 HOLD_CLOSE = "hold close"
 PAUSE_CREATE = "pause create"
@@ -80,6 +82,7 @@ class Captures:
         ctx = self.ctx
         self.joined += 1
         name = f"cap-{self.joined}"
+
         def mine(e: WatchEvent) -> bool:
             return e.kind is Kind.DISPATCHER and (e.obj is None or _capture_of(e.obj) == name)
 
@@ -156,8 +159,24 @@ class Captures:
                 state = DispatcherState.REJECTED if name in cap.rejected else DispatcherState.STOPPED
                 self._status(cap, obj, state, obj.checkpoint_ts, "not running on this capture")
 
+    def _traffic(self, d: Dispatcher) -> tuple[float, int]:
+        """The span's share of its table's write rate and regions (what a real capture measures)."""
+        for t in self.ctx.api.store[Kind.TABLE].values():
+            if isinstance(t, Table) and t.table_id == d.table_id and t.changefeed == d.changefeed:
+                share = d.key_range.share_of(t.key_range)
+                return round(t.write_rate * share, 3), round(t.region_count * share)
+        return 0.0, 0
+
     def _status(self, cap: SimCapture, d: Dispatcher, state: DispatcherState, cp: int, message: str = "") -> bool:
-        new = d.evolve(state=state, checkpoint_ts=cp, heartbeat=self.ctx.now, message=message)
+        rate, regions = self._traffic(d) if state in LIVE else (0.0, 0)
+        new = d.evolve(
+            state=state,
+            checkpoint_ts=cp,
+            heartbeat=self.ctx.now,
+            message=message,
+            write_rate=rate,
+            region_count=regions,
+        )
         try:
             cap.cache.offer(self.ctx.api.write_status(new, ""))
         except ApiError as e:

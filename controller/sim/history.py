@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import random
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.engine import invariants
 from controller.engine.world import Options, World
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
-from controller.model.states import Kind, OpPhase, OpType, SpanState
+from controller.model.states import Kind, OpPhase, OpSource, OpType, SpanState
 from controller.sim.api import Api
 from controller.sim.captures import LEASE, Captures
 from controller.sim.context import Ctx, Frontier, Trace, Violation
@@ -139,6 +139,10 @@ class Sim:
             cap = self.captures.all[name]
             cap.hooks.clear()
             cap.renew_ok = True
+        cf = api.get(Kind.CHANGEFEED, CF)
+        if isinstance(cf, Changefeed) and cf.paused:  # a paused changefeed places nothing: resume it
+            api.update_spec(replace(cf, paused=False))
+            ctx.trace.add("  changefeed resumed for the quiet phase")
         schedulable = [
             n
             for n in self.captures.alive_names()
@@ -262,6 +266,12 @@ class Sim:
         was_done = isinstance(old, SpanOperator) and old.phase is OpPhase.SUCCEEDED
         if isinstance(new, SpanOperator) and new.phase is OpPhase.SUCCEEDED and not was_done:
             self._check_intent(new)
+        if old is None and isinstance(new, SpanOperator) and new.source is OpSource.SCHEDULER:
+            # What the automatic schedulers did (the basic scheduler's Adds are counted as "writes").
+            if new.type is OpType.MOVE:
+                self.ctx.bump("scheduler drain move" if "draining" in new.reason else "scheduler balance move")
+            elif new.type is not OpType.ADD:
+                self.ctx.bump(f"scheduler {new.type.value.lower()}")
 
     def _init_frontier(self, span: Span) -> None:
         """A table's frontier starts when the maintainer first accepts one of its spans.

@@ -72,7 +72,8 @@ class SimMaintainer:
         """One decision, applied. May end with the process killed or, for a zombie, fenced."""
         ctx = self.ctx
         self.sync()
-        decision = decide(self.world(), self.memory, self.options)
+        world = self.world()
+        decision = decide(world, self.memory, self.options)
         self.memory = decision.memory
         who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
         if decision.fenced:
@@ -85,6 +86,14 @@ class SimMaintainer:
         if self.zombie:  # it no longer holds the Lease: its successor may already have listed
             made = (w.obj for c in decision.chains for w in c.writes if isinstance(w, Create))
             ctx.zombie_spans.update(o.name for o in made if isinstance(o, Span))
+            # A user's span the zombie accepts from its stale view may overlap spans its successor
+            # created meanwhile (seed 1766): the successor's overlap repair resolves it.
+            written = (w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus))
+            ctx.zombie_spans.update(
+                o.name
+                for o in written
+                if isinstance(o, Span) and o.state is not None and getattr(world.spans.get(o.name), "state", 0) is None
+            )
             started = (w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus))
             ctx.zombie_ops.update(
                 o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING

@@ -54,14 +54,29 @@ class Workload:
         rng = self.ctx.rng
         redo = rng.random() < 0.3
         limit = rng.choice([2, 3, 5, 10000, 10000])
-        cf = Changefeed(
-            name=CF,
-            start_ts=self.ctx.base_ts,
-            redo=redo,
-            scheduler=SchedulerConfig(max_in_flight_operators=limit),
+        # The automatic schedulers, on simulated-time scales (a history lasts a few minutes).
+        sched = SchedulerConfig(
+            max_in_flight_operators=limit,
+            balance_interval_seconds=rng.choice([0.0, 3.0, 10.0, 10.0]),
+            balance_max_moves=rng.choice([1, 4, 1024]),
+            drain_batch_size=rng.choice([1, 3, 512]),
+            drain_cooldown_seconds=rng.choice([0.0, 5.0, 20.0]),
+            traffic_check_interval_seconds=rng.choice([1.0, 2.0, 4.0]),
+            split_write_threshold=rng.choice([0.0, 100.0, 300.0]),
+            split_region_threshold=rng.choice([0, 50, 10000]),
+            split_checks=rng.choice([1, 3]),
+            max_spans_per_table=rng.choice([4, 8, 16]),
+            merge_write_threshold=rng.choice([0.0, 30.0, 60.0]),
+            merge_checks=rng.choice([1, 5]),
+            merge_max_per_round=rng.choice([1, 8]),
         )
+        cf = Changefeed(name=CF, start_ts=self.ctx.base_ts, redo=redo, scheduler=sched)
         self.ctx.api.create(cf, faulty=False)
-        self.ctx.trace.add(f"  changefeed redo={redo} maxInFlightOperators={limit}")
+        self.ctx.trace.add(
+            f"  changefeed redo={redo} maxInFlightOperators={limit} balance={sched.balance_interval_seconds:g}s "
+            f"split>{sched.split_write_threshold:g}/s or >{sched.split_region_threshold} regions "
+            f"merge<{sched.merge_write_threshold:g}/s cap={sched.max_spans_per_table}"
+        )
         for _ in range(3):
             self.sim.captures.join()
         for _ in range(rng.randint(2, 4)):
@@ -92,6 +107,8 @@ class Workload:
             (0.015, "zombie failover"),
             (0.02, "watch burst"),
             (0.03, "write faults"),
+            (0.02, "table traffic"),
+            (0.006, "pause"),
         ]
         for p, what in table:
             if r < p:
@@ -159,6 +176,20 @@ class Workload:
             self.burst_until = ctx.now + rng.uniform(2.0, 8.0)
             ctx.bump("watch burst")
             ctx.trace.add(f"  watch delays up to {api.faults.watch_delay:.1f}s")
+        elif what == "table traffic":
+            live = self._tables()
+            if live:
+                t = rng.choice(live)
+                rate, regions = self._traffic()
+                api.update_spec(replace(t, write_rate=rate, region_count=regions))
+                ctx.bump("table traffic")
+                ctx.trace.add(f"  table {t.name}: writeRate={rate:g} regionCount={regions}")
+        elif what == "pause":
+            cf = api.get(Kind.CHANGEFEED, CF)
+            assert isinstance(cf, Changefeed)
+            api.update_spec(replace(cf, paused=not cf.paused))
+            ctx.bump("pause" if not cf.paused else "resume")
+            ctx.trace.add(f"  changefeed paused={not cf.paused}")
         elif what == "write faults":
             api.faults.p500 = rng.uniform(0.0, 0.15)
             api.faults.p409 = rng.uniform(0.0, 0.1)
@@ -184,7 +215,17 @@ class Workload:
             if rng.random() < 0.3:
                 keys = (b"\x00",)  # invalid: outside the table; the maintainer ignores it with an Event
         start = 0 if initial or rng.random() < 0.5 else ctx.upstream()
-        t = Table(name=f"t{tid}", changefeed=CF, table_id=tid, pre_split_spans=pre, pre_split_keys=keys, start_ts=start)
+        rate, regions = self._traffic()
+        t = Table(
+            name=f"t{tid}",
+            changefeed=CF,
+            table_id=tid,
+            pre_split_spans=pre,
+            pre_split_keys=keys,
+            start_ts=start,
+            write_rate=rate,
+            region_count=regions,
+        )
         ctx.api.create(t, faulty=False)
         ctx.table_start.setdefault(tid, start)
         ctx.bump("table add")
@@ -196,6 +237,13 @@ class Workload:
             dup = replace(t, name=f"t{tid}-dup")
             ctx.api.create(dup, faulty=False)
             ctx.trace.add(f"  kubectl apply table {dup.name} (duplicate id {tid})")
+
+    def _traffic(self) -> tuple[float, int]:
+        """A table's write rate and region count: mostly cold, sometimes hot enough to split."""
+        rng = self.ctx.rng
+        rate = rng.choice([0.0, 10.0, 50.0, 200.0, 1000.0])
+        regions = rng.choice([0, 10, 40, 200])
+        return rate, regions
 
     def user_span(self, table_id: int | None) -> None:
         ctx, rng = self.ctx, self.ctx.rng

@@ -225,7 +225,7 @@ def test_hook_values_parse() -> None:
 def test_logical_clock_runtime() -> None:
     now = [1_700_000_000.0]
     mono = [0.0]
-    rt = LogicalClockRuntime(lag_ms=500, init_delay=1.0, rate_of=lambda d: 42.0, clock=lambda: now[0],
+    rt = LogicalClockRuntime(lag_ms=500, init_delay=1.0, rate_of=lambda d: (42.0, 10), clock=lambda: now[0],
                              monotonic=lambda: mono[0])  # fmt: skip
     start_ts = (int(now[0] * 1000) - 10_000) << 18
     d = Dispatcher(name="d", changefeed="cf", span="s", table_id=1, key_range=KeyRange.of_table(1), capture="c",
@@ -237,7 +237,10 @@ def test_logical_clock_runtime() -> None:
     assert physical_ms(cp) == int(now[0] * 1000) - 500  # trails the upstream TSO by the lag
     now[0] -= 5  # the wall clock steps back: the checkpoint does not
     assert rt.checkpoint("d") >= cp
-    assert rt.write_rate("d") == 42.0
+    assert (rt.write_rate("d"), rt.region_count("d")) == (42.0, 10)  # the whole table
+    half = d.evolve(name="h", key_range=KeyRange.of_table(1).split_at(KeyRange.of_table(1).even_split_keys(2))[0])
+    rt.start(half)
+    assert (rt.write_rate("h"), rt.region_count("h")) == (21.0, 5)  # its share of the key space
     future = d.evolve(name="f", start_ts=(int(now[0] * 1000) + 60_000) << 18)
     rt.start(future)
     mono[0] = 5.0
@@ -335,6 +338,8 @@ def test_dispatcher_lifecycle(api: Api, agents: Callable[..., AgentProc], server
     wait_for(working(api, "d-ok"), what="Working")
     cp1 = checkpoint(api, "d-ok")
     wait_for(lambda: checkpoint(api, "d-ok") > cp1, 2.0, "an advancing checkpoint")
+    # The table's write rate, reported for the split and merge schedulers (the span is the whole table).
+    wait_for(lambda: api.get("dispatchers", "d-ok")["status"].get("writeRate") == 250.0, 10.0, "writeRate")
     assert wait_for(lambda: (api.get("captures", "c1").get("status") or {}).get("dispatchers") == 1)
 
     api.dispatcher("d-stale", "c1", epoch=1)

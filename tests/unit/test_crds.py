@@ -309,11 +309,10 @@ def test_defaults_match_the_model() -> None:
     assert sched is not None
     model = Changefeed(name="x").scheduler
     assert {k: v["default"] for k, v in sched["properties"].items()} == {
-        "maxInFlightOperators": model.max_in_flight_operators,
-        "basicBatchSize": model.basic_batch_size,
-        "operatorRetentionSeconds": model.operator_retention_seconds,
-        "userOperatorRetentionSeconds": model.user_operator_retention_seconds,
+        resource_paths(f.name)[0]: getattr(model, f.name) for f in fields(model)
     }
+    assert sched["properties"]["maxInFlightOperators"]["default"] == 10000
+    assert sched["properties"]["balanceIntervalSeconds"]["default"] == 15.0
     splittable = declared(schema_of("Table"), ["spec", "splittable"]) or {}
     assert splittable.get("default") == Table(name="t", changefeed="c", table_id=1).splittable
     for kind in ("Span", "Dispatcher"):
@@ -410,7 +409,7 @@ def test_column_target_rejects_typos() -> None:
         ("spanoperators", ["Type", "Phase", "Stage", "Spans", "Target", "Reason", "Age"]),
         ("dispatchers", ["Span", "Capture", "State", "Epoch", "Checkpoint", "Age"]),
         ("tables", ["TableID", "State", "Replicating", "Absent", "Age"]),
-        ("changefeeds", ["Epoch", "Checkpoint", "InFlight", "Bootstrapped", "Age"]),
+        ("changefeeds", ["Epoch", "Checkpoint", "InFlight", "Bootstrapped", "Scheduler", "Age"]),
         ("captures", ["Draining", "Pod", "Dispatchers", "Age"]),
     ],
 )

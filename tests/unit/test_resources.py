@@ -27,6 +27,8 @@ from controller.model import (
     OpType,
     Origin,
     SchedulerConfig,
+    SchedulerState,
+    SchedulerStatus,
     Span,
     SpanCounts,
     SpanOperator,
@@ -127,6 +129,19 @@ def changefeeds(draw: st.DrawFn) -> Changefeed:
                 basic_batch_size=st.integers(1, 2**31 - 1),
                 operator_retention_seconds=st.floats(0, 1e9),
                 user_operator_retention_seconds=st.floats(0, 1e9),
+                balance_interval_seconds=st.floats(0, 1e9),
+                balance_max_moves=st.integers(0, 2**31 - 1),
+                split_write_threshold=st.floats(0, 1e9),
+                split_checks=st.integers(1, 2**31 - 1),
+                merge_max_per_round=st.integers(0, 2**31 - 1),
+            )
+        ),
+        scheduler_status=draw(
+            st.builds(
+                SchedulerStatus,
+                state=st.sampled_from(SchedulerState),
+                message=TEXT,
+                balance_resumes_at=TIMES,
             )
         ),
         epoch=draw(TS),
@@ -468,6 +483,18 @@ def test_table_and_changefeed_layout() -> None:
             "basicBatchSize": 512,
             "operatorRetentionSeconds": 300.0,
             "userOperatorRetentionSeconds": 3600.0,
+            "balanceIntervalSeconds": 15.0,
+            "balanceMaxMoves": 1024,
+            "drainBatchSize": 512,
+            "drainCooldownSeconds": 120.0,
+            "trafficCheckIntervalSeconds": 15.0,
+            "splitWriteThreshold": 0.0,
+            "splitRegionThreshold": 10000,
+            "splitChecks": 3,
+            "maxSpansPerTable": 128,
+            "mergeWriteThreshold": 0.0,
+            "mergeChecks": 5,
+            "mergeMaxPerRound": 8,
         }
     }
     assert to_resource(cf)["status"] == {

@@ -1,0 +1,163 @@
+"""The drain and balance schedulers, and the scheduler status that says what they are doing.
+
+Drain (every tick, within ``drainBatchSize`` and ``maxInFlightOperators``): every Replicating span on
+a live capture with ``spec.draining: true`` gets a Move to the least-loaded schedulable capture. It
+runs while other operators are in flight (an operator already on one of its spans is waited for).
+
+Balance (every ``balanceIntervalSeconds``, TiCDC's 15 s): only when nothing is absent, no operator
+is in flight, no repair was needed this tick, and no drain is under way or cooling down. It moves
+spans from the fullest schedulable captures to those under the floor of the mean span count, at most
+``balanceMaxMoves`` a round. A round is tried again on the next tick if it could not run; the
+interval counts from the last round that ran (or from the start of the maintainer's term).
+
+The status (``Changefeed.status.scheduler``) is the durable part: a drain that finished starts a
+cool-down of ``drainCooldownSeconds`` whose end is written into the status, so a maintainer that
+takes over mid-cool-down honours it.
+"""
+
+from __future__ import annotations
+
+from controller.engine import controller
+from controller.engine.scheduler import fresh_operator_name, room, scheduler_operator
+from controller.engine.world import Tick
+from controller.model.records import SchedulerStatus, Span
+from controller.model.resources import format_time
+from controller.model.states import OpType, SchedulerState, SpanState
+
+
+def draining_captures(tick: Tick) -> list[str]:
+    """Live captures marked draining that still hold a span or a dispatcher of this changefeed."""
+    draining = {n for n in tick.alive if tick.world.captures[n].draining}
+    if not draining:
+        return []
+    holding = {s.capture for s in tick.spans.values() if s.capture in draining and s.state is not SpanState.ABSENT}
+    holding |= {d.capture for d in tick.dispatchers.values() if d.capture in draining}
+    return sorted(holding)
+
+
+def status(tick: Tick) -> SchedulerStatus:
+    """What the automatic schedulers do in this decision (level-triggered from spec and the world)."""
+    cf = tick.changefeed
+    cfg = cf.scheduler
+    prev = cf.scheduler_status
+    if cf.paused:
+        return SchedulerStatus(
+            state=SchedulerState.PAUSED,
+            message="spec.paused is true: no automatic scheduling (basic, balance, split, merge, drain); "
+            "operators in flight finish and user SpanOperators still run",
+        )
+    draining = draining_captures(tick)
+    if draining:
+        where = "" if tick.schedulable_captures() else " (no schedulable capture to move them to)"
+        return SchedulerStatus(
+            state=SchedulerState.DRAINING,
+            message=f"moving spans off draining capture(s) {', '.join(draining)}{where}; balancing waits",
+        )
+    if prev.state is SchedulerState.DRAINING and cfg.drain_cooldown_seconds > 0 and cfg.balance_interval_seconds > 0:
+        until = tick.now + cfg.drain_cooldown_seconds
+        return SchedulerStatus(
+            state=SchedulerState.COOLING_DOWN,
+            message=f"drain finished; balancing resumes at {format_time(until)}",
+            balance_resumes_at=until,
+        )
+    if prev.state is SchedulerState.COOLING_DOWN and tick.now < prev.balance_resumes_at:
+        return prev
+    if cfg.balance_interval_seconds <= 0:
+        return SchedulerStatus(state=SchedulerState.ACTIVE, message="balancing is off (balanceIntervalSeconds: 0)")
+    return SchedulerStatus(state=SchedulerState.ACTIVE, message=f"balancing every {cfg.balance_interval_seconds:g}s")
+
+
+def drain(tick: Tick) -> None:
+    draining = set(draining_captures(tick))
+    if not draining:
+        return
+    left = room(tick, tick.changefeed.scheduler.drain_batch_size)
+    targets = tick.schedulable_captures()
+    if left <= 0 or not targets:
+        return
+    load = tick.load()
+    pending = {name for op in tick.in_flight() for name in op.spans}
+    for span in sorted(
+        (s for s in tick.spans.values() if s.capture in draining and _movable(tick, s) and s.name not in pending),
+        key=lambda s: (s.capture, s.table_id, s.mode, s.key_range),
+    ):
+        if left <= 0:
+            break
+        dest = min(targets, key=lambda c: (load.get(c, 0), c))
+        if _move(tick, span, dest, f"capture {span.capture} is draining"):
+            load[dest] = load.get(dest, 0) + 1
+            left -= 1
+
+
+def balance_due(tick: Tick, last: float, state: SchedulerStatus) -> bool:
+    """A balance round may run now (TiCDC's conditions: nothing absent, no operator in flight)."""
+    cfg = tick.changefeed.scheduler
+    if cfg.balance_interval_seconds <= 0 or tick.now - last < cfg.balance_interval_seconds:
+        return False
+    if state.state is not SchedulerState.ACTIVE or tick.repairs:
+        return False
+    if any(op.in_flight for op in tick.operators.values()):
+        return False
+    for s in tick.spans.values():
+        if (
+            s.deleting
+            or s.state is SpanState.INVALID
+            or not tick.table_live(s.table_id)
+            or not tick.mode_enabled(s.mode)
+        ):
+            continue
+        if s.state is not SpanState.REPLICATING:
+            return False  # absent, being validated, or not yet settled
+    return True
+
+
+def balance(tick: Tick) -> int:
+    """One balance round; returns how many Moves it started."""
+    cfg = tick.changefeed.scheduler
+    captures = tick.schedulable_captures()
+    if len(captures) < 2:
+        return 0
+    on: dict[str, list[Span]] = {c: [] for c in captures}
+    for s in tick.spans.values():
+        if s.capture in on and s.state is SpanState.REPLICATING:
+            on[s.capture].append(s)
+    for spans in on.values():
+        spans.sort(key=lambda s: (s.table_id, s.mode, s.key_range))
+    floor = sum(len(v) for v in on.values()) // len(captures)
+    left = room(tick, cfg.balance_max_moves)
+    moved = 0
+    while left > 0:
+        src = max(captures, key=lambda c: (len(on[c]), c))
+        dst = min(captures, key=lambda c: (len(on[c]), c))
+        if len(on[dst]) >= floor or len(on[src]) - len(on[dst]) <= 1:
+            break
+        span = next((s for s in reversed(on[src]) if _movable(tick, s)), None)
+        if span is None:
+            break
+        on[src].remove(span)
+        reason = f"balance: {src} held {len(on[src]) + 1} spans, {dst} {len(on[dst])} (floor of the mean: {floor})"
+        if _move(tick, span, dst, reason):
+            moved += 1
+            left -= 1
+        on[dst].append(span)
+    return moved
+
+
+def _movable(tick: Tick, span: Span) -> bool:
+    return (
+        span.state is SpanState.REPLICATING
+        and not span.deleting
+        and not tick.busy(span.name)
+        and not tick.is_touched(span)
+        and tick.table_live(span.table_id)
+        and tick.mode_enabled(span.mode)
+    )
+
+
+def _move(tick: Tick, span: Span, dest: str, reason: str) -> bool:
+    name = fresh_operator_name(tick, OpType.MOVE, (span.name,), (span.resource_version, dest))
+    if not name:
+        return False
+    op = scheduler_operator(tick, name, OpType.MOVE, (span.name,), target=dest, reason=reason)
+    controller.admit(tick, op, create=True)
+    return True
