@@ -36,7 +36,7 @@ COPY --from=builder /opt/venv /opt/venv
 # Numeric UID/GID (no passwd entry needed): Kubernetes can verify runAsNonRoot only for a numeric user.
 USER 65532:65532
 WORKDIR /tmp
-# Kopf's liveness endpoint (maintainer only).
-EXPOSE 8080
+# Kopf's liveness endpoint and the Prometheus endpoint /metrics (maintainer only).
+EXPOSE 8080 9090
 ENTRYPOINT ["python", "-m"]
 CMD ["controller.maintainer", "--log-format", "json", "--liveness", "http://0.0.0.0:8080/healthz"]

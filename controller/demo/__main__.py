@@ -56,7 +56,7 @@ class System:
         self._spawn(
             name,
             ["-m", "controller.maintainer", "--namespace", self.namespace, "--kubeconfig", self.kubeconfig,
-             "--identity", name],
+             "--identity", name, "--metrics-port", "0"],
         )  # fmt: skip
         return name
 

@@ -6,6 +6,11 @@ status write carries the resourceVersion the decision saw (or the one an earlier
 chain returned), and a status write after a create that found the object already there fails as a
 conflict instead of landing blindly on someone else's object. Every successful response is written
 through into the informer's cache.
+
+A failed write (an API error status, a timeout or a broken connection) abandons its chain; the next
+decision starts from a fresh snapshot. Each failure is counted by reason (``Executor.errors``) and
+reported to the optional ``on_error`` callback (the maintainer wires it to its Prometheus counter, so
+this package needs no metrics library).
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision
@@ -27,6 +35,21 @@ from controller.model.states import API_VERSION
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 ALREADY_EXISTS = "AlreadyExists"
+#: Reasons of the failures that carry no API status.
+TIMEOUT = "Timeout"
+CONNECTION_ERROR = "ConnectionError"
+
+
+def failure_reason(exc: BaseException) -> str | None:
+    """The reason a write failed: the API's status reason (Conflict, NotFound, InternalError...), else the
+    status code; Timeout or ConnectionError for a request that got no answer; None for anything else."""
+    if isinstance(exc, ApiError):
+        return exc.reason or str(exc.status)
+    if isinstance(exc, TimeoutError):  # aiohttp's timeouts included (asyncio.TimeoutError is TimeoutError)
+        return TIMEOUT
+    if isinstance(exc, aiohttp.ClientError | ConnectionError):
+        return CONNECTION_ERROR
+    return None
 
 
 @dataclass
@@ -38,12 +61,25 @@ class Outcome:
 
 
 class Executor:
-    def __init__(self, client: Client, informer: Informer, namespace: str, concurrency: int = 16) -> None:
+    def __init__(
+        self,
+        client: Client,
+        informer: Informer,
+        namespace: str,
+        concurrency: int = 16,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self.client = client
         self.informer = informer
         self.namespace = namespace
         self.sem = asyncio.Semaphore(concurrency)
         self.errors: Counter[str] = Counter()
+        self.on_error = on_error
+
+    def _failed(self, reason: str) -> None:
+        self.errors[reason] += 1
+        if self.on_error is not None:
+            self.on_error(reason)
 
     async def apply(self, decision: Decision) -> Outcome:
         out = Outcome(chains=len(decision.chains))
@@ -57,10 +93,10 @@ class Executor:
             for w in chain.writes:
                 try:
                     await self._one(w, local)
-                except ApiError as exc:
-                    reason = exc.reason or str(exc.status)
+                except (ApiError, TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+                    reason = failure_reason(exc) or type(exc).__name__
                     out.errors[reason] += 1
-                    self.errors[reason] += 1
+                    self._failed(reason)
                     log.debug("chain %r stopped at %s: %s", chain.why, w.describe(), exc)
                     return False
                 out.writes += 1
@@ -167,5 +203,6 @@ class Executor:
         }
         try:
             await self.client.create(EVENTS, self.namespace, body)
-        except ApiError as exc:  # Events are best effort
+        except (ApiError, TimeoutError, aiohttp.ClientError, ConnectionError) as exc:  # Events are best effort
+            self._failed(failure_reason(exc) or type(exc).__name__)
             log.debug("event %s not posted: %s", w.reason, exc)

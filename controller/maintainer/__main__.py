@@ -7,8 +7,10 @@ import asyncio
 import logging
 import os
 import sys
+from urllib.parse import urlsplit
 
 import kopf
+import prometheus_client
 
 from controller.maintainer import operator
 from controller.maintainer.runner import Settings, default_identity
@@ -26,9 +28,27 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retry-period", type=float, default=2.0)
     p.add_argument("--max-leases", type=int, default=0, help="lead at most this many changefeeds (0: all)")
     p.add_argument("--liveness", default="", help="e.g. http://0.0.0.0:8080/healthz (Kopf's liveness endpoint)")
+    p.add_argument(
+        "--metrics-port", type=int, default=9090, help="port of the Prometheus endpoint /metrics (0: disabled)"
+    )
+    p.add_argument("--metrics-address", default="0.0.0.0", help="address the Prometheus endpoint listens on")
     p.add_argument("--log-format", choices=["plain", "json"], default="plain")
     p.add_argument("--verbose", action="store_true")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if not 0 <= a.metrics_port <= 65535:
+        p.error(f"--metrics-port {a.metrics_port}: not a port (0 disables the endpoint)")
+    if a.metrics_port and a.liveness and liveness_port(a.liveness) == a.metrics_port:
+        p.error(f"--metrics-port {a.metrics_port} is the port of Kopf's liveness endpoint ({a.liveness})")
+    return a
+
+
+def liveness_port(url: str) -> int | None:
+    """The port of a ``--liveness`` URL (http: 80 when none is given)."""
+    try:
+        parts = urlsplit(url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,9 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         renew_deadline=a.renew_deadline,
         retry=a.retry_period,
         max_leases=a.max_leases,
+        metrics_port=a.metrics_port,
+        metrics_address=a.metrics_address,
     )
     if a.kubeconfig:
         os.environ["KUBECONFIG"] = a.kubeconfig  # for Kopf's own login as well
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
     operator.configure(settings, a.kubeconfig, a.context)
     kopf.configure(
         verbose=a.verbose,

@@ -6,6 +6,10 @@ so a kill between the two loses the status) is never used, and Kopf adds no fina
 Changefeed would, keeping the object undeletable whenever the operator is down). The watches are our
 informer's (see ``controller.kube.informer`` for why), and the liveness probe reports their health,
 so a silently dead watch makes the pod restart instead of leaving a zombie operator.
+
+The Prometheus endpoint (``--metrics-port``, see ``controller.maintainer.metrics``) is an aiohttp server
+of its own in the same event loop, on a port other than Kopf's liveness endpoint; it is started before
+the maintainer (a port that cannot be bound stops the process at once) and stopped at cleanup.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import kopf
 
 from controller.kube.client import Client, Config
+from controller.maintainer.metrics import MetricsServer
 from controller.maintainer.runner import Maintainer, Settings
 
 log = logging.getLogger("controller.maintainer")
@@ -53,6 +58,16 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     client = Client(config)
     maintainer = Maintainer(client, _state["settings"])
     _state["client"] = client
+    s = maintainer.settings
+    if s.metrics_port:
+        server = MetricsServer(maintainer.metrics.registry, s.metrics_address, s.metrics_port)
+        try:
+            await server.start()
+        except OSError as exc:
+            await client.close()
+            _state.pop("client", None)
+            raise kopf.PermanentError(f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {exc}") from exc
+        _state["metrics"] = server
     _state["maintainer"] = maintainer
     await maintainer.start()
     log.info("maintainer %s started in namespace %s", maintainer.settings.identity, maintainer.settings.namespace)
@@ -66,6 +81,9 @@ async def cleanup(**_: Any) -> None:
     client: Client | None = _state.get("client")
     if client is not None:
         await client.close()
+    server: MetricsServer | None = _state.get("metrics")
+    if server is not None:
+        await server.stop()
 
 
 @kopf.on.probe(id="watches")

@@ -24,6 +24,7 @@ from controller.kube.client import Client, sleep_or
 from controller.kube.executor import Executor
 from controller.kube.informer import Informer
 from controller.kube.lease import LeaderElector
+from controller.maintainer.metrics import MaintainerMetrics
 from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
 from controller.model.states import Kind
 
@@ -46,6 +47,8 @@ class Settings:
     retry: float = 2.0
     max_leases: int = 0  # 0: no cap
     concurrency: int = 16
+    metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
+    metrics_address: str = "0.0.0.0"
 
 
 @dataclass
@@ -62,11 +65,16 @@ class Maintainer:
         self.client = client
         self.settings = settings
         self.wakeup = asyncio.Event()
-        self.informer = Informer(client, settings.namespace, on_change=lambda kind, name: self.wakeup.set())
-        self.executor = Executor(client, self.informer, settings.namespace, settings.concurrency)
-        self.loops: dict[str, asyncio.Task[None]] = {}
         self.leading: set[str] = set()
         self.stats = Stats()
+        #: The memory of the last decision of each changefeed's current term (read by the metrics).
+        self.memories: dict[str, Memory] = {}
+        self.metrics = MaintainerMetrics(self)
+        self.informer = Informer(client, settings.namespace, on_change=self._changed)
+        self.executor = Executor(
+            client, self.informer, settings.namespace, settings.concurrency, on_error=self.metrics.write_error
+        )
+        self.loops: dict[str, asyncio.Task[None]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self.started = time.monotonic()
@@ -82,6 +90,10 @@ class Maintainer:
             t.cancel()
         await asyncio.gather(*self.loops.values(), return_exceptions=True)
         await self.informer.stop()
+
+    def _changed(self, kind: str, name: str) -> None:
+        self.wakeup.set()
+        self.metrics.on_change(kind, name)
 
     def healthy(self) -> tuple[bool, str]:
         if self._supervisor is not None and self._supervisor.done():
@@ -100,6 +112,7 @@ class Maintainer:
             for name in sorted(set(self.loops) - names):
                 self.loops.pop(name).cancel()
                 self._wakeups.pop(name, None)
+                self.memories.pop(name, None)
             for ev in self._wakeups.values():
                 if self.wakeup.is_set():
                     ev.set()
@@ -163,6 +176,7 @@ class Maintainer:
     async def _lead(self, name: str, epoch: int, lost: asyncio.Event) -> None:
         await self.informer.synced.wait()
         memory = Memory(epoch=epoch, identity=self.settings.identity)
+        self.memories[name] = memory
         began = time.monotonic()
         wakeup = self._wakeups.setdefault(name, asyncio.Event())
         while not lost.is_set():
@@ -178,6 +192,7 @@ class Maintainer:
                 self.stats.bootstrap_seconds[name] = time.monotonic() - began
                 log.info("changefeed %s bootstrapped at epoch %d: %s", name, epoch, decision.memory.report)
             memory = decision.memory
+            self.memories[name] = memory
             self.stats.decisions += 1
             if decision.chains:
                 apply = asyncio.create_task(self.executor.apply(decision))

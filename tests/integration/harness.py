@@ -43,9 +43,21 @@ HOLD_CLOSE = f"{GROUP}/hold-close"
 PAUSE_CREATE = f"{GROUP}/pause-create"
 CHANGEFEED = "cf"
 
-#: Short timings, so that a failover takes seconds (client-go defaults are 15/10/2 s).
+#: Short timings, so that a failover takes seconds (client-go defaults are 15/10/2 s). No metrics endpoint
+#: (several maintainers run side by side); a test that scrapes passes ``--metrics-port N`` after these.
 MAINTAINER_LEASE = 3.0
-MAINTAINER_FLAGS = ["--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5", "--tick", "0.2"]
+MAINTAINER_FLAGS = [
+    "--lease-duration",
+    "3",
+    "--renew-deadline",
+    "2",
+    "--retry-period",
+    "0.5",
+    "--tick",
+    "0.2",
+    "--metrics-port",
+    "0",
+]
 CAPTURE_LEASE = 4.0
 CAPTURE_FLAGS = [
     "--lease-duration",
@@ -122,8 +134,11 @@ class Api:
 
     # -- the user's side -----------------------------------------------------------------------------
 
-    def changefeed(self, redo: bool = False) -> None:
-        self.create("changefeeds", "Changefeed", CHANGEFEED, {"redo": redo})
+    def changefeed(self, redo: bool = False, **scheduler: Any) -> None:
+        """The test changefeed; balancing is off unless asked for, as in TiCDC's failover test (the
+        tests pin spans to captures and must not see them moved by the balance scheduler)."""
+        knobs = {"balanceIntervalSeconds": 0, **scheduler}
+        self.create("changefeeds", "Changefeed", CHANGEFEED, {"redo": redo, "scheduler": knobs})
 
     def table(self, table_id: int, pre_split: int = 0) -> None:
         spec: Obj = {"changefeed": CHANGEFEED, "tableID": table_id}

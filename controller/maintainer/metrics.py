@@ -1,0 +1,308 @@
+"""Prometheus metrics of the maintainer process (``--metrics-port``, ``/metrics``); see docs/metrics.md.
+
+Two sorts of metric live in one :class:`~prometheus_client.CollectorRegistry` per :class:`Maintainer`
+(never the global registry: a test may build many maintainers in one process):
+
+- **State at scrape time** (:class:`StateCollector`): spans, operators in flight, checkpoint lag,
+  leadership, captures, the last bootstrap... are computed from the informer's cache when Prometheus
+  scrapes, for the changefeeds this process leads *now*. Nothing is set and forgotten, so no series
+  outlives what it describes (a changefeed led by another replica, a capture gone, a state no span is
+  in any more simply stops being reported), in the style of crate-operator's ``prometheus.py``.
+- **Process-lifetime counters and histograms**: decisions, writes, API write errors by reason, and the
+  duration of each operator this process saw finish (observed once per operator: see
+  :meth:`MaintainerMetrics.on_change`).
+
+The scrape runs in the event loop that mutates the cache (:class:`MetricsServer` is an aiohttp server
+in the running loop, not prometheus_client's thread), so the collector reads a consistent cache
+without locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controller.capture.runtime import physical_ms
+from controller.model.records import Capture, Changefeed, Span, SpanOperator
+from controller.model.states import Kind
+
+if TYPE_CHECKING:
+    from controller.maintainer.runner import Maintainer
+
+log = logging.getLogger(__name__)
+
+PREFIX = "changefeed_maintainer_"
+#: Operator durations: a Move of an idle span takes about a second, a held one or a large split minutes.
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+UNKNOWN_STATE = "Unknown"  # a Span whose status was never written
+NO_CAPTURE = "none"  # a Span bound to no capture
+NO_STAGE = "None"  # an operator not started yet (Pending) has no stage
+CAPTURE_STATES = ("alive", "draining", "lost")
+
+__all__ = ["CAPTURE_STATES", "PREFIX", "MaintainerMetrics", "MetricsServer", "StateCollector", "checkpoint_lag"]
+
+
+def checkpoint_lag(checkpoint_ts: int, now: float) -> float | None:
+    """Seconds between ``now`` and the physical time of a TiDB TSO (physical ms << 18); None for 0 (unknown)."""
+    if checkpoint_ts <= 0:
+        return None
+    return now - physical_ms(checkpoint_ts) / 1000.0
+
+
+def capture_state(capture: Capture, now: float) -> str:
+    """One of :data:`CAPTURE_STATES`: lost (Lease lapsed or missing, or being deleted), draining, alive."""
+    if not capture.alive(now):
+        return "lost"
+    return "draining" if capture.draining else "alive"
+
+
+class StateCollector(Collector):
+    """Every gauge computed from the informer's cache at scrape time, plus the runner's counters."""
+
+    def __init__(self, maintainer: Maintainer) -> None:
+        self.maintainer = maintainer
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the series are dynamic: nothing to check for duplicates at registration
+
+    def collect(self) -> Iterable[Metric]:
+        m = self.maintainer
+        store = m.informer.store
+        now = time.time()
+        leading = sorted(m.leading)
+        led = set(leading)
+
+        synced = GaugeMetricFamily(
+            PREFIX + "informer_synced", "1 once every watched kind has been listed (decisions wait for it)."
+        )
+        synced.add_metric([], 1.0 if m.informer.synced.is_set() else 0.0)
+        yield synced
+
+        leader = GaugeMetricFamily(
+            PREFIX + "leader",
+            "1 for each changefeed this process leads (holds its Lease cfm-<changefeed>).",
+            labels=["changefeed"],
+        )
+        epoch = GaugeMetricFamily(
+            PREFIX + "epoch", "Epoch (leadership term) of each changefeed this process leads.", labels=["changefeed"]
+        )
+        for name in leading:
+            leader.add_metric([name], 1.0)
+            if name in m.stats.epochs:
+                epoch.add_metric([name], float(m.stats.epochs[name]))
+        yield leader
+        yield epoch
+
+        spans = GaugeMetricFamily(
+            PREFIX + "spans",
+            "Spans of each led changefeed by status state (Unknown: never validated), capture (none: unbound) "
+            "and mode.",
+            labels=["changefeed", "state", "capture", "mode"],
+        )
+        span_counts: Tally[tuple[str, str, str, str]] = Tally()
+        if led:
+            for s in store.all(Kind.SPAN).values():
+                if isinstance(s, Span) and s.changefeed in led:
+                    state = s.state.value if s.state is not None else UNKNOWN_STATE
+                    span_counts[(s.changefeed, state, s.capture or NO_CAPTURE, s.mode.value)] += 1
+        for labels, n in sorted(span_counts.items()):
+            spans.add_metric(list(labels), float(n))
+        yield spans
+
+        in_flight = GaugeMetricFamily(
+            PREFIX + "operators_in_flight",
+            "SpanOperators not finished (Pending or Running) of each led changefeed, by type, phase and stage "
+            "(None: not started).",
+            labels=["changefeed", "type", "phase", "stage"],
+        )
+        op_counts: Tally[tuple[str, str, str, str]] = Tally()
+        if led:
+            for o in store.all(Kind.OPERATOR).values():
+                if isinstance(o, SpanOperator) and o.changefeed in led and o.in_flight:
+                    op_counts[(o.changefeed, o.type.value, o.phase.value, o.stage.value or NO_STAGE)] += 1
+        for labels, n in sorted(op_counts.items()):
+            in_flight.add_metric(list(labels), float(n))
+        yield in_flight
+
+        lag = GaugeMetricFamily(
+            PREFIX + "checkpoint_lag_seconds",
+            "Now minus the physical time of the changefeed's status.checkpointTs (absent while it is 0).",
+            labels=["changefeed"],
+        )
+        checkpoint = GaugeMetricFamily(
+            PREFIX + "checkpoint_timestamp_seconds",
+            "Physical time (Unix seconds) of the changefeed's status.checkpointTs (absent while it is 0).",
+            labels=["changefeed"],
+        )
+        for name in leading:
+            cf = store.record(Kind.CHANGEFEED, name)
+            if isinstance(cf, Changefeed):
+                behind = checkpoint_lag(cf.checkpoint_ts, now)
+                if behind is not None:
+                    lag.add_metric([name], behind)
+                    checkpoint.add_metric([name], physical_ms(cf.checkpoint_ts) / 1000.0)
+        yield lag
+        yield checkpoint
+
+        bootstrap = GaugeMetricFamily(
+            PREFIX + "bootstrap_duration_seconds",
+            "Seconds from taking the Lease to the first decision (the bootstrap) of the current term.",
+            labels=["changefeed"],
+        )
+        restored = GaugeMetricFamily(
+            PREFIX + "bootstrap_restored_operators",
+            "In-flight operators the current term's bootstrap found and resumed.",
+            labels=["changefeed"],
+        )
+        repairs = GaugeMetricFamily(
+            PREFIX + "bootstrap_repairs", "Repairs made by the current term's bootstrap.", labels=["changefeed"]
+        )
+        for name in leading:
+            memory = m.memories.get(name)
+            if memory is None or not memory.bootstrapped:
+                continue
+            if name in m.stats.bootstrap_seconds:
+                bootstrap.add_metric([name], m.stats.bootstrap_seconds[name])
+            restored.add_metric([name], float(memory.restored))
+            repairs.add_metric([name], float(memory.repaired))
+        yield bootstrap
+        yield restored
+        yield repairs
+
+        captures = GaugeMetricFamily(
+            PREFIX + "captures",
+            "Captures by liveness: alive (Lease current), draining (alive, spec.draining), lost (Lease lapsed).",
+            labels=["state"],
+        )
+        cap_counts: Tally[str] = Tally({state: 0 for state in CAPTURE_STATES})
+        for c in store.all(Kind.CAPTURE).values():
+            if isinstance(c, Capture):
+                cap_counts[capture_state(c, now)] += 1
+        for state in CAPTURE_STATES:
+            captures.add_metric([state], float(cap_counts[state]))
+        yield captures
+
+        yield CounterMetricFamily(
+            PREFIX + "decisions", "Decisions (engine.decide calls) made by this process.", value=m.stats.decisions
+        )
+        yield CounterMetricFamily(PREFIX + "writes", "API writes applied by this process.", value=m.stats.writes)
+        yield CounterMetricFamily(
+            PREFIX + "failed_chains",
+            "Write chains abandoned at a failed write (retried from a fresh snapshot).",
+            value=m.stats.failed_chains,
+        )
+
+
+class MaintainerMetrics:
+    """The registry of one Maintainer, its process-lifetime metrics and the hooks that feed them."""
+
+    def __init__(self, maintainer: Maintainer, *, process: bool = True) -> None:
+        self.maintainer = maintainer
+        self.registry = CollectorRegistry()
+        self.operator_duration = Histogram(
+            PREFIX + "operator_duration_seconds",
+            "Duration of SpanOperators this process saw finish while leading their changefeed "
+            "(status startedAt, else creation, to finishedAt), by type and outcome.",
+            ["type", "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.write_errors = Counter(
+            PREFIX + "api_write_errors",
+            "API writes that failed, by reason (the API status reason, or Timeout / ConnectionError).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.collector = StateCollector(maintainer)
+        self.registry.register(self.collector)
+        if process:  # the standard process_* and python_* series, in this registry
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
+        #: SpanOperator name -> (uid, terminal) as last seen, to observe each operator's end exactly once.
+        self._seen: dict[str, tuple[str, bool]] = {}
+
+    def write_error(self, reason: str) -> None:
+        """The executor's ``on_error`` callback."""
+        self.write_errors.labels(reason or "Unknown").inc()
+
+    def on_change(self, kind: str, name: str) -> None:
+        """The informer's change callback (watch events, our own writes, and ``name == ""`` after a LIST).
+
+        An operator's duration is observed when this process sees it go from in flight to finished (a
+        transition, so a maintainer that starts and lists operators finished by its predecessor counts
+        none of them), once per uid (a relist or a late event of the same object changes nothing), and
+        only while this process leads its changefeed.
+        """
+        if kind != Kind.OPERATOR.value:
+            return
+        try:
+            store = self.maintainer.informer.store
+            if name:
+                self._see(name, store.record(Kind.OPERATOR, name))
+                return
+            current = store.all(Kind.OPERATOR)
+            for n, rec in current.items():
+                self._see(n, rec)
+            for gone in set(self._seen) - set(current):
+                del self._seen[gone]
+        except Exception:  # metrics must never break the informer
+            log.exception("metrics: could not observe SpanOperator %r", name)
+
+    def _see(self, name: str, rec: object) -> None:
+        if not isinstance(rec, SpanOperator):
+            self._seen.pop(name, None)  # deleted (or unreadable)
+            return
+        terminal = rec.phase.terminal
+        before = self._seen.get(name)
+        self._seen[name] = (rec.uid, terminal)
+        if not terminal or before != (rec.uid, False) or rec.changefeed not in self.maintainer.leading:
+            return
+        began = rec.started_at or rec.created
+        if began <= 0:
+            return
+        ended = rec.finished_at or time.time()
+        self.operator_duration.labels(rec.type.value, rec.phase.value).observe(max(0.0, ended - began))
+
+
+class MetricsServer:
+    """``GET /metrics`` in the running event loop (aiohttp), on its own address and port."""
+
+    def __init__(self, registry: CollectorRegistry, address: str, port: int) -> None:
+        self.registry = registry
+        self.address = address
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.address, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        if not self.port:  # an ephemeral port (tests): report the one the OS chose
+            self.port = int(runner.addresses[0][1])
+        log.info("metrics served on http://%s:%d/metrics", self.address, self.port)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})

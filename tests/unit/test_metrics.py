@@ -1,0 +1,373 @@
+"""The maintainer's Prometheus metrics (controller.maintainer.metrics) on a Maintainer whose informer cache is
+filled by hand: no API server, no event loop except where the HTTP endpoint and the executor are exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, cast
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.capture.runtime import tso
+from controller.engine import intents as I
+from controller.engine.maintainer import Decision, Memory
+from controller.kube.client import ApiError, Client
+from controller.kube.executor import Executor, failure_reason
+from controller.maintainer import __main__ as cli
+from controller.maintainer.metrics import PREFIX, MetricsServer, checkpoint_lag
+from controller.maintainer.runner import Maintainer, Settings
+from controller.model import resources as conv
+from controller.model.keys import KeyRange
+from controller.model.records import Capture, Changefeed, Record, Span, SpanOperator
+from controller.model.states import Kind, Mode, OpPhase, OpType, SpanState, Stage
+
+CF = "cf"
+OTHER = "other"  # a changefeed this process does not lead
+NS = "ns"
+
+
+class Harness:
+    """A Maintainer (never started) whose informer cache the test writes, as the watch would."""
+
+    def __init__(self, leading: tuple[str, ...] = (CF,)) -> None:
+        self.m = Maintainer(cast(Client, object()), Settings(namespace=NS, identity="m1"))
+        self.m.leading.update(leading)
+        self.rv = 0
+        self.uids = 0
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.m.metrics.registry
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(PREFIX + name, labels)
+
+    def offer(self, record: Record, kind: str | None = None) -> Record:
+        """A watch event (or write-through) of ``record`` at the next resourceVersion."""
+        self.rv += 1
+        if not record.uid:
+            self.uids += 1
+            record = record.evolve(uid=f"uid-{self.uids}")
+        record = record.evolve(resource_version=str(self.rv), namespace=NS)
+        self.m.informer.offer(kind or record.KIND.value, conv.to_resource(record))
+        return record
+
+    def lease(self, capture: str, renewed: float, duration: int = 10) -> None:
+        self.rv += 1
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": conv.lease_name(capture), "namespace": NS, "resourceVersion": str(self.rv)},
+            "spec": {
+                "holderIdentity": capture,
+                "renewTime": conv.format_time(renewed, micro=True),
+                "leaseDurationSeconds": duration,
+            },
+        }
+        self.m.informer.offer("Lease", lease)
+
+    def delete(self, record: Record) -> None:
+        """A watch DELETED event (carrying the object at its last resourceVersion)."""
+        self.rv += 1
+        obj = conv.to_resource(record.evolve(resource_version=str(self.rv)))
+        self.m.informer.forget(record.KIND.value, record.name, obj)
+
+    def relist(self, kind: Kind) -> None:
+        store = self.m.informer.store
+        store.replace_all(kind.value, list(store.objects.get(kind.value, {}).values()))
+        self.m.informer._notify(kind.value, "")
+
+
+def span(name: str, state: SpanState | None, capture: str = "", mode: Mode = Mode.DEFAULT, cf: str = CF) -> Span:
+    return Span(
+        name=name, changefeed=cf, table_id=1, mode=mode, key_range=KeyRange.of_table(1), state=state, capture=capture
+    )
+
+
+def operator(name: str, phase: OpPhase, stage: Stage = Stage.NONE, cf: str = CF, **kw: Any) -> SpanOperator:
+    fields: dict[str, Any] = {"type": OpType.MOVE, "spans": ("s1",), "target": "c1", "created": 1000.0, **kw}
+    return SpanOperator(name=name, changefeed=cf, phase=phase, stage=stage, **fields)
+
+
+def histogram(h: Harness, suffix: str, type_: str, outcome: str) -> float | None:
+    return h.value(f"operator_duration_seconds_{suffix}", type=type_, outcome=outcome)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Gauges computed at scrape time
+
+
+def test_spans_by_state_capture_and_mode_of_led_changefeeds_only() -> None:
+    h = Harness()
+    h.offer(span("a", SpanState.REPLICATING, "c1"))
+    h.offer(span("b", SpanState.REPLICATING, "c1"))
+    h.offer(span("c", SpanState.REPLICATING, "c2", Mode.REDO))
+    h.offer(span("d", SpanState.ABSENT))
+    h.offer(span("e", None))
+    h.offer(span("x", SpanState.REPLICATING, "c1", cf=OTHER))
+    assert h.value("spans", changefeed=CF, state="Replicating", capture="c1", mode="default") == 2
+    assert h.value("spans", changefeed=CF, state="Replicating", capture="c2", mode="redo") == 1
+    assert h.value("spans", changefeed=CF, state="Absent", capture="none", mode="default") == 1
+    assert h.value("spans", changefeed=CF, state="Unknown", capture="none", mode="default") == 1
+    assert h.value("spans", changefeed=OTHER, state="Replicating", capture="c1", mode="default") is None
+
+    # Built at scrape time: a span that moves leaves no stale series behind.
+    h.offer(span("c", SpanState.ABSENT, "", Mode.REDO).evolve(uid="uid-3"))
+    assert h.value("spans", changefeed=CF, state="Replicating", capture="c2", mode="redo") is None
+    assert h.value("spans", changefeed=CF, state="Absent", capture="none", mode="redo") == 1
+
+    # Leadership lost: nothing about that changefeed is reported any more.
+    h.m.leading.clear()
+    assert h.value("spans", changefeed=CF, state="Replicating", capture="c1", mode="default") is None
+    assert h.value("leader", changefeed=CF) is None
+
+
+def test_operators_in_flight_by_type_phase_and_stage() -> None:
+    h = Harness()
+    h.offer(operator("p1", OpPhase.PENDING))
+    h.offer(operator("r1", OpPhase.RUNNING, Stage.REMOVE_ORIGIN))
+    h.offer(operator("r2", OpPhase.RUNNING, Stage.REMOVE_ORIGIN))
+    h.offer(operator("a1", OpPhase.RUNNING, Stage.ADD_DEST, type=OpType.ADD))
+    h.offer(operator("done", OpPhase.SUCCEEDED, Stage.ADD_DEST))
+    h.offer(operator("o1", OpPhase.RUNNING, Stage.ADD_DEST, cf=OTHER))
+    assert h.value("operators_in_flight", changefeed=CF, type="Move", phase="Pending", stage="None") == 1
+    assert h.value("operators_in_flight", changefeed=CF, type="Move", phase="Running", stage="RemoveOrigin") == 2
+    assert h.value("operators_in_flight", changefeed=CF, type="Add", phase="Running", stage="AddDest") == 1
+    assert h.value("operators_in_flight", changefeed=CF, type="Move", phase="Running", stage="AddDest") is None
+    assert h.value("operators_in_flight", changefeed=OTHER, type="Move", phase="Running", stage="AddDest") is None
+
+
+def test_checkpoint_lag_from_the_tso_and_absent_while_unknown() -> None:
+    assert checkpoint_lag(0, 100.0) is None
+    assert checkpoint_lag(tso(90_000, 7), 100.0) == pytest.approx(10.0)
+
+    h = Harness(leading=(CF, OTHER))
+    h.offer(Changefeed(name=CF, checkpoint_ts=tso(int((time.time() - 5) * 1000))))
+    h.offer(Changefeed(name=OTHER))
+    lag = h.value("checkpoint_lag_seconds", changefeed=CF)
+    assert lag is not None
+    assert 4.5 < lag < 60
+    stamp = h.value("checkpoint_timestamp_seconds", changefeed=CF)
+    assert stamp is not None
+    assert abs(stamp - (time.time() - 5)) < 60
+    assert h.value("checkpoint_lag_seconds", changefeed=OTHER) is None
+
+
+def test_leader_epoch_bootstrap_and_runner_counters() -> None:
+    h = Harness(leading=(CF, OTHER))
+    h.m.stats.epochs.update({CF: 4, OTHER: 2})
+    h.m.stats.bootstrap_seconds[CF] = 0.75
+    h.m.stats.decisions, h.m.stats.writes, h.m.stats.failed_chains = 12, 40, 1
+    h.m.memories[CF] = Memory(epoch=4, identity="m1", bootstrapped=True, restored=3, repaired=2)
+    h.m.memories[OTHER] = Memory(epoch=2, identity="m1")  # this term has not bootstrapped yet
+    assert h.value("leader", changefeed=CF) == 1
+    assert h.value("epoch", changefeed=CF) == 4
+    assert h.value("bootstrap_duration_seconds", changefeed=CF) == 0.75
+    assert h.value("bootstrap_restored_operators", changefeed=CF) == 3
+    assert h.value("bootstrap_repairs", changefeed=CF) == 2
+    assert h.value("bootstrap_repairs", changefeed=OTHER) is None
+    assert h.value("decisions_total") == 12
+    assert h.value("writes_total") == 40
+    assert h.value("failed_chains_total") == 1
+    assert h.value("informer_synced") == 0
+
+
+def test_captures_by_liveness() -> None:
+    h = Harness(leading=())
+    now = time.time()
+    for name, draining in (("c1", False), ("c2", False), ("c3", True), ("c4", False)):
+        h.lease(name, now)
+        h.offer(Capture(name=name, draining=draining))
+    # Liveness is judged on our clock: c4's renewTime last changed, as we saw it, ten minutes ago.
+    store = h.m.informer.store
+    store.lease_seen[conv.lease_name("c4")] = (store.lease_seen[conv.lease_name("c4")][0], now - 600)
+    h.offer(Capture(name="c5"))  # never took its Lease
+    assert h.value("captures", state="alive") == 2
+    assert h.value("captures", state="draining") == 1
+    assert h.value("captures", state="lost") == 2
+
+
+# ------------------------------------------------------------------------------------------------------
+# Operator durations: once per operator, on the transition this process saw, while leading
+
+
+def test_operator_duration_observed_once_when_seen_finishing() -> None:
+    h = Harness()
+    running = h.offer(operator("mv", OpPhase.RUNNING, Stage.REMOVE_ORIGIN, started_at=1000.0))
+    done = h.offer(running.evolve(phase=OpPhase.SUCCEEDED, stage=Stage.ADD_DEST, finished_at=1002.5))
+    assert histogram(h, "count", "Move", "Succeeded") == 1
+    assert histogram(h, "sum", "Move", "Succeeded") == pytest.approx(2.5)
+    # A later event of the same finished operator, and a relist, change nothing.
+    h.offer(done.evolve(message="kept for retention"))
+    h.relist(Kind.OPERATOR)
+    h.relist(Kind.OPERATOR)
+    assert histogram(h, "count", "Move", "Succeeded") == 1
+
+
+def test_operator_duration_outcomes_and_start_fallback() -> None:
+    h = Harness()
+    add = h.offer(operator("add", OpPhase.PENDING, type=OpType.ADD, created=2000.0))
+    h.offer(add.evolve(phase=OpPhase.FAILED, finished_at=2003.0))  # never started: from creation
+    split = h.offer(operator("split", OpPhase.RUNNING, Stage.CREATE_SPANS, type=OpType.SPLIT, started_at=3000.0))
+    h.offer(split.evolve(phase=OpPhase.CANCELED, finished_at=3010.0))
+    assert histogram(h, "count", "Add", "Failed") == 1
+    assert histogram(h, "sum", "Add", "Failed") == pytest.approx(3.0)
+    assert histogram(h, "count", "Split", "Canceled") == 1
+    assert histogram(h, "sum", "Split", "Canceled") == pytest.approx(10.0)
+    assert (
+        h.registry.get_sample_value(
+            PREFIX + "operator_duration_seconds_bucket", {"type": "Split", "outcome": "Canceled", "le": "10.0"}
+        )
+        == 1
+    )
+
+
+def test_operator_duration_not_observed_without_a_transition_or_leadership() -> None:
+    h = Harness()
+    # Finished before this process saw it (a predecessor's operator, listed at start): not ours to count.
+    h.offer(operator("old", OpPhase.SUCCEEDED, started_at=1.0, finished_at=2.0))
+    # Finishing in a changefeed another replica leads.
+    other = h.offer(operator("elsewhere", OpPhase.RUNNING, Stage.ADD_DEST, cf=OTHER, started_at=1.0))
+    h.offer(other.evolve(phase=OpPhase.SUCCEEDED, finished_at=2.0))
+    assert histogram(h, "count", "Move", "Succeeded") is None
+
+
+def test_operator_duration_per_uid_and_after_a_relist() -> None:
+    h = Harness()
+    first = h.offer(operator("mv", OpPhase.RUNNING, Stage.ADD_DEST, started_at=10.0))
+    # The watch missed the end; a relist (410 Gone) shows it finished: observed once, from the relist.
+    store = h.m.informer.store
+    h.rv += 1
+    finished = first.evolve(phase=OpPhase.SUCCEEDED, finished_at=11.0, resource_version=str(h.rv))
+    store.replace_all(Kind.OPERATOR.value, [conv.to_resource(finished)])
+    h.m.informer._notify(Kind.OPERATOR.value, "")
+    assert histogram(h, "count", "Move", "Succeeded") == 1
+    # Deleted (retention), then a new operator of the same name: a new uid, counted on its own.
+    h.delete(finished)
+    again = h.offer(operator("mv", OpPhase.RUNNING, Stage.ADD_DEST, started_at=20.0))
+    h.offer(again.evolve(phase=OpPhase.SUCCEEDED, finished_at=24.0))
+    assert histogram(h, "count", "Move", "Succeeded") == 2
+    assert histogram(h, "sum", "Move", "Succeeded") == pytest.approx(5.0)
+    assert h.m.metrics._seen == {"mv": (again.uid, True)}
+    h.delete(again)
+    assert h.m.metrics._seen == {}  # nothing kept for deleted operators
+
+
+# ------------------------------------------------------------------------------------------------------
+# API write errors: the executor reports each failure to its on_error callback
+
+
+class FailingClient:
+    """Every status write of span ``name`` fails with ``errors[name]``; every Event post with ``errors["event"]``."""
+
+    def __init__(self, errors: dict[str, BaseException]) -> None:
+        self.errors = errors
+
+    async def patch(self, res: Any, namespace: str, name: str, *args: Any, **kw: Any) -> Any:
+        raise self.errors[name]
+
+    async def create(self, res: Any, namespace: str, body: Any) -> Any:
+        raise self.errors["event"]
+
+
+def test_failure_reasons() -> None:
+    assert failure_reason(ApiError(409, "Conflict", "")) == "Conflict"
+    assert failure_reason(ApiError(503, "", "")) == "503"
+    assert failure_reason(TimeoutError()) == "Timeout"
+    assert failure_reason(aiohttp.ServerTimeoutError()) == "Timeout"
+    assert failure_reason(aiohttp.ClientConnectionError()) == "ConnectionError"
+    assert failure_reason(ValueError()) is None
+
+
+def test_executor_reports_write_errors_by_reason() -> None:
+    h = Harness()
+    errors: dict[str, BaseException] = {
+        "conflict": ApiError(409, "Conflict", "stale resourceVersion"),
+        "notfound": ApiError(404, "NotFound", "gone"),
+        "internal": ApiError(500, "InternalError", "boom"),
+        "timeout": TimeoutError(),
+        "reset": aiohttp.ClientConnectionError("connection reset"),
+        "event": ApiError(403, "Forbidden", "no events for you"),
+    }
+    executor = Executor(cast(Client, FailingClient(errors)), h.m.informer, NS, on_error=h.m.metrics.write_error)
+
+    def write(name: str) -> I.WriteStatus:
+        return I.WriteStatus(span(name, SpanState.ABSENT).evolve(resource_version="1"))
+
+    # Each chain stops at its first failed write (the second write of each is never tried).
+    chains = [I.Chain((write(name), write(name))) for name in errors if name != "event"]
+    # An Event is best effort: its failure is counted, and its chain goes on (to a conflict).
+    chains.append(I.Chain((I.Event(Kind.SPAN, "x", "Test", "message"), write("conflict"))))
+    out = asyncio.run(executor.apply(Decision(tuple(chains), Memory(epoch=1, identity="m1"))))
+    assert (out.chains, out.failed, out.writes) == (6, 6, 1)  # the Event counts as written (best effort)
+    assert h.value("api_write_errors_total", reason="Conflict") == 2
+    for reason in ("NotFound", "InternalError", "Timeout", "ConnectionError", "Forbidden"):
+        assert h.value("api_write_errors_total", reason=reason) == 1, reason
+    assert sum(executor.errors.values()) == 7
+
+
+# ------------------------------------------------------------------------------------------------------
+# Exposition, registries, the endpoint and the command line
+
+
+def test_text_exposition_parses_and_registries_are_per_maintainer() -> None:
+    a, b = Harness(), Harness()
+    a.offer(span("a", SpanState.REPLICATING, "c1"))
+    b.m.metrics.write_error("Conflict")
+    assert a.value("api_write_errors_total", reason="Conflict") is None  # nothing shared
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(a.registry).decode())}
+    ours = {n for n in families if n.startswith(PREFIX)}
+    for name in (
+        "spans",
+        "operators_in_flight",
+        "operator_duration_seconds",
+        "checkpoint_lag_seconds",
+        "bootstrap_duration_seconds",
+        "captures",
+        "leader",
+        "decisions",
+        "writes",
+        "api_write_errors",
+    ):
+        assert PREFIX + name in ours, name
+    assert families[PREFIX + "decisions"].type == "counter"
+    assert families[PREFIX + "operator_duration_seconds"].type == "histogram"
+    assert families[PREFIX + "spans"].type == "gauge"
+    assert any(n.startswith("process_") for n in families)
+
+
+def test_endpoint_serves_the_registry() -> None:
+    h = Harness()
+    h.offer(span("a", SpanState.REPLICATING, "c1"))
+
+    async def scrape() -> tuple[int, str, str]:
+        server = MetricsServer(h.registry, "127.0.0.1", 0)
+        await server.start()
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        try:
+            async with aiohttp.ClientSession() as session, session.get(url) as resp:
+                return resp.status, resp.headers["Content-Type"], await resp.text()
+        finally:
+            await server.stop()
+
+    status, content_type, text = asyncio.run(scrape())
+    assert status == 200
+    assert content_type.startswith("text/plain")
+    assert 'changefeed_maintainer_spans{capture="c1",changefeed="cf",mode="default",state="Replicating"} 1.0' in text
+
+
+def test_command_line() -> None:
+    a = cli.parse(["--namespace", "x"])
+    assert (a.metrics_port, a.metrics_address) == (9090, "0.0.0.0")
+    assert cli.parse(["--metrics-port", "0", "--liveness", "http://0.0.0.0:9090/healthz"]).metrics_port == 0
+    with pytest.raises(SystemExit):
+        cli.parse(["--metrics-port", "8080", "--liveness", "http://0.0.0.0:8080/healthz"])
+    with pytest.raises(SystemExit):
+        cli.parse(["--metrics-port", "70000"])
+    assert cli.liveness_port("http://0.0.0.0/healthz") == 80
