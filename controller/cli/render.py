@@ -1,0 +1,270 @@
+"""Text output of the commands. Pure: every function takes the time it formats against.
+
+Checkpoint ts are TiDB TSOs: physical milliseconds since the epoch shifted left by 18 logical bits (as
+``controller.capture.runtime`` makes them); the lag is the local clock minus the physical part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from controller.cli.snapshot import Snapshot, span_states
+from controller.model import resources as conv
+from controller.model.records import SpanOperator
+from controller.model.states import Mode, OpPhase
+
+#: Low bits of a TSO that hold the logical counter.
+LOGICAL_BITS = 18
+JSON = dict[str, Any]
+
+
+# -- small formats ---------------------------------------------------------------------------------
+
+
+def physical_seconds(ts: int) -> float:
+    """Wall time (seconds since the epoch) of a TSO."""
+    return (ts >> LOGICAL_BITS) / 1000.0
+
+
+def age(seconds: float) -> str:
+    """kubectl-like: 45s, 3m12s, 2h5m, 4d3h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def elapsed(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 60 else age(seconds)
+
+
+def checkpoint(ts: int, now: float) -> str:
+    """``<ts> (<time>, lag <n>s)``; ``-`` for 0 (not known yet)."""
+    if ts <= 0:
+        return "-"
+    wall = physical_seconds(ts)
+    try:
+        stamp = conv.format_time(round(wall, 3))
+    except ValueError:
+        return f"{ts} (not a TSO)"
+    return f"{ts} ({stamp}, lag {max(0.0, now - wall):.1f}s)"
+
+
+def checkpoint_lag(ts: int, now: float) -> float | None:
+    """Seconds the checkpoint is behind ``now``; None when unknown."""
+    return None if ts <= 0 else max(0.0, now - physical_seconds(ts))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Columns padded to their widest cell, two spaces apart, as kubectl prints them."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def to_yaml(body: Mapping[str, Any], comments: Sequence[str] = ()) -> str:
+    head = "".join(f"# {c}\n" for c in comments)
+    return head + yaml.safe_dump(dict(body), sort_keys=False)
+
+
+# -- operators ---------------------------------------------------------------------------------------
+
+
+def op_state(op: SpanOperator) -> str:
+    """``Pending``, ``Running/RemoveOrigin``, ``Failed (SpanBusy)``..."""
+    if op.phase is OpPhase.RUNNING and op.stage.value:
+        return f"{op.phase}/{op.stage}"
+    if op.phase.terminal and op.status_reason:
+        return f"{op.phase} ({op.status_reason})"
+    return op.phase.value
+
+
+def op_targets(op: SpanOperator) -> str:
+    captures = sorted({t.capture for t in op.targets if t.capture})
+    if op.target and op.target not in captures:
+        captures.insert(0, op.target)
+    return ",".join(captures) or "-"
+
+
+def op_duration(op: SpanOperator) -> float:
+    start = op.started_at or op.created
+    return max(0.0, op.finished_at - start) if op.finished_at else 0.0
+
+
+def operators_table(ops: Sequence[SpanOperator], now: float, finished: bool = False) -> str:
+    if not finished:
+        rows = [
+            [o.name, o.type, o.source, op_state(o), ",".join(o.spans), op_targets(o), age(now - o.created)] for o in ops
+        ]
+        return table(["NAME", "TYPE", "SOURCE", "STATE", "SPANS", "TARGET", "AGE"], rows)
+    rows = [
+        [
+            o.name,
+            o.type,
+            o.source,
+            o.phase,
+            o.status_reason or "-",
+            age(now - (o.finished_at or o.created)),
+            elapsed(op_duration(o)),
+            o.message or "",
+        ]
+        for o in ops
+    ]
+    return table(["NAME", "TYPE", "SOURCE", "PHASE", "REASON", "AGE", "DURATION", "MESSAGE"], rows)
+
+
+def render_operators(snap: Snapshot, changefeed: str, show_all: bool, recent: float = 600.0) -> str:
+    """In-flight operators, then finished ones: those of the last ``recent`` seconds, or all with ``show_all``."""
+    ops = snap.operators_of(changefeed)
+    running = [o for o in ops if o.in_flight]
+    done = [o for o in ops if not o.in_flight and (show_all or snap.now - (o.finished_at or o.created) <= recent)]
+    done.sort(key=lambda o: (o.finished_at or o.created, o.name))
+    out = [f"In flight ({len(running)}):"]
+    out.append(_indent(operators_table(running, snap.now)) if running else "  none")
+    label = "Finished" if show_all else f"Finished in the last {recent / 60:g} minutes"
+    out.append(f"{label} ({len(done)}):")
+    out.append(_indent(operators_table(done, snap.now, finished=True)) if done else "  none")
+    return "\n".join(out)
+
+
+def progress(op: SpanOperator, seconds: float) -> str:
+    """One line of ``--wait``: elapsed time and the operator's phase/stage."""
+    return f"{elapsed(seconds):>7}  {op.name}  {op_state(op)}"
+
+
+def outcome(op: SpanOperator) -> list[str]:
+    """What a finished operator did (Succeeded), or why not."""
+    if op.phase is OpPhase.SUCCEEDED:
+        lines = [f"{op.type} {op.name} succeeded" + (f" ({op.status_reason})" if op.status_reason else "")]
+        for t in op.targets:
+            start, end = t.key_range.hex()
+            where = "left Absent (destination lost)" if t.lost else f"on {t.capture or '?'}"
+            lines.append(f"  span {t.span} [{start}, {end}) {where}")
+        return lines
+    return [f"{op.type} {op.name} {op.phase}: {op.status_reason or 'no reason'}: {op.message or 'no message'}"]
+
+
+# -- spans -------------------------------------------------------------------------------------------
+
+
+def render_spans(snap: Snapshot, changefeed: str, table_id: int | None = None, mode: str | None = None) -> str:
+    spans = [
+        s
+        for s in snap.spans_of(changefeed)
+        if (table_id is None or s.table_id == table_id) and (mode is None or s.mode.value == mode)
+    ]
+    if not spans:
+        return "No spans."
+    rows = []
+    for s in spans:
+        start, end = s.key_range.hex()
+        rows.append(
+            [
+                s.name,
+                s.table_id,
+                s.mode,
+                start,
+                end,
+                s.state.value if s.state is not None else "New",
+                s.capture or "-",
+                s.dispatcher or "-",
+                s.checkpoint_ts or "-",
+                s.operator or "-",
+            ]
+        )
+    headers = ["NAME", "TABLE", "MODE", "START", "END", "STATE", "CAPTURE", "DISPATCHER", "CHECKPOINT", "OPERATOR"]
+    return table(headers, rows)
+
+
+# -- status ------------------------------------------------------------------------------------------
+
+
+def scheduler_line(status: Mapping[str, Any], now: float) -> str | None:
+    """``status.scheduler`` (state, message, balanceResumesAt), or None when the maintainer does not
+    publish it."""
+    sched = status.get("scheduler")
+    if not isinstance(sched, Mapping) or not sched:
+        return None
+    text = str(sched.get("state") or "?")
+    if sched.get("message"):
+        text += f": {sched['message']}"
+    resumes = str(sched.get("balanceResumesAt") or "")
+    if resumes:
+        extra = [] if resumes in text else [f"balancing resumes at {resumes}"]
+        try:
+            left = conv.parse_time(resumes) - now
+        except ValueError:
+            left = 0.0
+        if left > 0:
+            extra.append(f"in {age(left)}")
+        if extra:
+            text += f" ({', '.join(extra)})"
+    return text
+
+
+def _indent(text: str, by: str = "  ") -> str:
+    return "\n".join(by + line if line else line for line in text.splitlines())
+
+
+def render_status(snap: Snapshot, changefeed: str) -> str:
+    cf = snap.changefeeds[changefeed]
+    spans = snap.spans_of(changefeed)
+    out = [f"Changefeed {cf.name} (namespace {snap.namespace})"]
+
+    def field(label: str, value: object) -> None:
+        out.append(f"  {label + ':':<14}{value}")
+
+    field("Maintainer", f"epoch {cf.epoch}, holder {cf.holder}" if cf.holder else "none has published an epoch")
+    boot = cf.condition("Bootstrapped")
+    field("Bootstrapped", f"{boot.status} ({boot.reason}: {boot.message})" if boot else "Unknown (no condition yet)")
+    field("Paused", "yes" if cf.paused else "no")
+    sched = scheduler_line(snap.changefeed_status.get(changefeed, {}), snap.now)
+    if sched is not None:
+        field("Scheduler", sched)
+    field("Checkpoint", checkpoint(cf.checkpoint_ts, snap.now))
+    states = span_states(spans)
+    field("Spans", f"{len(spans)}" + (": " + ", ".join(f"{k} {v}" for k, v in states.items()) if states else ""))
+    caps = sorted(snap.captures.values(), key=lambda c: c.name)
+    alive = [c.name for c in caps if c.alive(snap.now)]
+    lost = [c.name for c in caps if not c.alive(snap.now)]
+    draining = [c.name for c in caps if c.draining]
+    field(
+        "Captures",
+        f"{len(alive)} alive, {len(lost)} lost{' (' + ', '.join(lost) + ')' if lost else ''}, "
+        f"{len(draining)} draining{' (' + ', '.join(draining) + ')' if draining else ''}",
+    )
+
+    modes = [m.value for m in cf.modes]
+    modes += sorted({s.mode.value for s in spans} - set(modes))
+    per: dict[str, dict[str, int]] = {}
+    for s in spans:
+        per.setdefault(s.capture, {}).setdefault(s.mode.value, 0)
+        per[s.capture][s.mode.value] += 1
+    rows: list[list[object]] = []
+    for c in caps:
+        rows.append([c.name, snap.capture_state(c), *(per.get(c.name, {}).get(m, 0) for m in modes)])
+    for name in sorted(n for n in per if n and n not in snap.captures):
+        rows.append([name, "unknown", *(per[name].get(m, 0) for m in modes)])
+    if "" in per:
+        rows.append(["(none)", "-", *(per[""].get(m, 0) for m in modes)])
+    out.append("")
+    out.append("Spans per capture:")
+    out.append(_indent(table(["CAPTURE", "STATE", *(m.upper() for m in modes)], rows)) if rows else "  none")
+
+    running = snap.in_flight(changefeed)
+    out.append("")
+    out.append(f"Operators in flight ({len(running)}):")
+    out.append(_indent(operators_table(running, snap.now)) if running else "  none")
+    return "\n".join(out)
+
+
+def mode_names() -> list[str]:
+    return [m.value for m in Mode]

@@ -1,0 +1,646 @@
+"""The kubectl plugin's pure parts: validation (every refusal), formatting, snapshot conversion, and the
+error and exit-code plumbing (``main``, ``api_errors``, ``follow_operator`` on a fake session)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import pytest
+
+from controller.cli import render, validate
+from controller.cli.__main__ import main
+from controller.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, Failed, NotFound, Refused
+from controller.cli.kube import api_errors, follow_operator
+from controller.cli.snapshot import Snapshot, snapshot_from, span_states
+from controller.kube.client import ApiError
+from controller.model import resources as conv
+from controller.model.keys import KeyRange, table_key
+from controller.model.records import Capture, Changefeed, Condition, Span, SpanOperator, Table, Target
+from controller.model.states import Mode, OpPhase, OpSource, OpType, SpanState, Stage
+
+NOW = 1_700_000_000.0
+CF = "cf"
+T1 = KeyRange.of_table(1)
+MID = table_key(1) + b"\x80"
+LOW = KeyRange(T1.start, MID)
+HIGH = KeyRange(MID, T1.end)
+
+
+def tso(seconds: float) -> int:
+    return int(seconds * 1000) << 18
+
+
+def span(name: str, rng: KeyRange, capture: str = "c0", **kw: Any) -> Span:
+    fields: dict[str, Any] = {
+        "changefeed": CF,
+        "table_id": 1,
+        "key_range": rng,
+        "state": SpanState.REPLICATING,
+        "capture": capture,
+        "dispatcher": f"{name}-d",
+    }
+    fields.update(kw)
+    return Span(name=name, **fields)
+
+
+def capture(name: str, alive: bool = True, draining: bool = False) -> Capture:
+    return Capture(name=name, renew_time=NOW - 1 if alive else NOW - 100, lease_duration=10, draining=draining)
+
+
+def operator(name: str, spans: tuple[str, ...], **kw: Any) -> SpanOperator:
+    fields: dict[str, Any] = {"changefeed": CF, "type": OpType.MOVE, "target": "c1", "created": NOW - 5}
+    fields.update(kw)
+    return SpanOperator(name=name, spans=spans, **fields)
+
+
+def snap(
+    spans: list[Span] | None = None,
+    captures: list[Capture] | None = None,
+    operators: list[SpanOperator] | None = None,
+    tables: list[Table] | None = None,
+    changefeeds: list[Changefeed] | None = None,
+    status: dict[str, Any] | None = None,
+) -> Snapshot:
+    spans = spans if spans is not None else [span("a", LOW, "c0"), span("b", HIGH, "c1")]
+    captures = captures if captures is not None else [capture("c0"), capture("c1"), capture("c2")]
+    tables = tables if tables is not None else [Table(name="t1", changefeed=CF, table_id=1)]
+    changefeeds = changefeeds if changefeeds is not None else [Changefeed(name=CF)]
+    return Snapshot(
+        namespace="ns",
+        now=NOW,
+        changefeeds={c.name: c for c in changefeeds},
+        changefeed_status={CF: status or {}},
+        tables={t.name: t for t in tables},
+        spans={s.name: s for s in spans},
+        operators={o.name: o for o in operators or []},
+        captures={c.name: c for c in captures},
+    )
+
+
+def refused(exc: pytest.ExceptionInfo[CliError], *words: str) -> None:
+    assert exc.value.code == EXIT_USAGE
+    assert "\n" not in exc.value.message
+    for w in words:
+        assert w in exc.value.message, exc.value.message
+
+
+# ------------------------------------------------------------------------------------------------------
+# Changefeed resolution and keys
+
+
+def test_resolve_changefeed() -> None:
+    exc: pytest.ExceptionInfo[CliError]
+    assert validate.resolve_changefeed(["cf"], None, "ns") == "cf"
+    assert validate.resolve_changefeed(["a", "b"], "b", "ns") == "b"
+    with pytest.raises(NotFound) as exc:
+        validate.resolve_changefeed([], None, "ns")
+    refused(exc, "no Changefeed", "ns")
+    with pytest.raises(Refused) as exc:
+        validate.resolve_changefeed(["a", "b"], None, "ns")
+    refused(exc, "2 changefeeds", "a, b", "-c")
+    with pytest.raises(NotFound) as exc:
+        validate.resolve_changefeed(["a"], "z", "ns")
+    refused(exc, "'z' not found")
+
+
+def test_parse_keys() -> None:
+    assert validate.parse_keys(["7400", "0xAB", "ff"]) == (b"t\x00", b"\xab", b"\xff")
+    for bad in ("zz", "abc", "0x", ""):
+        with pytest.raises(Refused) as exc:
+            validate.parse_keys([bad])
+        refused(exc, "split key")
+
+
+# ------------------------------------------------------------------------------------------------------
+# move
+
+
+def test_move_builds_a_user_operator_with_the_changefeed_label() -> None:
+    op = validate.plan_move(snap(), CF, "a", "c2", "move-abc123")
+    assert (op.name, op.type, op.spans, op.target, op.source) == (
+        "move-abc123",
+        OpType.MOVE,
+        ("a",),
+        "c2",
+        OpSource.USER,
+    )
+    body = validate.operator_body(op)
+    assert "status" not in body
+    assert body["metadata"]["labels"] == {conv.CHANGEFEED_LABEL: CF}
+    assert body["metadata"]["namespace"] == "ns"
+    assert body["spec"] == {
+        "changefeed": CF,
+        "type": "Move",
+        "spans": ["a"],
+        "target": "c2",
+        "source": "user",
+        "reason": "kubectl changefeed",
+    }
+    assert conv.operator_from_resource(body) == op  # what is created reads back as planned
+
+
+def test_move_refusals() -> None:
+    exc: pytest.ExceptionInfo[CliError]
+    with pytest.raises(NotFound) as exc:
+        validate.plan_move(snap(), CF, "nope", "c2", "m")
+    refused(exc, "span 'nope' not found")
+    other = span("x", LOW, changefeed="other")
+    with pytest.raises(Refused) as exc:
+        validate.plan_move(snap([other]), CF, "x", "c2", "m")
+    refused(exc, "belongs to changefeed 'other'")
+    with pytest.raises(Refused) as exc:
+        validate.plan_move(snap([span("a", LOW, deleting=True)]), CF, "a", "c2", "m")
+    refused(exc, "being deleted")
+    for state, word in ((SpanState.ABSENT, "Absent"), (SpanState.INVALID, "Invalid"), (None, "not yet accepted")):
+        with pytest.raises(Refused) as exc:
+            validate.plan_move(snap([span("a", LOW, "", state=state)]), CF, "a", "c2", "m")
+        refused(exc, word, "not Replicating")
+    with pytest.raises(NotFound) as exc:
+        validate.plan_move(snap(), CF, "a", "c9", "m")
+    refused(exc, "capture 'c9' not found")
+    with pytest.raises(Refused) as exc:
+        validate.plan_move(snap(captures=[capture("c0"), capture("c2", alive=False)]), CF, "a", "c2", "m")
+    refused(exc, "'c2' is not alive", "capture-c2")
+    with pytest.raises(Refused) as exc:
+        validate.plan_move(snap(captures=[capture("c0"), capture("c2", draining=True)]), CF, "a", "c2", "m")
+    refused(exc, "'c2' is draining")
+    with pytest.raises(Refused) as exc:
+        validate.plan_move(snap(), CF, "a", "c0", "m")
+    refused(exc, "already on capture 'c0'")
+
+
+def test_move_refuses_a_busy_span() -> None:
+    """Busy: an in-flight operator names the span in its spec or as a target, whatever the span's state."""
+    by_spec = operator("op1", ("a",), phase=OpPhase.PENDING)
+    with pytest.raises(Refused) as exc:
+        validate.plan_move(snap(operators=[by_spec]), CF, "a", "c2", "m")
+    refused(exc, "busy", "'op1'", "Move", "Pending")
+    by_target = operator(
+        "op2", ("p",), type=OpType.SPLIT, phase=OpPhase.RUNNING, targets=(Target(span="a", key_range=LOW),)
+    )
+    with pytest.raises(Refused) as exc:
+        validate.plan_move(snap(operators=[by_target]), CF, "a", "c2", "m")
+    refused(exc, "busy", "'op2'")
+    scheduling = span("a", LOW, state=SpanState.SCHEDULING, operator="gone")
+    with pytest.raises(Refused) as exc:
+        validate.plan_move(snap([scheduling]), CF, "a", "c2", "m")
+    refused(exc, "Scheduling")
+    finished = operator("op3", ("a",), phase=OpPhase.SUCCEEDED)
+    assert validate.plan_move(snap(operators=[finished]), CF, "a", "c2", "m").spans == ("a",)
+
+
+# ------------------------------------------------------------------------------------------------------
+# split
+
+
+def test_split_into_and_at() -> None:
+    op, pieces = validate.plan_split(snap(), CF, "a", "split-1", into=3)
+    assert (op.type, op.spans, op.split_into, op.split_keys) == (OpType.SPLIT, ("a",), 3, ())
+    assert len(pieces) == 3
+    assert pieces[0].start == LOW.start
+    assert pieces[-1].end == LOW.end
+    cut = (table_key(1) + b"\x20", table_key(1) + b"\x40")
+    op, pieces = validate.plan_split(snap(), CF, "a", "split-2", keys=cut)
+    assert (op.split_keys, op.split_into) == (cut, 0)
+    assert pieces == (KeyRange(LOW.start, cut[0]), KeyRange(*cut), KeyRange(cut[1], LOW.end))
+    assert validate.operator_body(op)["spec"]["splitKeys"] == [k.hex() for k in cut]
+
+
+def test_split_key_refusals() -> None:
+    inside = table_key(1) + b"\x20"
+    for key in (LOW.start, LOW.end, table_key(0), table_key(2)):
+        with pytest.raises(Refused) as exc:
+            validate.plan_split(snap(), CF, "a", "s", keys=(key,))
+        refused(exc, key.hex(), "not strictly inside", "'a'")
+    for keys in ((inside, inside), (inside + b"\x01", inside)):
+        with pytest.raises(Refused) as exc:
+            validate.plan_split(snap(), CF, "a", "s", keys=keys)
+        refused(exc, "strictly increasing")
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap(), CF, "a", "s", keys=tuple(LOW.start + bytes([i]) for i in range(1, 130)))
+    refused(exc, "at most 127")
+
+
+def test_split_into_refusals() -> None:
+    for n in (1, 0, -2, 129):
+        with pytest.raises(Refused) as exc:
+            validate.plan_split(snap(), CF, "a", "s", into=n) if n else validate.plan_split(snap(), CF, "a", "s")
+        refused(exc)
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap(), CF, "a", "s", into=1)
+    refused(exc, "--into must be between 2 and 128")
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap(), CF, "a", "s", into=2, keys=(MID,))
+    refused(exc, "exactly one of --into")
+    narrow = span("n", KeyRange(b"t\x00", b"t\x00\x00"))
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap([narrow]), CF, "n", "s", into=5)
+    refused(exc, "too narrow")
+
+
+def test_split_refusals_of_span_and_table() -> None:
+    exc: pytest.ExceptionInfo[CliError]
+    with pytest.raises(NotFound) as exc:
+        validate.plan_split(snap(), CF, "nope", "s", into=2)
+    refused(exc, "not found")
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap([span("a", LOW, state=SpanState.ABSENT)]), CF, "a", "s", into=2)
+    refused(exc, "not Replicating")
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap(operators=[operator("op", ("a",))]), CF, "a", "s", into=2)
+    refused(exc, "busy")
+    locked = Table(name="t1", changefeed=CF, table_id=1, splittable=False)
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap(tables=[locked]), CF, "a", "s", into=2)
+    refused(exc, "'t1'", "not splittable")
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap(tables=[]), CF, "a", "s", into=2)
+    refused(exc, "table 1", "does not exist")
+
+
+# ------------------------------------------------------------------------------------------------------
+# merge
+
+
+def test_merge_orders_spans_by_key() -> None:
+    op, merged = validate.plan_merge(snap(), CF, ["b", "a"], "merge-1")
+    assert (op.type, op.spans, op.target) == (OpType.MERGE, ("a", "b"), "")
+    assert merged == T1
+
+
+def test_merge_refusals() -> None:
+    exc: pytest.ExceptionInfo[CliError]
+    with pytest.raises(Refused) as exc:
+        validate.plan_merge(snap(), CF, ["a"], "m")
+    refused(exc, "at least two spans, got 1")
+    with pytest.raises(Refused) as exc:
+        validate.plan_merge(snap(), CF, ["a", "b", "a"], "m")
+    refused(exc, "'a' more than once")
+    with pytest.raises(NotFound) as exc:
+        validate.plan_merge(snap(), CF, ["a", "zz"], "m")
+    refused(exc, "'zz' not found")
+    other_table = span("b", KeyRange.of_table(2), table_id=2)
+    with pytest.raises(Refused) as exc:
+        validate.plan_merge(snap([span("a", LOW), other_table]), CF, ["a", "b"], "m")
+    refused(exc, "one table and mode", "table 2")
+    redo = span("b", HIGH, mode=Mode.REDO)
+    with pytest.raises(Refused) as exc:
+        validate.plan_merge(snap([span("a", LOW), redo]), CF, ["a", "b"], "m")
+    refused(exc, "one table and mode", "1/redo")
+    gap = span("b", KeyRange(MID + b"\x01", T1.end))
+    with pytest.raises(Refused) as exc:
+        validate.plan_merge(snap([span("a", LOW), gap]), CF, ["a", "b"], "m")
+    refused(exc, "not adjacent")
+    three = [span("a", LOW), span("b", KeyRange(MID, MID + b"\x10")), span("c", KeyRange(MID + b"\x10", T1.end))]
+    with pytest.raises(Refused) as exc:
+        validate.plan_merge(snap(three), CF, ["a", "c"], "m")
+    refused(exc, "'a'", "'c'", "not adjacent")
+    assert validate.plan_merge(snap(three), CF, ["c", "a", "b"], "m")[1] == T1
+    with pytest.raises(Refused) as exc:
+        validate.plan_merge(snap(operators=[operator("op", ("b",))]), CF, ["a", "b"], "m")
+    refused(exc, "'b' is busy")
+    with pytest.raises(Refused) as exc:
+        validate.plan_merge(snap([span("a", LOW), span("b", HIGH, "", state=SpanState.ABSENT)]), CF, ["a", "b"], "m")
+    refused(exc, "'b' is Absent")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Snapshot
+
+
+def _raw(kind: str, name: str, spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "cdc.maintainer.dev/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": spec,
+    }
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def _lease(capture: str, renewed: float) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": f"capture-{capture}"},
+        "spec": {
+            "holderIdentity": capture,
+            "renewTime": conv.format_time(renewed, micro=True),
+            "leaseDurationSeconds": 10,
+        },
+    }
+
+
+def test_snapshot_from_folds_leases_into_captures_and_skips_invalid_objects() -> None:
+    start, end = LOW.hex()
+    raw = {
+        "changefeeds": [_raw("Changefeed", CF, {}, {"epoch": 2, "scheduler": {"state": "Active"}})],
+        "spans": [
+            _raw("Span", "a", {"changefeed": CF, "tableID": 1, "startKey": start, "endKey": end}, {"state": "Absent"}),
+            _raw("Span", "bad", {"changefeed": CF, "tableID": 1, "startKey": "XYZ", "endKey": end}),
+        ],
+        "captures": [_raw("Capture", "c0", {}), _raw("Capture", "c1", {"draining": True}), _raw("Capture", "c2", {})],
+        "leases": [_lease("c0", NOW - 2), _lease("c1", NOW - 60)],
+    }
+    s = snapshot_from("ns", NOW, raw)
+    assert list(s.spans) == ["a"]
+    assert len(s.warnings) == 1
+    assert "Span bad" in s.warnings[0]
+    assert s.changefeeds[CF].epoch == 2
+    assert s.changefeed_status[CF]["scheduler"] == {"state": "Active"}
+    assert [s.capture_state(s.captures[c]) for c in ("c0", "c1", "c2")] == ["alive", "lost, draining", "lost"]
+    assert s.alive("c0")
+    assert not s.alive("c2")
+    assert not s.alive("nope")
+
+
+def test_remaining_on_counts_spans_and_operators_targeting_the_capture() -> None:
+    ops = [
+        operator("m1", ("x",), target="c1", phase=OpPhase.RUNNING),
+        operator("s1", ("y",), type=OpType.SPLIT, target="", targets=(Target(span="z", key_range=LOW, capture="c1"),)),
+        operator("done", ("a",), target="c1", phase=OpPhase.SUCCEEDED),
+        operator("elsewhere", ("b",), target="c2"),
+    ]
+    held, busy = snap(operators=ops).remaining_on("c1", [CF])
+    assert [s.name for s in held] == ["b"]
+    assert sorted(o.name for o in busy) == ["m1", "s1"]
+
+
+def test_span_states_counts_new_spans() -> None:
+    spans = [span("a", LOW), span("b", HIGH, state=None), span("c", HIGH, state=SpanState.ABSENT)]
+    assert span_states(spans) == {"Absent": 1, "Replicating": 1, "New": 1}
+
+
+# ------------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def test_small_formats() -> None:
+    assert [render.age(s) for s in (-1, 5, 65, 3700, 90000)] == ["0s", "5s", "1m05s", "1h01m", "1d01h"]
+    assert render.elapsed(1.25) == "1.2s"
+    assert render.physical_seconds(tso(NOW)) == NOW
+    assert render.checkpoint(0, NOW) == "-"
+    assert render.checkpoint_lag(0, NOW) is None
+    assert render.checkpoint_lag(tso(NOW - 2.5), NOW) == pytest.approx(2.5)
+    text = render.checkpoint(tso(NOW - 2.5), NOW)
+    assert text.startswith(str(tso(NOW - 2.5)))
+    assert "lag 2.5s" in text
+    assert conv.format_time(NOW - 2.5) in text
+    assert render.table(["A", "BB"], [["xxx", 1]]) == "A    BB\nxxx  1"
+
+
+def test_status_shows_everything() -> None:
+    cf = Changefeed(
+        name=CF,
+        paused=True,
+        epoch=4,
+        holder="m2",
+        checkpoint_ts=tso(NOW - 3),
+        conditions=(Condition(type="Bootstrapped", status="True", reason="Restored", message="at epoch 4"),),
+    )
+    spans = [
+        span("a", LOW, "c0"),
+        span("a-redo", LOW, "c1", mode=Mode.REDO),
+        span("b", HIGH, "", state=SpanState.ABSENT),
+        span("x", HIGH, "ghost"),
+    ]
+    captures = [capture("c0"), capture("c1", draining=True), capture("c2", alive=False)]
+    running = operator(
+        "move-1", ("a",), target="c2", phase=OpPhase.RUNNING, stage=Stage.REMOVE_ORIGIN, created=NOW - 75
+    )
+    done = operator("move-0", ("a",), phase=OpPhase.SUCCEEDED)
+    status = {
+        "scheduler": {"state": "CoolingDown", "message": "drain done", "balanceResumesAt": conv.format_time(NOW + 30)}
+    }
+    s = snap(spans, captures, [running, done], changefeeds=[cf], status=status)
+    text = render.render_status(s, CF)
+    assert "epoch 4, holder m2" in text
+    assert "True (Restored: at epoch 4)" in text
+    assert "Paused:       yes" in text
+    resumes = conv.format_time(NOW + 30)
+    assert f"Scheduler:    CoolingDown: drain done (balancing resumes at {resumes}, in 30s)" in text
+    assert "lag 3.0s" in text
+    assert "Spans:        4: Absent 1, Replicating 3" in text
+    assert "2 alive, 1 lost (c2), 1 draining (c1)" in text
+    lines = text.splitlines()
+    header = next(line for line in lines if "CAPTURE" in line)
+    assert header.split() == ["CAPTURE", "STATE", "DEFAULT", "REDO"]
+    assert next(line for line in lines if line.strip().startswith("c0")).split() == ["c0", "alive", "1", "0"]
+    assert next(line for line in lines if line.strip().startswith("c1")).split() == [
+        "c1",
+        "alive,",
+        "draining",
+        "0",
+        "1",
+    ]
+    assert next(line for line in lines if line.strip().startswith("ghost")).split() == ["ghost", "unknown", "1", "0"]
+    assert next(line for line in lines if line.strip().startswith("(none)")).split() == ["(none)", "-", "1", "0"]
+    assert "Operators in flight (1):" in text
+    row = next(line for line in lines if "move-1" in line).split()
+    assert row == ["move-1", "Move", "user", "Running/RemoveOrigin", "a", "c2", "1m15s"]
+    assert "move-0" not in text
+
+
+def test_status_tolerates_a_maintainer_without_scheduler_status() -> None:
+    text = render.render_status(snap(), CF)
+    assert "Scheduler:" not in text
+    assert "Unknown (no condition yet)" in text
+    assert "none has published an epoch" in text
+    assert "Checkpoint:   -" in text
+    assert render.scheduler_line({"scheduler": {"state": "Active"}}, NOW) == "Active"
+    assert render.scheduler_line({"scheduler": {}}, NOW) is None
+    assert render.scheduler_line({"scheduler": {"state": "Paused", "balanceResumesAt": "soon"}}, NOW) == (
+        "Paused (balancing resumes at soon)"
+    )
+    at = conv.format_time(NOW + 90)
+    cooling = {"state": "CoolingDown", "message": f"drain finished; balancing resumes at {at}", "balanceResumesAt": at}
+    assert render.scheduler_line({"scheduler": cooling}, NOW) == (
+        f"CoolingDown: drain finished; balancing resumes at {at} (in 1m30s)"
+    )
+
+
+def test_spans_table_filters_by_table_and_mode() -> None:
+    spans = [span("a", LOW), span("a-redo", LOW, mode=Mode.REDO), span("t2", KeyRange.of_table(2), table_id=2)]
+    s = snap(spans)
+    text = render.render_spans(s, CF)
+    assert text.splitlines()[0].split() == [
+        "NAME",
+        "TABLE",
+        "MODE",
+        "START",
+        "END",
+        "STATE",
+        "CAPTURE",
+        "DISPATCHER",
+        "CHECKPOINT",
+        "OPERATOR",
+    ]
+    assert [line.split()[0] for line in text.splitlines()[1:]] == ["a", "a-redo", "t2"]
+    assert render.render_spans(s, CF, table_id=1, mode="redo").splitlines()[1].split()[:5] == [
+        "a-redo",
+        "1",
+        "redo",
+        *LOW.hex(),
+    ]
+    assert render.render_spans(s, CF, table_id=9) == "No spans."
+
+
+def test_operators_recent_and_all() -> None:
+    ops = [
+        operator("run", ("a",), phase=OpPhase.RUNNING, stage=Stage.ADD_DEST),
+        operator(
+            "recent",
+            ("a",),
+            phase=OpPhase.FAILED,
+            status_reason="DestinationLost",
+            message="gone",
+            started_at=NOW - 20,
+            finished_at=NOW - 10,
+        ),
+        operator("old", ("a",), phase=OpPhase.SUCCEEDED, created=NOW - 4000, finished_at=NOW - 3000),
+    ]
+    s = snap(operators=ops)
+    text = render.render_operators(s, CF, show_all=False)
+    assert "In flight (1):" in text
+    assert "Running/AddDest" in text
+    assert "Finished in the last 10 minutes (1):" in text
+    row = next(line for line in text.splitlines() if "recent" in line).split()
+    assert row == ["recent", "Move", "user", "Failed", "DestinationLost", "10s", "10.0s", "gone"]
+    assert "old" not in text
+    assert "old" in render.render_operators(s, CF, show_all=True)
+
+
+def test_progress_and_outcome() -> None:
+    op = operator("split-1", ("p",), type=OpType.SPLIT, phase=OpPhase.RUNNING, stage=Stage.ADD_SPANS)
+    assert render.progress(op, 1.25) == "   1.2s  split-1  Running/AddSpans"
+    ok = replace(
+        op,
+        phase=OpPhase.SUCCEEDED,
+        targets=(Target(span="c1", key_range=LOW, capture="c0"), Target(span="c2", key_range=HIGH, lost=True)),
+    )
+    assert render.outcome(ok) == [
+        "Split split-1 succeeded",
+        f"  span c1 [{LOW.hex()[0]}, {LOW.hex()[1]}) on c0",
+        f"  span c2 [{HIGH.hex()[0]}, {HIGH.hex()[1]}) left Absent (destination lost)",
+    ]
+    bad = replace(op, phase=OpPhase.CANCELED, status_reason="Conflict", message="owned by another")
+    assert render.outcome(bad) == ["Split split-1 Canceled: Conflict: owned by another"]
+    assert render.op_state(bad) == "Canceled (Conflict)"
+
+
+def test_dry_run_yaml_has_the_comment_and_the_body() -> None:
+    op = validate.plan_move(snap(), CF, "a", "c2", "move-1")
+    text = render.to_yaml(validate.operator_body(op), ["move span a"])
+    assert text.startswith("# move span a\napiVersion: cdc.maintainer.dev/v1alpha1\nkind: SpanOperator\n")
+    assert "target: c2" in text
+
+
+# ------------------------------------------------------------------------------------------------------
+# Errors, exit codes, following an operator
+
+
+def test_api_errors_become_one_line_cli_errors() -> None:
+    def raised(exc: BaseException) -> CliError:
+        with pytest.raises(CliError) as info, api_errors("getting X", "http://api"):
+            raise exc
+        assert "\n" not in info.value.message
+        return info.value
+
+    e = raised(ApiError(404, "NotFound", 'spans "x" not found'))
+    assert isinstance(e, NotFound)
+    assert e.code == EXIT_USAGE
+    assert e.message == 'getting X: not found (spans "x" not found)'
+    e = raised(ApiError(403, "Forbidden", "user cannot\npatch"))
+    assert (type(e), e.code, e.message) == (Failed, EXIT_FAILED, "getting X: 403 Forbidden: user cannot patch")
+    e = raised(ApiError(500, "InternalError", "boom"))
+    assert e.message == "getting X: API error 500 InternalError: boom"
+    e = raised(aiohttp.ClientConnectionError("Connect call failed"))
+    assert e.code == EXIT_FAILED
+    assert "cannot reach the API server at http://api" in e.message
+    e = raised(TimeoutError())
+    assert "did not answer in time" in e.message
+
+
+class FakeSession:
+    """Yields the given versions of an operator, then blocks (as a quiet watch does)."""
+
+    def __init__(self, versions: list[SpanOperator]) -> None:
+        self.versions = versions
+
+    async def operator_updates(self, name: str, obj: dict[str, Any], selector: str) -> AsyncGenerator[dict[str, Any]]:
+        for v in self.versions:
+            yield conv.to_resource(v)
+        await asyncio.sleep(3600)
+
+
+def _follow(versions: list[SpanOperator], budget: float = 5.0) -> tuple[SpanOperator, list[str]]:
+    lines: list[str] = []
+    start = operator("move-1", ("a",))
+    session: Any = FakeSession(versions)
+    final = asyncio.run(follow_operator(session, conv.to_resource(start), budget, lines.append))
+    return final, lines
+
+
+def test_follow_prints_each_transition_once() -> None:
+    base = operator("move-1", ("a",))
+    versions = [
+        replace(base, phase=OpPhase.RUNNING, stage=Stage.REMOVE_ORIGIN),
+        replace(base, phase=OpPhase.RUNNING, stage=Stage.REMOVE_ORIGIN, epoch=2),
+        replace(base, phase=OpPhase.RUNNING, stage=Stage.ADD_DEST),
+        replace(base, phase=OpPhase.FAILED, status_reason="DestinationLost"),
+    ]
+    final, lines = _follow(versions)
+    assert final.phase is OpPhase.FAILED
+    assert [line.split()[-1] for line in lines] == [
+        "Pending",
+        "Running/RemoveOrigin",
+        "Running/AddDest",
+        "(DestinationLost)",
+    ]
+
+
+def test_follow_times_out() -> None:
+    base = operator("move-1", ("a",))
+    with pytest.raises(Failed) as exc:
+        _follow([replace(base, phase=OpPhase.RUNNING, stage=Stage.ADD_DEST)], budget=0.2)
+    assert "timed out after 0.2s" in exc.value.message
+    assert "Running/AddDest" in exc.value.message
+
+
+def test_main_usage_errors_and_help(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "exit codes:" in out
+    assert "kubectl changefeed" in out
+    assert main(["move", "span-a"]) == EXIT_USAGE  # --to is required
+    assert "--to" in capsys.readouterr().err
+    assert main(["split", "span-a", "--into", "2", "--at", "7400"]) == EXIT_USAGE
+    assert "not allowed with" in capsys.readouterr().err
+    assert main(["nonsense"]) == EXIT_USAGE
+    capsys.readouterr()
+    assert main(["--kubeconfig", str(tmp_path / "missing"), "status"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot load a kubeconfig from")
+    assert err.count("\n") == 1
+
+
+def test_main_connection_refused_is_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: x, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: x, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: x, user: x, namespace: team}}]\n"
+    )
+    assert main(["--kubeconfig", str(kubeconfig), "status"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith("error: listing ")
+    assert "namespace 'team'" in err  # the context's namespace is the default
+    assert "cannot reach the API server at http://127.0.0.1:1" in err
+    assert err.count("\n") == 1
