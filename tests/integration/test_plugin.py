@@ -3,12 +3,14 @@
 Everything goes through ``controller.cli.__main__.main`` in-process (``--kubeconfig`` of the API under
 test, ``-n`` the test's namespace), as ``kubectl changefeed ...`` would run it: status, spans and
 operators output; move, split (--into and --at) and merge with --wait; the refusals (exit 2, nothing
-created); --dry-run; drain --wait. Balancing is off (``spec.scheduler.balanceIntervalSeconds: 0``) so that
+created); --dry-run; drain --wait; and a Move that fails at the maintainer (its destination killed), which
+``--wait`` reports with its reason and exit status 1. Balancing is off (``spec.scheduler.balanceIntervalSeconds: 0``) so that
 only the plugin's operators move spans.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -17,7 +19,7 @@ import yaml
 from controller.cli.__main__ import main
 from controller.model.keys import KeyRange
 from controller.model.states import OpPhase, OpSource, SpanState
-from tests.integration.harness import CHANGEFEED, GROUP, Api, Snap, System, Watch, all_settled
+from tests.integration.harness import CHANGEFEED, GROUP, Api, Snap, System, Watch, all_settled, set_hooks
 
 CAPTURES = ["c0", "c1", "c2"]
 SETTLE = 60.0
@@ -235,3 +237,36 @@ def test_plugin_drains_a_capture(api: Api, system: System, capsys: pytest.Captur
     rc, out, _ = cli("undrain", victim)
     assert (rc, out) == (0, f"capture {victim} no longer draining\n")
     assert not watch.poll().captures[victim].draining
+
+
+def test_plugin_wait_shows_a_failure_of_the_maintainer(
+    api: Api, system: System, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Move whose destination dies mid-way: ``--wait`` prints the stages and the reason, and exits 1."""
+    cli = Cli(api, capsys)
+    watch, snap = boot(api, system, {1: 0})
+    (span,) = snap.spans_of(1)
+    dest = next(c for c in CAPTURES if c != span.capture)
+    set_hooks(api, system, [dest], pause_create="*")  # the Move waits in AddDest on dest
+    result: list[tuple[int, str, str]] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(cli("move", span.name, "--to", dest, "--wait", "--timeout", WAIT))
+    )
+    waiter.start()
+    watch.until(
+        lambda s: any(o.stage.value == "AddDest" for o in s.operators.values() if o.source is OpSource.USER),
+        "the Move in AddDest",
+        SETTLE,
+    )
+    system.signal(dest)  # SIGKILL: its Lease lapses, the maintainer gives the destination up
+    waiter.join(timeout=float(WAIT) + 30)
+    assert not waiter.is_alive()
+    ((rc, out, err),) = result
+    assert rc == 1, out + err
+    assert "Running/AddDest" in out
+    assert err.startswith("error: Move ")
+    assert "Failed: DestinationLost" in err
+    snap = watch.until(settled, "the span placed again after the failed Move", SETTLE)
+    with watch.explained(snap):
+        assert snap.spans[span.name].state is SpanState.REPLICATING
+        assert snap.spans[span.name].capture != dest
