@@ -191,7 +191,8 @@ def changefeed() -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "Changefeed",
         "metadata": {"name": CF, "namespace": NS},
-        "spec": {"scheduler": {"maxInFlightOperators": 10000, "basicBatchSize": 512}},
+        # Balancing off until phase 4, so that phases 1-3 measure only what they start.
+        "spec": {"scheduler": {"maxInFlightOperators": 10000, "basicBatchSize": 512, "balanceIntervalSeconds": 0}},
     }
 
 
@@ -501,6 +502,64 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     out["new_maintainer_requests_total"] = end["requests"]
 
 
+async def phase_drain_balance(system: System, out: dict[str, Any]) -> None:
+    """Drain the capture holding the most spans, then undrain it and let the balance scheduler even out."""
+    worker, client = system.worker, system.client
+    assert worker is not None
+    assert client is not None
+    caps = list(system.captures)
+    db: dict[str, Any] = {}
+    out["drain_balance"] = db
+
+    async def per_capture() -> dict[str, int]:
+        spans = await worker.ask("spans")
+        counts = dict.fromkeys(caps, 0)
+        for sp in spans:
+            if sp["state"] == "Replicating" and sp["capture"] in counts:
+                counts[sp["capture"]] += 1
+        return counts
+
+    async def until(cond: Any, label: str) -> tuple[bool, float, dict[str, int]]:
+        t0 = time.monotonic()
+        while True:
+            counts = await per_capture()
+            st = await worker.ask("state ")
+            if cond(counts, st):
+                return True, time.monotonic() - t0, counts
+            if time.monotonic() - t0 > system.a.timeout:
+                log(f"phase 4: {label} not reached: {counts}")
+                return False, time.monotonic() - t0, counts
+            await asyncio.sleep(0.5)
+
+    before = await per_capture()
+    victim = max(caps, key=lambda c: before[c])
+    db["before"] = before
+    db["drained_capture"] = victim
+    db["spans_on_it"] = before[victim]
+    stats0 = await worker.ask("stats")
+    await client.patch(RESOURCES[Kind.CAPTURE], NS, victim, {"spec": {"draining": True}})
+    ok, secs, counts = await until(
+        lambda c, st: c[victim] == 0 and st["in_flight"] == 0 and all_replicating()(st), "drained"
+    )
+    stats1 = await worker.ask("stats")
+    db.update({"drained": ok, "seconds_to_drain": round(secs, 2), "after_drain": counts})
+    db["requests_per_span_drained"] = {
+        v: round(c / max(1, before[victim]), 2) for v, c in delta(stats1["requests"], stats0["requests"]).items()
+    }
+    log(f"phase 4: drained {victim} ({before[victim]} spans) in {secs:.1f}s: {counts}")
+    await client.patch(RESOURCES[Kind.CAPTURE], NS, victim, {"spec": {"draining": False}})
+    knobs = {"balanceIntervalSeconds": 1, "drainCooldownSeconds": 0}
+    await client.patch(RESOURCES[Kind.CHANGEFEED], NS, CF, {"spec": {"scheduler": knobs}})
+    total = sum(counts.values())
+    floor = total // len(caps)
+    ok, secs, counts = await until(
+        lambda c, st: min(c.values()) >= floor and max(c.values()) - min(c.values()) <= 1 and st["in_flight"] == 0,
+        "balanced",
+    )
+    db.update({"balanced": ok, "seconds_to_balance": round(secs, 2), "after_balance": counts})
+    log(f"phase 4: balanced in {secs:.1f}s (balance interval 1 s): {counts}")
+
+
 async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {"spans": n, "captures": a.captures, "ops_k": a.ops, "inflight_k": a.inflight}
     system = System(a, n)
@@ -530,6 +589,8 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         out["maintainer_requests_total"] = stats["requests"]
         if done and a.inflight:
             await phase_failover(system, out)
+        if done and a.drain:
+            await phase_drain_balance(system, out)
         elif not done:
             out["skipped"] = "phases after the first incomplete one"
     except Exception as exc:  # print partial figures rather than nothing
@@ -587,6 +648,13 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             ("3 release -> all K finished s", f"{fo.get('seconds_release_to_all_finished', '-')}"),
             ("3 operators after", fmt_reqs(fo.get("phases_after", {}))),
         ]
+    db = r.get("drain_balance", {})
+    if db:
+        out += [
+            ("4 drain the fullest capture: spans, s", f"{db.get('spans_on_it')}, {db.get('seconds_to_drain')}"),
+            ("4 drain: requests per span moved", fmt_reqs(db.get("requests_per_span_drained", {}))),
+            ("4 undrain -> balanced s (interval 1 s)", f"{db.get('seconds_to_balance')} {db.get('after_balance')}"),
+        ]
     rss = r.get("maintainer_rss_kib_before_kill") or r.get("maintainer_rss_kib") or {}
     out.append(("4 maintainer peak RSS MiB (VmHWM)", f"{rss.get('VmHWM', 0) / 1024:.0f}" if rss else "-"))
     rss2 = r.get("new_maintainer_rss_kib") or {}
@@ -627,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-window", type=float, default=20.0)
     p.add_argument("--json", help="write all figures to this file")
     p.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "cfm-bench-logs"))
+    p.add_argument("--no-drain", dest="drain", action="store_false", help="skip phase 4 (drain, then balance)")
     p.add_argument("--quick", action="store_true", help="300 spans, 20 ops per type, 50 in flight")
     a = p.parse_args(argv)
     if a.quick:
