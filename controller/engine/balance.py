@@ -6,8 +6,9 @@ runs while other operators are in flight (an operator already on one of its span
 
 Balance (every ``balanceIntervalSeconds``, TiCDC's 15 s): only when nothing is absent, no operator
 is in flight, no repair was needed this tick, and no drain is under way or cooling down. It moves
-spans from the fullest schedulable captures to those under the floor of the mean span count, at most
-``balanceMaxMoves`` a round. A round is tried again on the next tick if it could not run; the
+spans from the fullest schedulable captures to the emptiest (those under the floor of the mean
+first) until every capture holds the floor or the ceiling of the mean, at most ``balanceMaxMoves``
+a round. A round is tried again on the next tick if it could not run; the
 interval counts from the last round that ran (or from the start of the maintainer's term).
 
 The status (``Changefeed.status.scheduler``) is the durable part: a drain that finished starts a
@@ -36,15 +37,25 @@ def draining_captures(tick: Tick) -> list[str]:
 
 
 def status(tick: Tick) -> SchedulerStatus:
-    """What the automatic schedulers do in this decision (level-triggered from spec and the world)."""
+    """What the automatic schedulers do in this decision (level-triggered from spec and the world).
+
+    A cool-down survives a pause: the Paused status keeps ``balance_resumes_at`` (a drain that was
+    under way when the changefeed was paused starts its cool-down then), and on resume the
+    cool-down goes on until that time.
+    """
     cf = tick.changefeed
     cfg = cf.scheduler
     prev = cf.scheduler_status
+    cooling = cfg.drain_cooldown_seconds > 0 and cfg.balance_interval_seconds > 0
+    resumes_at = prev.balance_resumes_at if prev.state in (SchedulerState.COOLING_DOWN, SchedulerState.PAUSED) else 0.0
+    if prev.state is SchedulerState.DRAINING and cooling:
+        resumes_at = tick.now + cfg.drain_cooldown_seconds  # the drain ends here (finished or paused)
     if cf.paused:
         return SchedulerStatus(
             state=SchedulerState.PAUSED,
             message="spec.paused is true: no automatic scheduling (basic, balance, split, merge, drain); "
             "operators in flight finish and user SpanOperators still run",
+            balance_resumes_at=resumes_at if tick.now < resumes_at else 0.0,
         )
     draining = draining_captures(tick)
     if draining:
@@ -53,15 +64,14 @@ def status(tick: Tick) -> SchedulerStatus:
             state=SchedulerState.DRAINING,
             message=f"moving spans off draining capture(s) {', '.join(draining)}{where}; balancing waits",
         )
-    if prev.state is SchedulerState.DRAINING and cfg.drain_cooldown_seconds > 0 and cfg.balance_interval_seconds > 0:
-        until = tick.now + cfg.drain_cooldown_seconds
+    if cooling and tick.now < resumes_at:
+        if prev.state is SchedulerState.COOLING_DOWN and prev.balance_resumes_at == resumes_at:
+            return prev
         return SchedulerStatus(
             state=SchedulerState.COOLING_DOWN,
-            message=f"drain finished; balancing resumes at {format_time(until)}",
-            balance_resumes_at=until,
+            message=f"drain finished; balancing resumes at {format_time(resumes_at)}",
+            balance_resumes_at=resumes_at,
         )
-    if prev.state is SchedulerState.COOLING_DOWN and tick.now < prev.balance_resumes_at:
-        return prev
     if cfg.balance_interval_seconds <= 0:
         return SchedulerStatus(state=SchedulerState.ACTIVE, message="balancing is off (balanceIntervalSeconds: 0)")
     return SchedulerStatus(state=SchedulerState.ACTIVE, message=f"balancing every {cfg.balance_interval_seconds:g}s")
@@ -112,34 +122,43 @@ def balance_due(tick: Tick, last: float, state: SchedulerStatus) -> bool:
 
 
 def balance(tick: Tick) -> int:
-    """One balance round; returns how many Moves it started."""
+    """One balance round; returns how many Moves it started.
+
+    The least-loaded schedulable capture receives from the most-loaded one that has a movable span,
+    until every capture holds the floor or the ceiling of the mean (max - min <= 1), a state that is
+    stable (no ping-pong). Load counts every Replicating span; only movable ones are taken.
+    """
     cfg = tick.changefeed.scheduler
     captures = tick.schedulable_captures()
     if len(captures) < 2:
         return 0
-    on: dict[str, list[Span]] = {c: [] for c in captures}
+    load = dict.fromkeys(captures, 0)
+    movable: dict[str, list[Span]] = {c: [] for c in captures}
     for s in tick.spans.values():
-        if s.capture in on and s.state is SpanState.REPLICATING:
-            on[s.capture].append(s)
-    for spans in on.values():
-        spans.sort(key=lambda s: (s.table_id, s.mode, s.key_range))
-    floor = sum(len(v) for v in on.values()) // len(captures)
+        if s.capture in load and s.state is SpanState.REPLICATING:
+            load[s.capture] += 1
+            if _movable(tick, s):
+                movable[s.capture].append(s)
+    for spans in movable.values():
+        spans.sort(key=lambda s: (s.table_id, s.mode, s.key_range), reverse=True)
+    floor = sum(load.values()) // len(captures)
     left = room(tick, cfg.balance_max_moves)
     moved = 0
     while left > 0:
-        src = max(captures, key=lambda c: (len(on[c]), c))
-        dst = min(captures, key=lambda c: (len(on[c]), c))
-        if len(on[dst]) >= floor or len(on[src]) - len(on[dst]) <= 1:
+        dst = min(captures, key=lambda c: (load[c], c))
+        sources = [c for c in captures if movable[c]]
+        if not sources:
             break
-        span = next((s for s in reversed(on[src]) if _movable(tick, s)), None)
-        if span is None:
+        src = max(sources, key=lambda c: (load[c], c))
+        if load[src] - load[dst] <= 1:
             break
-        on[src].remove(span)
-        reason = f"balance: {src} held {len(on[src]) + 1} spans, {dst} {len(on[dst])} (floor of the mean: {floor})"
+        span = movable[src].pop(0)
+        reason = f"balance: {src} held {load[src]} spans, {dst} {load[dst]} (floor of the mean: {floor})"
+        load[src] -= 1
+        load[dst] += 1
         if _move(tick, span, dst, reason):
             moved += 1
             left -= 1
-        on[dst].append(span)
     return moved
 
 

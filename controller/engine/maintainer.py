@@ -88,14 +88,17 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
     sched = balance.status(tick)
     balanced_at = memory.balanced_at if memory.bootstrapped else world.now
     counters = memory.counters if memory.bootstrapped else traffic.Counters(checked_at=world.now)
-    if not cf.paused:
+    if cf.paused:
+        counters = traffic.Counters(checked_at=world.now)  # "N checks in a row" start again on resume
+    else:
         balance.drain(tick)
         scheduler.basic(tick)
         counters = traffic.run(tick, counters)
-        if balance.balance_due(tick, balanced_at, sched):
-            balance.balance(tick)
-            balanced_at = world.now
     repair.coverage(tick)
+    # After coverage: spans it creates for a new table or a hole are not Replicating, which holds balancing.
+    if not cf.paused and balance.balance_due(tick, balanced_at, sched):
+        balance.balance(tick)
+        balanced_at = world.now
     controller.garbage_collect(tick)
     repaired = len(tick.repairs) if first else memory.repaired
     report = (
@@ -180,8 +183,10 @@ def _status(tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_
         last_transition=tick.now,
     )
     conditions = _set_condition(cf, cond)
+    # Events in a chain of their own: a 409 on the status write must not drop them.
+    events: list[object] = []
     if first:
-        writes.append(tick.event(cf, "Bootstrapped", report))
+        events.append(tick.event(cf, "Bootstrapped", report))
     for name in newly_lost:
         held = sum(1 for s in tick.world.spans.values() if s.capture == name and s.state is not SpanState.ABSENT)
         capture = tick.world.captures.get(name)
@@ -189,9 +194,9 @@ def _status(tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_
             f"capture {name} lost its Lease while holding {held} span(s) of changefeed {cf.name}; they are placed again"
         )
         if capture is not None:
-            writes.append(tick.event(capture, "CaptureLost", message, warning=True))
+            events.append(tick.event(capture, "CaptureLost", message, warning=True))
         else:
-            writes.append(tick.event(cf, "CaptureLost", message, warning=True))
+            events.append(tick.event(cf, "CaptureLost", message, warning=True))
     new = replace(
         cf,
         checkpoint_ts=checkpoint.compute(tick),
@@ -204,6 +209,7 @@ def _status(tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_
     if not new.status_equal(cf):
         writes.insert(0, WriteStatus(new))
     tick.emit("changefeed status", writes)
+    tick.emit("changefeed events", events)
     for table in tick.world.tables.values():
         if tick.is_touched(table) or table.changefeed != cf.name or tick.tables_by_id.get(table.table_id) is not table:
             continue

@@ -14,9 +14,14 @@ is judged from what its capture last reported (``Dispatcher.status.writeRate``/`
   a merged span is never immediately hot again; at most ``mergeMaxPerRound`` Merges a check, and
   never below the span count the table's ``preSplit`` asked for.
 
+A span a scheduler Split made that still carries more than half of its parent's write rate is a hot
+spot (the writes hit a few keys): it is not split again this term, which stops a split/merge churn
+that would only lengthen keys. A span is never cut into more pieces than the regions it reports.
+
 Neither runs on a table (and mode) with an operator in flight on it, and neither while the changefeed
-is paused. The consecutive-check counters live in the maintainer's memory: a new maintainer starts
-counting afresh, which only delays a split or merge.
+is paused (the counters start again on resume). The consecutive-check counters and the split
+history live in the maintainer's memory: a new maintainer starts counting afresh, which only delays
+a split or merge (or allows one more split of a hot spot).
 """
 
 from __future__ import annotations
@@ -36,11 +41,17 @@ from controller.model.states import DispatcherState, Mode, OpType, SpanState
 
 @dataclass(frozen=True)
 class Counters:
-    """Consecutive hot and cold checks per span, and when the last check ran."""
+    """Consecutive hot and cold checks per span, when the last check ran, and the split history.
+
+    ``splits``: this term's scheduler Splits (operator name -> the parent's write rate then);
+    ``children``: spans those Splits made (span -> the parent's rate), kept while the span exists.
+    """
 
     checked_at: float = 0.0
     hot: Mapping[str, int] | None = None
     cold: Mapping[str, int] | None = None
+    splits: Mapping[str, float] | None = None
+    children: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -68,10 +79,39 @@ def run(tick: Tick, counters: Counters) -> Counters:
             hot[name] = old_hot.get(name, 0) + 1
         if cfg.merge_write_threshold > 0 and load.rate < cfg.merge_write_threshold:
             cold[name] = old_cold.get(name, 0) + 1
+    splits, children = _split_history(tick, counters)
     busy = _busy_tables(tick)
-    split_tables = _split(tick, loads, hot, busy)
+    split_tables = _split(tick, loads, hot, busy, splits, children)
     _merge(tick, loads, cold, busy | split_tables)
-    return Counters(checked_at=tick.now, hot=hot, cold=cold)
+    return Counters(checked_at=tick.now, hot=hot, cold=cold, splits=splits, children=children)
+
+
+def _split_history(tick: Tick, counters: Counters) -> tuple[dict[str, float], dict[str, float]]:
+    """Follow this term's Splits to the spans they made, and forget spans that are gone."""
+    splits = dict(counters.splits or {})
+    children = {s: r for s, r in (counters.children or {}).items() if s in tick.spans}
+    for name, rate in list(splits.items()):
+        op = tick.operators.get(name)
+        if op is None:
+            del splits[name]
+            continue
+        for t in op.targets:
+            if t.span in tick.spans:
+                children[t.span] = rate
+        if op.phase.terminal:
+            del splits[name]
+    return splits, children
+
+
+def _hot_spot(tick: Tick, name: str, load: _Load, children: Mapping[str, float]) -> bool:
+    """``name`` came from a Split and still carries more than half of its parent's traffic.
+
+    Splitting it again would not spread the load (the writes hit a few keys), only churn: split,
+    merge the cold siblings back, split again, with keys growing each time. Such a span is left as
+    it is for the rest of the term.
+    """
+    parent = children.get(name)
+    return parent is not None and load.rate > parent / 2
 
 
 def _loads(tick: Tick) -> dict[str, _Load]:
@@ -127,7 +167,11 @@ def _spans_by_table(tick: Tick) -> dict[tuple[int, Mode], list[Span]]:
 
 
 def pieces_for(tick: Tick, load: _Load, spans_in_table: int) -> int:
-    """How many pieces a hot span is split into (0: it may not be split any further)."""
+    """How many pieces a hot span is split into (0: it may not be split any further).
+
+    A span is cut at most into as many pieces as it has regions, when its capture reports them (a
+    region is TiKV's smallest unit: TiCDC splits at region boundaries).
+    """
     cfg = tick.changefeed.scheduler
     want = max(2, len(tick.schedulable_captures()))
     if cfg.split_write_threshold > 0 and load.rate > cfg.split_write_threshold:
@@ -135,11 +179,18 @@ def pieces_for(tick: Tick, load: _Load, spans_in_table: int) -> int:
     if cfg.split_region_threshold > 0 and load.regions > cfg.split_region_threshold:
         want = max(want, math.ceil(load.regions / cfg.split_region_threshold))
     pieces = min(want, cfg.max_spans_per_table - spans_in_table + 1, MAX_PIECES)
+    if load.regions > 0:
+        pieces = min(pieces, load.regions)
     return pieces if pieces >= 2 else 0
 
 
 def _split(
-    tick: Tick, loads: Mapping[str, _Load], hot: dict[str, int], busy: set[tuple[int, Mode]]
+    tick: Tick,
+    loads: Mapping[str, _Load],
+    hot: dict[str, int],
+    busy: set[tuple[int, Mode]],
+    splits: dict[str, float],
+    children: Mapping[str, float],
 ) -> set[tuple[int, Mode]]:
     cfg = tick.changefeed.scheduler
     done: set[tuple[int, Mode]] = set()
@@ -152,6 +203,8 @@ def _split(
         if left <= 0:
             break
         if key in busy or key in done or table is None or not table.splittable or not _eligible(tick, span):
+            continue
+        if _hot_spot(tick, name, loads[name], children):
             continue
         pieces = pieces_for(tick, loads[name], len(groups.get(key, ())))
         if not pieces:
@@ -170,6 +223,7 @@ def _split(
         )
         op = scheduler_operator(tick, op_name, OpType.SPLIT, (name,), split_into=pieces, reason=reason)
         controller.admit(tick, op, create=True)
+        splits[op_name] = loads[name].rate
         hot.pop(name)
         done.add(key)
         left -= 1

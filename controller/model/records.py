@@ -81,7 +81,9 @@ class Record:
 class SchedulerConfig:
     """``Changefeed.spec.scheduler``. Defaults follow TiCDC's (see docs/architecture.md, Schedulers).
 
-    A threshold or interval of 0 switches that scheduler off.
+    A threshold, ``balance_interval_seconds`` or ``merge_max_per_round`` of 0 switches that scheduler
+    off; ``traffic_check_interval_seconds`` 0 checks at every decision; ``drain_cooldown_seconds`` 0
+    means no cool-down. Batch sizes and check counts are at least 1.
     """
 
     max_in_flight_operators: int = 10000

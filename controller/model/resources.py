@@ -113,8 +113,17 @@ CHANGEFEED_LABEL = f"{GROUP}/changefeed"
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 #: Values of ``Table.status.state`` ("" in the model: not yet validated, omitted in the resource).
 TABLE_STATES = ("Active", "Invalid", "Removing")
-#: Scheduler knobs whose minimum is 1 (the others may be 0, which switches a scheduler off).
-_AT_LEAST_ONE = frozenset({"max_in_flight_operators", "basic_batch_size", "split_checks", "merge_checks"})
+#: Scheduler knobs whose minimum is 1 (for the others 0 means off, or, for intervals, every decision).
+_AT_LEAST_ONE = frozenset(
+    {
+        "max_in_flight_operators",
+        "basic_batch_size",
+        "balance_max_moves",
+        "drain_batch_size",
+        "split_checks",
+        "merge_checks",
+    }
+)
 CONDITION_STATUSES = ("True", "False", "Unknown")
 #: Largest ts the resources carry (int64, as the API server stores integers).
 MAX_TS = 2**63 - 1

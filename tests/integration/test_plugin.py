@@ -4,8 +4,8 @@ Everything goes through ``controller.cli.__main__.main`` in-process (``--kubecon
 test, ``-n`` the test's namespace), as ``kubectl changefeed ...`` would run it: status, spans and
 operators output; move, split (--into and --at) and merge with --wait; the refusals (exit 2, nothing
 created); --dry-run; drain --wait; and a Move that fails at the maintainer (its destination killed), which
-``--wait`` reports with its reason and exit status 1. Balancing is off (``spec.scheduler.balanceIntervalSeconds: 0``) so that
-only the plugin's operators move spans.
+``--wait`` reports with its reason and exit status 1. Balancing is off
+(``spec.scheduler.balanceIntervalSeconds: 0``) so that only the plugin's operators move spans.
 """
 
 from __future__ import annotations

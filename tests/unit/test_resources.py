@@ -130,7 +130,7 @@ def changefeeds(draw: st.DrawFn) -> Changefeed:
                 operator_retention_seconds=st.floats(0, 1e9),
                 user_operator_retention_seconds=st.floats(0, 1e9),
                 balance_interval_seconds=st.floats(0, 1e9),
-                balance_max_moves=st.integers(0, 2**31 - 1),
+                balance_max_moves=st.integers(1, 2**31 - 1),
                 split_write_threshold=st.floats(0, 1e9),
                 split_checks=st.integers(1, 2**31 - 1),
                 merge_max_per_round=st.integers(0, 2**31 - 1),

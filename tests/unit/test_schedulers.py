@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
+from controller.engine import balance
 from controller.engine.intents import Event
 from controller.engine.maintainer import Decision, Memory, decide
 from controller.engine.traffic import Counters
-from controller.engine.world import World
-from controller.model.records import Capture, Changefeed, SchedulerConfig, SchedulerStatus, SpanOperator
+from controller.engine.world import Options, Tick, World
+from controller.model.records import Capture, Changefeed, SchedulerConfig, SchedulerStatus, Span, SpanOperator
 from controller.model.states import SchedulerState
 from tests.unit.fixtures import (
     NOW,
@@ -29,6 +31,7 @@ from tests.unit.fixtures import (
     pieces,
     span,
     table,
+    trange,
     world,
 )
 
@@ -370,3 +373,189 @@ def test_store_balances_and_drains_to_a_fixed_point():
     assert SchedulerState.COOLING_DOWN in states
     assert states[-1] is SchedulerState.ACTIVE
     assert all(o.phase is OpPhase.SUCCEEDED for o in st.of(Kind.OPERATOR).values())  # type: ignore[attr-defined]
+
+
+# -- review findings: convergence, guards, pause, hot spots ---------------------------------------------
+
+
+def final_counts(recs, dec: Decision) -> dict[str, int]:
+    """Spans per capture once the decision's Moves land."""
+    where = {r.name: r.capture for r in recs if isinstance(r, Span)}
+    for m in moves(dec):
+        where[m.spans[0]] = m.target
+    return dict(Counter(where.values()))
+
+
+def test_balance_converges_to_floor_or_ceiling_of_the_mean():
+    caps = [capture(f"c{i}") for i in range(10)]
+    recs = [table(1), *caps, *placed(1, 19, ["c0"])]
+    counts = final_counts(recs, decide(world(*recs, cf=cf_with()), memory()))
+    assert sorted(counts.values()) == [1, *[2] * 9]  # 19 spans on 10 captures
+    recs = [
+        table(1),
+        *CAPS,
+        *placed(1, 4, ["c0"]),
+        *placed(2, 2, ["c1"], prefix="b"),
+        *placed(3, 2, ["c2"], prefix="c"),
+    ]
+    recs.insert(0, table(2))
+    recs.insert(0, table(3))
+    dec = decide(world(*recs, cf=cf_with()), memory())
+    assert [m.target for m in moves(dec)] == ["c1"]  # [4, 2, 2] -> [3, 3, 2]
+
+
+def test_balance_skips_a_source_with_nothing_movable():
+    recs = [table(1), *CAPS, *placed(1, 6, ["c0"]), *placed(2, 4, ["c1"]), table(2)]
+    tick = Tick(world(*recs, cf=cf_with()), 1, Options())
+    for s in recs:
+        if isinstance(s, Span) and s.capture == "c0":
+            tick.touched.add((Kind.SPAN, s.name))  # already changed in this decision: not movable
+    assert balance.balance(tick) == 2
+    ops = [o for o in tick.operators.values() if o.type is OpType.MOVE]
+    # c0 is fuller but gives nothing: c1 gives two (4, 0 -> 2, 2).
+    assert [(tick.world.spans[o.spans[0]].capture, o.target) for o in ops] == [("c1", "c2"), ("c1", "c2")]
+
+
+def test_balance_due_needs_a_quiet_world():
+    recs = [table(1), *CAPS, *placed(1, 6, ["c0"])]
+    active = SchedulerStatus(state=SchedulerState.ACTIVE)
+    assert balance.balance_due(Tick(world(*recs, cf=cf_with()), 1, Options()), 0.0, active)
+    repaired = Tick(world(*recs, cf=cf_with()), 1, Options())
+    repaired.repairs.append("something was repaired")
+    assert not balance.balance_due(repaired, 0.0, active)
+    new = span("new", table_id=1, key_range=trange(1), state=None)
+    assert not balance.balance_due(Tick(world(*recs, new, cf=cf_with()), 1, Options()), 0.0, active)
+    absent = span("gap", table_id=1, state=SpanState.ABSENT)
+    assert not balance.balance_due(Tick(world(*recs, absent, cf=cf_with()), 1, Options()), 0.0, active)
+    cooling = SchedulerStatus(state=SchedulerState.COOLING_DOWN)
+    assert not balance.balance_due(Tick(world(*recs, cf=cf_with()), 1, Options()), 0.0, cooling)
+
+
+def test_no_balance_in_the_decision_that_creates_a_new_tables_spans():
+    recs = [table(1), table(2), *CAPS, *placed(1, 6, ["c0"])]
+    dec = decide(world(*recs, cf=cf_with()), memory())
+    assert [s.table_id for s in created(dec, Kind.SPAN)] == [2]
+    assert moves(dec) == []
+
+
+def test_paused_changefeed_neither_drains_nor_counts_traffic():
+    caps = [capture("c0", draining=True), capture("c1")]
+    cf = cf_with(paused=True, split_write_threshold=100.0, split_checks=1)
+    mem = replace(memory(), counters=Counters(checked_at=NOW - 100, hot={"s1-0": 5}))
+    dec = decide(world(table(1), *caps, *placed(1, 2, ["c0"], rate=1000.0), cf=cf), mem)
+    assert created(dec, Kind.OPERATOR) == []
+    assert dec.memory.counters == Counters(checked_at=NOW)  # "in a row" starts again on resume
+
+
+def test_drain_skips_a_span_a_user_operator_claims():
+    caps = [capture("c0", draining=True), capture("c1")]
+    pending = operator("u", OpType.SPLIT, ("s1-0",), split_into=2, created=NOW + 1)
+    recs = [table(1), *caps, *placed(1, 2, ["c0"]), pending]
+    dec = decide(world(*recs, cf=cf_with(max_in_flight_operators=3)), memory())
+    assert [m.spans for m in moves(dec)] == [("s1-1",)]
+
+
+def test_pause_keeps_the_drain_cool_down():
+    caps = [capture("c0", draining=True), capture("c1"), capture("c2")]
+    recs = [table(1), *caps, *placed(1, 6, ["c1"])]
+    draining = SchedulerStatus(state=SchedulerState.DRAINING, message="x")
+    paused = sched_status(decide(world(*recs, cf=cf_with(paused=True, status=draining)), memory()))
+    assert paused.state is SchedulerState.PAUSED
+    assert paused.balance_resumes_at == NOW + 120
+    resumed = decide(at([*recs, cf_with(status=paused)], NOW + 60), memory())
+    assert sched_status(resumed).state is SchedulerState.COOLING_DOWN
+    assert sched_status(resumed).balance_resumes_at == NOW + 120
+    assert moves(resumed) == []
+
+
+def merge_cf(**knobs: object) -> Changefeed:
+    return cf_with(merge_write_threshold=100.0, merge_checks=1, balance_interval_seconds=0, **knobs)
+
+
+def merges(dec: Decision) -> list[tuple[str, ...]]:
+    return [m.spans for m in ops_of(dec, OpType.MERGE)]
+
+
+def test_merge_never_makes_a_span_that_would_be_split_again():
+    by_rate = merge_cf(split_write_threshold=50.0)
+    assert merges(decide(world(table(1), *CAPS, *placed(1, 2, ["c0"], rate=30.0), cf=by_rate), memory())) == []
+    by_regions = merge_cf(split_region_threshold=100)
+    recs = placed(1, 2, ["c0"], rate=1.0, regions=60)
+    assert merges(decide(world(table(1), *CAPS, *recs, cf=by_regions), memory())) == []
+
+
+def test_merge_only_adjacent_spans():
+    recs = placed(1, 4, ["c0"], rate=1.0)
+    del recs[4:6]  # s1-2 is gone: a hole between s1-1 and s1-3
+    dec = decide(world(table(1), *CAPS, *recs, cf=merge_cf()), memory())
+    assert merges(dec) == [("s1-0", "s1-1")]
+
+
+def test_no_merge_on_a_table_split_in_the_same_check():
+    cf = merge_cf(split_write_threshold=1000.0, split_checks=1)
+    recs = placed(1, 4, ["c0"], rate=1.0)
+    hot = [r.evolve(write_rate=5000.0) if r.name == "d1-3" else r for r in recs]
+    dec = decide(world(table(1), *CAPS, *hot, cf=cf), memory())
+    assert [o.spans for o in ops_of(dec, OpType.SPLIT)] == [("s1-3",)]
+    assert merges(dec) == []
+
+
+def test_merge_floor_counts_pre_split_keys():
+    keys = (pieces(1, 3)[1].start, pieces(1, 3)[2].start)
+    recs = placed(1, 3, ["c0"], rate=1.0)
+    assert merges(decide(world(table(1, pre_split_keys=keys), *CAPS, *recs, cf=merge_cf()), memory())) == []
+    one_key = table(1, pre_split_keys=keys[:1])
+    assert merges(decide(world(one_key, *CAPS, *recs, cf=merge_cf()), memory())) == [("s1-0", "s1-1")]
+
+
+def test_split_pieces_capped_by_max_pieces_and_by_regions():
+    cf = cf_with(split_write_threshold=1.0, split_checks=1, max_spans_per_table=1000, balance_interval_seconds=0)
+    dec = decide(world(table(1), *CAPS, *placed(1, 1, ["c0"], rate=1e6), cf=cf), memory())
+    assert [o.split_into for o in ops_of(dec, OpType.SPLIT)] == [128]
+    dec = decide(world(table(1), *CAPS, *placed(1, 1, ["c0"], rate=1e6, regions=2), cf=cf), memory())
+    assert [o.split_into for o in ops_of(dec, OpType.SPLIT)] == [2]
+    dec = decide(world(table(1), *CAPS, *placed(1, 1, ["c0"], rate=1e6, regions=1), cf=cf), memory())
+    assert ops_of(dec, OpType.SPLIT) == []  # one region: nothing to cut
+
+
+def test_a_hot_spot_left_by_a_split_is_not_split_again():
+    cf = cf_with(split_write_threshold=1000.0, split_checks=1, balance_interval_seconds=0)
+    recs = [table(1), *CAPS, *placed(1, 1, ["c0"], rate=4000.0)]
+    mem = replace(memory(), counters=Counters(children={"s1-0": 5000.0}))
+    assert ops_of(decide(world(*recs, cf=cf), mem), OpType.SPLIT) == []  # 4000 > 5000 / 2
+    spread = [table(1), *CAPS, *placed(1, 1, ["c0"], rate=2000.0)]
+    assert len(ops_of(decide(world(*spread, cf=cf), mem), OpType.SPLIT)) == 1
+
+
+def test_capture_lost_event_goes_on_the_changefeed_when_the_capture_is_gone_and_in_its_own_chain():
+    sp = span("s", capture="gone", dispatcher="d")
+    dec = decide(world(table(1), capture("c0"), sp, dispatcher("d", sp, "gone")), memory())
+    (chain,) = [c for c in dec.chains if any(isinstance(w, Event) for w in c.writes)]
+    assert [(w.kind, w.name, w.reason) for w in chain.writes] == [(Kind.CHANGEFEED, "cf", "CaptureLost")]
+
+
+def test_skewed_traffic_does_not_churn():
+    """One hot key range: the first split leaves a hot child; it is not split again, keys stay short."""
+    st = Store()
+    cf = cf_with(
+        split_write_threshold=1000.0,
+        split_checks=1,
+        merge_write_threshold=100.0,
+        merge_checks=1,
+        traffic_check_interval_seconds=1.0,
+        balance_interval_seconds=0,
+    )
+    st.add(cf, table(1), capture("c0"), capture("c1"), capture("c2"))
+    hot_key = trange(1).start + b"\x00\x00\x00\x00\x00\x00\x00\x07"
+    mem = memory(bootstrapped=False)
+    for _ in range(400):
+        for d in list(st.of(Kind.DISPATCHER).values()):
+            rate = 5000.0 if d.key_range.contains_key(hot_key) else 10.0
+            if d.write_rate != rate:
+                st.objects[(Kind.DISPATCHER, d.name)] = d.evolve(write_rate=rate)
+        _, mem = st.step(mem)
+    ops = [o for o in st.of(Kind.OPERATOR).values() if isinstance(o, SpanOperator)]
+    splits = [o for o in ops if o.type is OpType.SPLIT]
+    assert len(splits) == 1
+    assert all(o.phase is OpPhase.SUCCEEDED for o in ops)
+    assert max(len(s.key_range.start) for s in st.of(Kind.SPAN).values()) <= 9 + 4
