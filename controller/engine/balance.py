@@ -19,7 +19,7 @@ takes over mid-cool-down honours it.
 from __future__ import annotations
 
 from controller.engine import controller
-from controller.engine.scheduler import fresh_operator_name, room, scheduler_operator
+from controller.engine.scheduler import fresh_operator_name, movable, room, scheduler_operator
 from controller.engine.world import Tick
 from controller.model.records import SchedulerStatus, Span
 from controller.model.resources import format_time
@@ -88,7 +88,7 @@ def drain(tick: Tick) -> None:
     load = tick.load()
     pending = {name for op in tick.in_flight() for name in op.spans}
     for span in sorted(
-        (s for s in tick.spans.values() if s.capture in draining and _movable(tick, s) and s.name not in pending),
+        (s for s in tick.spans.values() if s.capture in draining and movable(tick, s) and s.name not in pending),
         key=lambda s: (s.capture, s.table_id, s.mode, s.key_range),
     ):
         if left <= 0:
@@ -133,26 +133,26 @@ def balance(tick: Tick) -> int:
     if len(captures) < 2:
         return 0
     load = dict.fromkeys(captures, 0)
-    movable: dict[str, list[Span]] = {c: [] for c in captures}
+    takeable: dict[str, list[Span]] = {c: [] for c in captures}
     for s in tick.spans.values():
         if s.capture in load and s.state is SpanState.REPLICATING:
             load[s.capture] += 1
-            if _movable(tick, s):
-                movable[s.capture].append(s)
-    for spans in movable.values():
+            if movable(tick, s):
+                takeable[s.capture].append(s)
+    for spans in takeable.values():
         spans.sort(key=lambda s: (s.table_id, s.mode, s.key_range), reverse=True)
     floor = sum(load.values()) // len(captures)
     left = room(tick, cfg.balance_max_moves)
     moved = 0
     while left > 0:
         dst = min(captures, key=lambda c: (load[c], c))
-        sources = [c for c in captures if movable[c]]
+        sources = [c for c in captures if takeable[c]]
         if not sources:
             break
         src = max(sources, key=lambda c: (load[c], c))
         if load[src] - load[dst] <= 1:
             break
-        span = movable[src].pop(0)
+        span = takeable[src].pop(0)
         reason = f"balance: {src} held {load[src]} spans, {dst} {load[dst]} (floor of the mean: {floor})"
         load[src] -= 1
         load[dst] += 1
@@ -160,17 +160,6 @@ def balance(tick: Tick) -> int:
             moved += 1
             left -= 1
     return moved
-
-
-def _movable(tick: Tick, span: Span) -> bool:
-    return (
-        span.state is SpanState.REPLICATING
-        and not span.deleting
-        and not tick.busy(span.name)
-        and not tick.is_touched(span)
-        and tick.table_live(span.table_id)
-        and tick.mode_enabled(span.mode)
-    )
 
 
 def _move(tick: Tick, span: Span, dest: str, reason: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from controller.engine import controller, naming
 from controller.engine.world import Tick
-from controller.model.records import SpanOperator
+from controller.model.records import Span, SpanOperator
 from controller.model.states import OpSource, OpType, SpanState
 
 
@@ -93,6 +93,19 @@ def scheduler_operator(tick: Tick, name: str, type_: OpType, spans: tuple[str, .
         created=tick.now,
         labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
         **spec,  # type: ignore[arg-type]
+    )
+
+
+def movable(tick: Tick, span: Span) -> bool:
+    """A Replicating span of a live table that no operator owns and nothing changed in this decision:
+    what the drain, balance, split and merge schedulers may take."""
+    return (
+        span.state is SpanState.REPLICATING
+        and not span.deleting
+        and not tick.busy(span.name)
+        and not tick.is_touched(span)
+        and tick.table_live(span.table_id)
+        and tick.mode_enabled(span.mode)
     )
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from controller.engine import controller
 from controller.engine.operators.split import MAX_PIECES
-from controller.engine.scheduler import fresh_operator_name, room, scheduler_operator
+from controller.engine.scheduler import fresh_operator_name, movable, room, scheduler_operator
 from controller.engine.world import Tick
 from controller.model.keys import KeyError_
 from controller.model.records import Span, Table
@@ -145,17 +145,6 @@ def _busy_tables(tick: Tick) -> set[tuple[int, Mode]]:
     return busy
 
 
-def _eligible(tick: Tick, span: Span) -> bool:
-    return (
-        span.state is SpanState.REPLICATING
-        and not span.deleting
-        and not tick.busy(span.name)
-        and not tick.is_touched(span)
-        and tick.table_live(span.table_id)
-        and tick.mode_enabled(span.mode)
-    )
-
-
 def _spans_by_table(tick: Tick) -> dict[tuple[int, Mode], list[Span]]:
     groups: dict[tuple[int, Mode], list[Span]] = {}
     for s in tick.spans.values():
@@ -202,7 +191,7 @@ def _split(
         table = tick.table_of(span)
         if left <= 0:
             break
-        if key in busy or key in done or table is None or not table.splittable or not _eligible(tick, span):
+        if key in busy or key in done or table is None or not table.splittable or not movable(tick, span):
             continue
         if _hot_spot(tick, name, loads[name], children):
             continue
@@ -267,7 +256,7 @@ def _merge(tick: Tick, loads: Mapping[str, _Load], cold: dict[str, int], busy: s
 def _joins(tick: Tick, run: list[Span], span: Span, loads: Mapping[str, _Load], cold: Mapping[str, int]) -> bool:
     """``span`` may extend ``run`` (adjacent, cold long enough, and the merged span stays cold)."""
     cfg = tick.changefeed.scheduler
-    if cold.get(span.name, 0) < cfg.merge_checks or not _eligible(tick, span):
+    if cold.get(span.name, 0) < cfg.merge_checks or not movable(tick, span):
         return False
     if run and run[-1].key_range.end != span.key_range.start:
         return False
