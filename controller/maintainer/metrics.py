@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from controller.capture.runtime import physical_ms
 from controller.model.records import Capture, Changefeed, Span, SpanOperator
-from controller.model.states import Kind
+from controller.model.states import Kind, SchedulerState
 
 if TYPE_CHECKING:
     from controller.maintainer.runner import Maintainer
@@ -143,6 +143,12 @@ class StateCollector(Collector):
             "Physical time (Unix seconds) of the changefeed's status.checkpointTs (absent while it is 0).",
             labels=["changefeed"],
         )
+        scheduler = GaugeMetricFamily(
+            PREFIX + "scheduler_state",
+            "1 for the state of the automatic schedulers in the changefeed's status.scheduler.state "
+            "(Active, Paused, Draining, CoolingDown), 0 for the others.",
+            labels=["changefeed", "state"],
+        )
         for name in leading:
             cf = store.record(Kind.CHANGEFEED, name)
             if isinstance(cf, Changefeed):
@@ -150,8 +156,12 @@ class StateCollector(Collector):
                 if behind is not None:
                     lag.add_metric([name], behind)
                     checkpoint.add_metric([name], physical_ms(cf.checkpoint_ts) / 1000.0)
+                for state in SchedulerState:
+                    if state.value:
+                        scheduler.add_metric([name, state.value], float(cf.scheduler_status.state is state))
         yield lag
         yield checkpoint
+        yield scheduler
 
         bootstrap = GaugeMetricFamily(
             PREFIX + "bootstrap_duration_seconds",

@@ -142,6 +142,8 @@ def test_metrics_follow_the_resources_through_a_move(api: Api, system: System) -
         assert lag is not None
         assert -5 < lag < 120, lag
         assert m.get("informer_synced") == 1
+        state = (api.get("changefeeds", CHANGEFEED) or {})["status"]["scheduler"]["state"]
+        assert m.get("scheduler_state", changefeed=CHANGEFEED, state=state) == 1
 
     # A user Move held in RemoveOrigin by the capture hook: reported in flight, in its stage.
     mover = sorted(snap.spans_of(1), key=lambda s: s.name)[0]

@@ -24,8 +24,8 @@ from controller.maintainer.metrics import PREFIX, MetricsServer, checkpoint_lag
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
-from controller.model.records import Capture, Changefeed, Record, Span, SpanOperator
-from controller.model.states import Kind, Mode, OpPhase, OpType, SpanState, Stage
+from controller.model.records import Capture, Changefeed, Record, SchedulerStatus, Span, SpanOperator
+from controller.model.states import Kind, Mode, OpPhase, OpType, SchedulerState, SpanState, Stage
 
 CF = "cf"
 OTHER = "other"  # a changefeed this process does not lead
@@ -314,6 +314,16 @@ def test_executor_reports_write_errors_by_reason() -> None:
 
 # ------------------------------------------------------------------------------------------------------
 # Exposition, registries, the endpoint and the command line
+
+
+def test_scheduler_state_is_one_hot_per_led_changefeed() -> None:
+    h = Harness(leading=(CF,))
+    draining = SchedulerStatus(state=SchedulerState.DRAINING, message="moving spans off c1")
+    h.offer(Changefeed(name=CF, scheduler_status=draining))
+    values = {s.value: h.value("scheduler_state", changefeed=CF, state=s.value) for s in SchedulerState if s.value}
+    assert values == {"Active": 0.0, "Paused": 0.0, "Draining": 1.0, "CoolingDown": 0.0}
+    h.offer(Changefeed(name=OTHER, scheduler_status=draining))
+    assert h.value("scheduler_state", changefeed=OTHER, state="Draining") is None  # not led here
 
 
 def test_text_exposition_parses_and_registries_are_per_maintainer() -> None:
