@@ -76,6 +76,12 @@ class ApiError(Exception):
         return self.status == 409 and self.reason == "AlreadyExists"
 
 
+class BadResponse(ValueError):
+    """A successful (2xx) response whose body is not JSON: not an API server (a proxy's page, say).
+
+    A ValueError, like the JSON decoding error it replaces, so handlers of malformed input catch it."""
+
+
 @dataclass(frozen=True)
 class Config:
     url: str
@@ -162,9 +168,19 @@ class Client:
             method, path, params=params, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
         ) as resp:
             text = await resp.text()
-            payload: JSON = json.loads(text) if text else {}
+            try:
+                payload: JSON = json.loads(text) if text else {}
+            except ValueError:
+                if resp.status >= 400:  # e.g. a proxy's HTML error page: the status still says what happened
+                    raise ApiError(resp.status, str(resp.status), text[:200]) from None
+                problem = f"HTTP {resp.status} with a body that is not JSON: {text[:120]!r}"
+                raise BadResponse(f"{method} {path}: {problem}") from None
+            if not isinstance(payload, dict):
+                raise BadResponse(f"{method} {path}: HTTP {resp.status} with JSON that is not an object")
             if resp.status >= 400:
-                raise ApiError(resp.status, str(payload.get("reason", resp.reason)), str(payload.get("message", text)))
+                # The API's machine-readable reason (a Status object); the numeric code when there is none.
+                reason = str(payload.get("reason") or resp.status)
+                raise ApiError(resp.status, reason, str(payload.get("message", text)))
             return payload
 
     # -- verbs ----------------------------------------------------------------------------------------
@@ -222,10 +238,14 @@ class Client:
         async with self._session.get(res.path(namespace), params=params, timeout=timeout) as resp:
             if resp.status >= 400:
                 text = await resp.text()
-                raise ApiError(resp.status, resp.reason or "", text)
+                raise ApiError(resp.status, resp.reason or str(resp.status), text[:200])
             async for line in resp.content:
                 if line.strip():
-                    yield json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        raise BadResponse(f"watch {res.plural}: a line that is not JSON: {line[:120]!r}") from None
+                    yield event
 
 
 async def sleep_or(event: asyncio.Event, seconds: float) -> None:

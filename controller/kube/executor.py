@@ -27,7 +27,7 @@ import aiohttp
 
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision
-from controller.kube.client import EVENTS, RESOURCES, ApiError, Client
+from controller.kube.client import EVENTS, RESOURCES, ApiError, BadResponse, Client
 from controller.kube.informer import Informer
 from controller.model import resources as conv
 from controller.model.states import API_VERSION
@@ -35,20 +35,26 @@ from controller.model.states import API_VERSION
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 ALREADY_EXISTS = "AlreadyExists"
-#: Reasons of the failures that carry no API status.
-TIMEOUT = "Timeout"
+#: Reasons of the failures that carry no API status (distinct from the API's own "Timeout" reason).
+TIMEOUT = "ClientTimeout"
 CONNECTION_ERROR = "ConnectionError"
+BAD_RESPONSE = "BadResponse"
+#: What a failed write raises; the chain is abandoned and the next decision starts from a fresh snapshot.
+WRITE_ERRORS = (ApiError, BadResponse, TimeoutError, aiohttp.ClientError, ConnectionError)
 
 
 def failure_reason(exc: BaseException) -> str | None:
     """The reason a write failed: the API's status reason (Conflict, NotFound, InternalError...), else the
-    status code; Timeout or ConnectionError for a request that got no answer; None for anything else."""
+    status code; ClientTimeout or ConnectionError for a request that got no answer; BadResponse for an
+    answer that is not the API's; None for anything else."""
     if isinstance(exc, ApiError):
         return exc.reason or str(exc.status)
     if isinstance(exc, TimeoutError):  # aiohttp's timeouts included (asyncio.TimeoutError is TimeoutError)
         return TIMEOUT
     if isinstance(exc, aiohttp.ClientError | ConnectionError):
         return CONNECTION_ERROR
+    if isinstance(exc, BadResponse):
+        return BAD_RESPONSE
     return None
 
 
@@ -93,7 +99,7 @@ class Executor:
             for w in chain.writes:
                 try:
                     await self._one(w, local)
-                except (ApiError, TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+                except WRITE_ERRORS as exc:
                     reason = failure_reason(exc) or type(exc).__name__
                     out.errors[reason] += 1
                     self._failed(reason)
@@ -203,6 +209,6 @@ class Executor:
         }
         try:
             await self.client.create(EVENTS, self.namespace, body)
-        except (ApiError, TimeoutError, aiohttp.ClientError, ConnectionError) as exc:  # Events are best effort
+        except WRITE_ERRORS as exc:  # Events are best effort
             self._failed(failure_reason(exc) or type(exc).__name__)
             log.debug("event %s not posted: %s", w.reason, exc)

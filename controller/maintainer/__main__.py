@@ -73,13 +73,19 @@ def main(argv: list[str] | None = None) -> int:
         log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.PLAIN,
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    asyncio.run(
-        kopf.operator(
-            standalone=True,
-            namespaces=[a.namespace],
-            liveness_endpoint=a.liveness or None,
+    try:
+        asyncio.run(
+            kopf.operator(
+                standalone=True,
+                namespaces=[a.namespace],
+                liveness_endpoint=a.liveness or None,
+            )
         )
-    )
+    except Exception:
+        if not operator.fatal():
+            raise
+        print(f"changefeed-maintainer: {operator.fatal()}", file=sys.stderr)
+        return 1
     return 0
 
 

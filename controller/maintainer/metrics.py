@@ -206,6 +206,11 @@ class StateCollector(Collector):
         )
         yield CounterMetricFamily(PREFIX + "writes", "API writes applied by this process.", value=m.stats.writes)
         yield CounterMetricFamily(
+            PREFIX + "loop_crashes",
+            "Unexpected errors in a changefeed's maintainer loop (it gave up its Lease, backed off, competed again).",
+            value=m.stats.loop_crashes,
+        )
+        yield CounterMetricFamily(
             PREFIX + "failed_chains",
             "Write chains abandoned at a failed write (retried from a fresh snapshot).",
             value=m.stats.failed_chains,
@@ -228,7 +233,8 @@ class MaintainerMetrics:
         )
         self.write_errors = Counter(
             PREFIX + "api_write_errors",
-            "API writes that failed, by reason (the API status reason, or Timeout / ConnectionError).",
+            "API writes that failed, by reason (the API status reason or code, or ClientTimeout / ConnectionError"
+            " / BadResponse).",
             ["reason"],
             registry=self.registry,
         )

@@ -66,7 +66,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         except OSError as exc:
             await client.close()
             _state.pop("client", None)
-            raise kopf.PermanentError(f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {exc}") from exc
+            why = f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {exc}"
+            _state["fatal"] = why  # for __main__: one line and exit status 1 instead of Kopf's tracebacks
+            raise kopf.PermanentError(why) from exc
         _state["metrics"] = server
     _state["maintainer"] = maintainer
     await maintainer.start()
@@ -101,6 +103,11 @@ def watches(**_: Any) -> str:
 def leading(**_: Any) -> list[str]:
     maintainer: Maintainer | None = _state.get("maintainer")
     return sorted(maintainer.leading) if maintainer is not None else []
+
+
+def fatal() -> str:
+    """Why startup failed for good ("" if it did not)."""
+    return str(_state.get("fatal", ""))
 
 
 def pod_namespace() -> str:

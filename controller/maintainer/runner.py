@@ -56,6 +56,9 @@ class Stats:
     decisions: int = 0
     writes: int = 0
     failed_chains: int = 0
+    #: A changefeed's loop hit an unexpected error (an engine bug, a malformed object...): it gave up
+    #: its Lease, backed off and competes again.
+    loop_crashes: int = 0
     bootstrap_seconds: dict[str, float] = field(default_factory=dict)
     epochs: dict[str, int] = field(default_factory=dict)
 
@@ -106,6 +109,12 @@ class Maintainer:
         await self.informer.synced.wait()
         while True:
             names = {n for n, cf in self.informer.store.all(Kind.CHANGEFEED).items() if not cf.deleting}
+            for name in sorted(n for n, t in self.loops.items() if t.done() and n in names):
+                # A loop that ended while its changefeed still exists (it should not: see _changefeed).
+                task = self.loops.pop(name)
+                if not task.cancelled() and task.exception() is not None:
+                    self.stats.loop_crashes += 1
+                    log.error("changefeed %s: loop ended: %r; restarting it", name, task.exception())
             for name in sorted(names - set(self.loops)):
                 self._wakeups[name] = asyncio.Event()
                 self.loops[name] = asyncio.create_task(self._changefeed(name), name=f"changefeed-{name}")
@@ -149,29 +158,46 @@ class Maintainer:
             renew_deadline=s.renew_deadline,
             retry=s.retry,
         )
+        backoff = s.retry
         try:
             while True:
                 while s.max_leases and len(self.leading) >= s.max_leases:  # noqa: ASYNC110 - polled cap
                     await asyncio.sleep(s.retry)
-                cf = self.informer.store.record(Kind.CHANGEFEED, name)
-                floor = cf.epoch if isinstance(cf, Changefeed) else 0
-                epoch = await elector.acquire(floor)
-                self.leading.add(name)
-                self.stats.epochs[name] = epoch
-                lost = asyncio.Event()
-                holder = asyncio.create_task(elector.hold(lost), name=f"lease-{name}")
                 try:
-                    await self._lead(name, epoch, lost)
-                finally:
-                    self.leading.discard(name)
-                    holder.cancel()
-                    await asyncio.gather(holder, return_exceptions=True)
-                if not lost.is_set():
-                    return  # the changefeed is gone
-                log.warning("changefeed %s: leadership lost at epoch %d; stopped writing", name, epoch)
+                    if not await self._term(name, elector):
+                        return  # the changefeed is gone
+                    backoff = s.retry
+                except Exception:
+                    # Never let one error end the changefeed's loop for good (it would stay unmaintained
+                    # while the process looks healthy): report, give the Lease up, back off, compete again.
+                    self.stats.loop_crashes += 1
+                    log.exception("changefeed %s: the maintainer loop failed; retrying in %.1fs", name, backoff)
+                    await elector.release()
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 60.0)
         except asyncio.CancelledError:
             await elector.release()
             raise
+
+    async def _term(self, name: str, elector: LeaderElector) -> bool:
+        """One leadership term: acquire, lead until the Lease is lost. False when the changefeed is gone."""
+        cf = self.informer.store.record(Kind.CHANGEFEED, name)
+        floor = cf.epoch if isinstance(cf, Changefeed) else 0
+        epoch = await elector.acquire(floor)
+        self.leading.add(name)
+        self.stats.epochs[name] = epoch
+        lost = asyncio.Event()
+        holder = asyncio.create_task(elector.hold(lost), name=f"lease-{name}")
+        try:
+            await self._lead(name, epoch, lost)
+        finally:
+            self.leading.discard(name)
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+        if not lost.is_set():
+            return False
+        log.warning("changefeed %s: leadership lost at epoch %d; stopped writing", name, epoch)
+        return True
 
     async def _lead(self, name: str, epoch: int, lost: asyncio.Event) -> None:
         await self.informer.synced.wait()

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.capture.runtime import tso
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
-from controller.kube.client import ApiError, Client
+from controller.kube.client import ApiError, BadResponse, Client
 from controller.kube.executor import Executor, failure_reason
 from controller.maintainer import __main__ as cli
 from controller.maintainer.metrics import PREFIX, MetricsServer, checkpoint_lag
@@ -279,9 +279,11 @@ class FailingClient:
 def test_failure_reasons() -> None:
     assert failure_reason(ApiError(409, "Conflict", "")) == "Conflict"
     assert failure_reason(ApiError(503, "", "")) == "503"
-    assert failure_reason(TimeoutError()) == "Timeout"
-    assert failure_reason(aiohttp.ServerTimeoutError()) == "Timeout"
+    assert failure_reason(ApiError(504, "Timeout", "")) == "Timeout"  # the API's own reason
+    assert failure_reason(TimeoutError()) == "ClientTimeout"  # no answer at all
+    assert failure_reason(aiohttp.ServerTimeoutError()) == "ClientTimeout"
     assert failure_reason(aiohttp.ClientConnectionError()) == "ConnectionError"
+    assert failure_reason(BadResponse("<html>")) == "BadResponse"
     assert failure_reason(ValueError()) is None
 
 
@@ -293,6 +295,7 @@ def test_executor_reports_write_errors_by_reason() -> None:
         "internal": ApiError(500, "InternalError", "boom"),
         "timeout": TimeoutError(),
         "reset": aiohttp.ClientConnectionError("connection reset"),
+        "proxy": BadResponse("a proxy's HTML page"),
         "event": ApiError(403, "Forbidden", "no events for you"),
     }
     executor = Executor(cast(Client, FailingClient(errors)), h.m.informer, NS, on_error=h.m.metrics.write_error)
@@ -305,11 +308,11 @@ def test_executor_reports_write_errors_by_reason() -> None:
     # An Event is best effort: its failure is counted, and its chain goes on (to a conflict).
     chains.append(I.Chain((I.Event(Kind.SPAN, "x", "Test", "message"), write("conflict"))))
     out = asyncio.run(executor.apply(Decision(tuple(chains), Memory(epoch=1, identity="m1"))))
-    assert (out.chains, out.failed, out.writes) == (6, 6, 1)  # the Event counts as written (best effort)
+    assert (out.chains, out.failed, out.writes) == (7, 7, 1)  # the Event counts as written (best effort)
     assert h.value("api_write_errors_total", reason="Conflict") == 2
-    for reason in ("NotFound", "InternalError", "Timeout", "ConnectionError", "Forbidden"):
+    for reason in ("NotFound", "InternalError", "ClientTimeout", "ConnectionError", "BadResponse", "Forbidden"):
         assert h.value("api_write_errors_total", reason=reason) == 1, reason
-    assert sum(executor.errors.values()) == 7
+    assert sum(executor.errors.values()) == 8
 
 
 # ------------------------------------------------------------------------------------------------------

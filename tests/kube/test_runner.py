@@ -1,0 +1,130 @@
+"""The maintainer loop (controller.maintainer.runner) keeps a changefeed maintained through errors.
+
+Against the embedded API server, in-process: an unexpected error in a decision (an engine bug, say)
+and a write that times out must not end the changefeed's loop (before, the first ended it for good
+while the process still looked healthy, and the second did too until the executor caught it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.apiserver import ApiServerHandle, start_server
+from controller.engine.maintainer import Decision, Memory
+from controller.engine.world import World
+from controller.kube.client import RESOURCES, Client, Config
+from controller.maintainer import runner
+from controller.maintainer.runner import Maintainer, Settings
+from controller.model.states import API_VERSION, Kind
+
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+CF = "cf"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ApiServerHandle]:
+    handle = start_server(CRDS, bookmark_interval=0.5)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+class TimingOutClient(Client):
+    """Status writes time out the first ``n`` times (no answer from the API)."""
+
+    def __init__(self, config: Config, n: int) -> None:
+        super().__init__(config)
+        self.n = n
+
+    async def patch(self, res: Any, namespace: str, name: str, patch: Any, sub: str = "") -> Any:
+        if sub and self.n > 0:
+            self.n -= 1
+            raise TimeoutError("no answer")
+        return await super().patch(res, namespace, name, patch, sub)
+
+
+async def until(cond: Callable[[], object], what: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def setup(client: Client) -> str:
+    ns = f"runner-{uuid.uuid4().hex[:6]}"
+    await client.request("create", "POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    body = {"apiVersion": API_VERSION, "kind": "Changefeed", "metadata": {"name": CF}, "spec": {}}
+    await client.create(RESOURCES[Kind.CHANGEFEED], ns, body)
+    return ns
+
+
+def settings(ns: str) -> Settings:
+    return Settings(namespace=ns, identity="m1", tick=0.1, lease_duration=2.0, renew_deadline=1.5, retry=0.1)
+
+
+def bootstrapped(m: Maintainer) -> bool:
+    memory = m.memories.get(CF)
+    return memory is not None and memory.bootstrapped
+
+
+def test_an_error_in_a_decision_does_not_end_the_changefeeds_loop(
+    server: ApiServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = runner.decide
+    calls = {"n": 0}
+
+    def flaky(world: World, memory: Memory) -> Decision:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first decision publishes the epoch; the second fails
+            raise KeyError("an engine bug")
+        return real(world, memory)
+
+    monkeypatch.setattr(runner, "decide", flaky)
+
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            ns = await setup(client)
+            m = Maintainer(client, settings(ns))
+            await m.start()
+            try:
+                await until(lambda: m.stats.loop_crashes == 1, "the error")
+                await until(lambda: bootstrapped(m) and CF in m.leading, "a new term after the error")
+                decisions = m.stats.decisions
+                await until(lambda: m.stats.decisions > decisions + 3, "decisions going on")
+                assert m.healthy() == (True, "ok")
+                assert not m.loops[CF].done()
+                assert m.stats.epochs[CF] >= 2  # it gave its Lease up and took a new term
+            finally:
+                await m.stop()
+
+    asyncio.run(main())
+
+
+def test_a_write_timeout_abandons_the_chain_not_the_loop(server: ApiServerHandle) -> None:
+    async def main() -> None:
+        async with TimingOutClient(Config.load(str(server.kubeconfig_path)), n=3) as client:
+            ns = await setup(client)
+            m = Maintainer(client, settings(ns))
+            await m.start()
+            try:
+                await until(lambda: bootstrapped(m), "the bootstrap despite three timed-out status writes")
+                assert client.n == 0
+                assert m.stats.failed_chains >= 3
+                assert m.stats.loop_crashes == 0
+                assert m.executor.errors["ClientTimeout"] >= 3
+                cf = await client.get(RESOURCES[Kind.CHANGEFEED], ns, CF)
+                await until(lambda: CF in m.leading, "leadership kept")
+                assert cf["status"]["epoch"] == m.stats.epochs[CF]
+            finally:
+                await m.stop()
+
+    asyncio.run(main())
