@@ -9,27 +9,39 @@ Exit codes:
 * 0: success (with ``--wait``: the operator Succeeded, or the capture is drained);
 * 1: the operation failed or timed out: the operator Failed or was Canceled, ``--wait`` timed out, or the
   API could not be reached or refused the request (403, 5xx);
-* 2: bad usage, a validation refused the request (nothing was written), or an object was not found.
+* 2: bad usage (flags, a kubeconfig that cannot be loaded or used), a validation refused the request
+  (the plugin's or the API's, 422: nothing was written), or an object was not found;
+* 130: interrupted (Ctrl-C); an operator already created keeps running, and the message says how to follow it;
+* 141: standard output was closed early (``kubectl changefeed spans | head -1``); nothing is printed.
 
-Errors are printed to stderr as one line, ``error: <message>``.
+Errors are printed to stderr as one line, ``error: <message>``; an unexpected exception too
+(``error: <type>: <message>``, exit 1), with its traceback only when ``KUBECTL_CHANGEFEED_DEBUG`` is set.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+import traceback
 
 from controller.cli import kube
 from controller.cli.commands import COMMANDS
-from controller.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError
-from controller.kube.client import Client, Config
+from controller.cli.errors import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError
+from controller.engine.operators.split import MAX_PIECES
+from controller.kube.client import Config
+
+#: Set (to anything but empty) to print the traceback of an unexpected error.
+DEBUG_ENV = "KUBECTL_CHANGEFEED_DEBUG"
 
 EPILOG = """\
 exit codes:
-  0  success (with --wait: the operator Succeeded, or the capture is drained)
-  1  the operation failed or timed out (operator Failed/Canceled, --wait timeout, API unreachable or 403/5xx)
-  2  bad usage, validation refused (nothing written), or object not found
+  0    success (with --wait: the operator Succeeded, or the capture is drained)
+  1    the operation failed or timed out (operator Failed/Canceled, --wait timeout, API unreachable or 403/5xx)
+  2    bad usage or kubeconfig, validation refused (nothing written), or object not found
+  130  interrupted (Ctrl-C); an operator already created keeps running
+  141  standard output closed early (e.g. piped into head)
 
 Installed as kubectl-changefeed on PATH, kubectl runs it as `kubectl changefeed`."""
 
@@ -59,6 +71,16 @@ def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _pieces(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 2 <= value <= MAX_PIECES:
+        raise argparse.ArgumentTypeError(f"must be between 2 and {MAX_PIECES}, got {value}")
     return value
 
 
@@ -108,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = operator_command("split", "split a span at even points (--into) or at keys (--at)")
     p.add_argument("span", metavar="SPAN")
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--into", type=int, metavar="N", help="this many even pieces (2 or more)")
+    how.add_argument("--into", type=_pieces, metavar="N", help=f"this many even pieces (2 to {MAX_PIECES})")
     how.add_argument(
         "--at", nargs="+", metavar="KEY", help="cut at these keys (hex, strictly increasing, inside the span)"
     )
@@ -130,11 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace, config: Config, namespace: str) -> int:
-    async with Client(config) as client:
+    async with kube.connect(config) as client:
         return await COMMANDS[args.command](kube.Session(client, namespace), args)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -146,8 +168,32 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.code
-    except KeyboardInterrupt:
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (stdout replaced, e.g. under test)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; never lets a traceback through (see the exit codes in the module docstring)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a process killed by SIGPIPE
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:  # Ctrl-C outside the steps that say what they leave behind
         print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        print(f"error: {type(exc).__name__}: {kube.one_line(exc)}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -5,21 +5,40 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import replace
 
 from controller.cli import render, validate
-from controller.cli.errors import EXIT_OK, Failed, NotFound
-from controller.cli.kube import OPERATORS, Session, follow_operator
+from controller.cli.errors import EXIT_OK, Failed, Interrupted, NotFound
+from controller.cli.kube import OPERATORS, NameTaken, Session, follow_operator
 from controller.cli.snapshot import Snapshot
-from controller.kube.client import RESOURCES
+from controller.kube.client import LEASES, RESOURCES, Resource
 from controller.model.keys import KeyRange
 from controller.model.records import SpanOperator
 from controller.model.states import Kind, OpPhase, OpType
 
 Command = Callable[[Session, argparse.Namespace], Awaitable[int]]
+
+#: What each command lists (docs/kubectl-plugin.md, "RBAC", says the same): a capture's liveness needs
+#: its Lease, so Captures and Leases always go together; Dispatchers are never read.
+CHANGEFEEDS, TABLES, SPANS, CAPTURES = (RESOURCES[k] for k in (Kind.CHANGEFEED, Kind.TABLE, Kind.SPAN, Kind.CAPTURE))
+LIVENESS = (CAPTURES, LEASES)
+READS: dict[str, tuple[Resource, ...]] = {
+    "status": (CHANGEFEEDS, SPANS, OPERATORS, *LIVENESS),
+    "spans": (CHANGEFEEDS, SPANS),
+    "operators": (CHANGEFEEDS, OPERATORS),
+    "move": (CHANGEFEEDS, SPANS, OPERATORS, *LIVENESS),
+    "split": (CHANGEFEEDS, TABLES, SPANS, OPERATORS),
+    "merge": (CHANGEFEEDS, SPANS, OPERATORS),
+    "drain": (CHANGEFEEDS, *LIVENESS),
+    "drain --wait": (SPANS, OPERATORS),
+}
+#: Attempts at creating a SpanOperator, each under a fresh random name, while the name is taken (409).
+CREATE_ATTEMPTS = 4
 
 
 def out(line: str = "") -> None:
@@ -40,30 +59,40 @@ def _changefeeds(snap: Snapshot, wanted: str | None) -> list[str]:
     return sorted(snap.changefeeds)
 
 
-async def _snapshot(session: Session) -> Snapshot:
-    snap = await session.snapshot()
+async def _snapshot(session: Session, command: str) -> Snapshot:
+    snap = await session.snapshot(READS[command])
     warn(snap)
     return snap
+
+
+@contextlib.contextmanager
+def on_interrupt(message: str) -> Iterator[None]:
+    """Ctrl-C inside the block (``asyncio.run`` cancels the main task) becomes ``Interrupted(message)``.
+    Only around code whose own timeouts are inside the block: it takes any cancellation for a Ctrl-C."""
+    try:
+        yield
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise Interrupted(message) from None
 
 
 # -- reading ---------------------------------------------------------------------------------------
 
 
 async def status(session: Session, args: argparse.Namespace) -> int:
-    snap = await _snapshot(session)
+    snap = await _snapshot(session, "status")
     out("\n\n".join(render.render_status(snap, cf) for cf in _changefeeds(snap, args.changefeed)))
     return EXIT_OK
 
 
 async def spans(session: Session, args: argparse.Namespace) -> int:
-    snap = await _snapshot(session)
+    snap = await _snapshot(session, "spans")
     cf = validate.resolve_changefeed(snap.changefeeds, args.changefeed, snap.namespace)
     out(render.render_spans(snap, cf, args.table, args.mode))
     return EXIT_OK
 
 
 async def operators(session: Session, args: argparse.Namespace) -> int:
-    snap = await _snapshot(session)
+    snap = await _snapshot(session, "operators")
     cf = validate.resolve_changefeed(snap.changefeeds, args.changefeed, snap.namespace)
     out(render.render_operators(snap, cf, args.all))
     return EXIT_OK
@@ -81,11 +110,24 @@ async def _submit(session: Session, args: argparse.Namespace, op: SpanOperator, 
     if args.dry_run:
         out(render.to_yaml(body, comments).rstrip("\n"))
         return EXIT_OK
-    created = await session.create(OPERATORS, body)
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            with on_interrupt(
+                f"interrupted while creating SpanOperator {op.name}; see whether it exists: "
+                f"kubectl get spanoperators {op.name} -n {session.namespace}"
+            ):
+                created = await session.create(OPERATORS, body)
+            break
+        except NameTaken:  # a random name that collided with an existing operator's: draw another
+            if attempt == CREATE_ATTEMPTS:
+                raise
+            op = replace(op, name=_name(op.type))
+            body = validate.operator_body(op)
     out(op.name)
     if not args.wait:
         return EXIT_OK
-    final = await follow_operator(session, created, args.timeout, out)
+    with on_interrupt(f"interrupted; {render.still_running(op.name, session.namespace)}"):
+        final = await follow_operator(session, created, args.timeout, out)
     if final.phase is not OpPhase.SUCCEEDED:
         raise Failed(render.outcome(final)[0])
     for line in render.outcome(final):
@@ -98,7 +140,7 @@ def _ranges(ranges: Sequence[KeyRange]) -> str:
 
 
 async def move(session: Session, args: argparse.Namespace) -> int:
-    snap = await _snapshot(session)
+    snap = await _snapshot(session, "move")
     cf = validate.resolve_changefeed(snap.changefeeds, args.changefeed, snap.namespace)
     op = validate.plan_move(snap, cf, args.span, args.to, _name(OpType.MOVE))
     span = snap.spans[args.span]
@@ -108,15 +150,16 @@ async def move(session: Session, args: argparse.Namespace) -> int:
 
 
 async def split(session: Session, args: argparse.Namespace) -> int:
-    snap = await _snapshot(session)
+    snap = await _snapshot(session, "split")
     cf = validate.resolve_changefeed(snap.changefeeds, args.changefeed, snap.namespace)
     keys = validate.parse_keys(args.at or [])
-    op, pieces = validate.plan_split(snap, cf, args.span, _name(OpType.SPLIT), into=args.into or 0, keys=keys)
+    into = args.into if args.into is not None else 0  # --into and --at are exclusive, one required
+    op, pieces = validate.plan_split(snap, cf, args.span, _name(OpType.SPLIT), into=into, keys=keys)
     return await _submit(session, args, op, [f"split span {args.span} into {len(pieces)}: {_ranges(pieces)}"])
 
 
 async def merge(session: Session, args: argparse.Namespace) -> int:
-    snap = await _snapshot(session)
+    snap = await _snapshot(session, "merge")
     cf = validate.resolve_changefeed(snap.changefeeds, args.changefeed, snap.namespace)
     op, merged = validate.plan_merge(snap, cf, args.spans, _name(OpType.MERGE))
     return await _submit(session, args, op, [f"merge {len(op.spans)} spans into {merged}"])
@@ -133,7 +176,7 @@ async def _set_draining(session: Session, capture: str, draining: bool) -> None:
 
 
 async def drain(session: Session, args: argparse.Namespace) -> int:
-    snap = await _snapshot(session)
+    snap = await _snapshot(session, "drain")
     validate.find_capture(snap, args.capture)
     cfs = _changefeeds(snap, args.changefeed)
     others = [c for c in snap.captures.values() if c.name != args.capture and c.alive(snap.now) and not c.draining]
@@ -147,21 +190,31 @@ async def drain(session: Session, args: argparse.Namespace) -> int:
 
 
 async def _wait_drained(session: Session, capture: str, cfs: list[str], budget: float, interval: float) -> int:
+    """Poll until nothing remains on ``capture``; the budget bounds the whole wait, a slow listing too."""
     start = time.monotonic()
     last = ""
-    while True:
-        snap = await session.snapshot()
-        held, ops = snap.remaining_on(capture, cfs)
-        line = f"{len(held)} spans and {len(ops)} operators remain on {capture}"
-        if line != last:
-            out(f"{render.elapsed(time.monotonic() - start):>7}  {line}")
-            last = line
-        if not held and not ops:
-            out(f"capture {capture} drained")
-            return EXIT_OK
-        if time.monotonic() - start >= budget:
-            raise Failed(f"timed out after {budget:g}s draining capture {capture!r}: {line}")
-        await asyncio.sleep(interval)
+    with on_interrupt(
+        f"interrupted; capture {capture} stays draining (the maintainer keeps moving spans off it); "
+        f"kubectl changefeed undrain {capture} -n {session.namespace} to stop"
+    ):
+        try:
+            async with asyncio.timeout(budget):
+                while True:
+                    snap = await session.snapshot(READS["drain --wait"])
+                    held, ops = snap.remaining_on(capture, cfs)
+                    line = f"{len(held)} spans and {len(ops)} operators remain on {capture}"
+                    if line != last:
+                        out(f"{render.elapsed(time.monotonic() - start):>7}  {line}")
+                        last = line
+                    if not held and not ops:
+                        out(f"capture {capture} drained")
+                        return EXIT_OK
+                    await asyncio.sleep(interval)
+        except TimeoutError:
+            seen = last or "no listing answered in time"
+            raise Failed(
+                f"timed out after {budget:g}s draining capture {capture!r}: {seen}; it stays draining"
+            ) from None
 
 
 async def undrain(session: Session, args: argparse.Namespace) -> int:

@@ -9,6 +9,11 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 #: Bad usage, a validation refused the request before anything was written, or an object was not found.
 EXIT_USAGE = 2
+#: Interrupted (Ctrl-C, SIGINT), as a shell reports it: 128 + 2.
+EXIT_INTERRUPTED = 130
+#: Standard output was closed early (``kubectl changefeed spans | head -1``), as a shell reports a process
+#: killed by SIGPIPE: 128 + 13. Nothing is printed.
+EXIT_BROKEN_PIPE = 141
 
 
 class CliError(Exception):
@@ -43,3 +48,9 @@ class Usage(CliError):
     """Bad usage: flags, kubeconfig (exit 2)."""
 
     code = EXIT_USAGE
+
+
+class Interrupted(CliError):
+    """Ctrl-C (exit 130); the message says what was left behind (an operator created, a drain begun)."""
+
+    code = EXIT_INTERRUPTED

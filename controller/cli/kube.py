@@ -1,26 +1,33 @@
 """The plugin's I/O: configuration, reading a snapshot, writes, following an operator.
 
 Built on the project's own client (``controller.kube.client``). Every API failure is turned into a
-:class:`~controller.cli.errors.CliError` with a one-line message: 404 into ``NotFound`` (exit 2),
-anything else (connection refused, 401/403, 5xx, timeouts) into ``Failed`` (exit 1).
+:class:`~controller.cli.errors.CliError` with a one-line message: 404 into ``NotFound`` and 422 (the API
+refused the object, nothing written) into ``Refused`` (exit 2), anything else (connection refused,
+401/403, 409, 5xx, timeouts, a body that is not JSON) into ``Failed`` (exit 1). A kubeconfig that cannot
+be loaded or used (bad YAML, unknown context, a CA or client certificate that does not load, a server
+URL without ``https://``) is a ``Usage`` error (exit 2).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import ssl
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+import yaml
 from kubernetes import config as kconfig
 
 from controller.cli import render
-from controller.cli.errors import CliError, Failed, NotFound, Usage
+from controller.cli.errors import CliError, Failed, NotFound, Refused, Usage
 from controller.cli.snapshot import Snapshot, snapshot_from
-from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Config, Resource
+from controller.kube.client import LEASES, RESOURCES, ApiError, BadResponse, Client, Config, Resource
 from controller.model import resources as conv
 from controller.model.records import SpanOperator
 from controller.model.states import Kind
@@ -31,31 +38,83 @@ PLURALS: dict[str, Resource] = {res.plural: res for res in RESOURCES.values()}
 OPERATORS = RESOURCES[Kind.OPERATOR]
 
 
+#: Errors of reading a kubeconfig or building a client from it: all a Usage error (exit 2).
+CONFIG_ERRORS = (kconfig.ConfigException, yaml.YAMLError, ssl.SSLError, OSError, ValueError, TypeError)
+#: Seconds before re-watching after a watch ERROR event other than 410 Gone: the first, doubling up to
+#: the second.
+WATCH_BACKOFF = (1.0, 10.0)
+
+
+def kubeconfig_path(explicit: str | None) -> str | None:
+    """The kubeconfig to load, as kubectl picks it: ``--kubeconfig``; else ``$KUBECONFIG`` (files separated
+    by ``os.pathsep``, merged) when it is set and one of its files exists; else ``~/.kube/config`` when
+    ``$KUBECONFIG`` is not set and that file exists. None when there is no kubeconfig file: the only case
+    that falls back to the in-cluster service account, so that a broken kubeconfig is reported as such."""
+    if explicit:
+        return explicit
+    env = os.environ.get("KUBECONFIG", "")
+    if env:
+        return env if any(p and Path(p).expanduser().exists() for p in env.split(os.pathsep)) else None
+    home = Path("~/.kube/config").expanduser()
+    return str(home) if home.exists() else None
+
+
 def load_config(kubeconfig: str | None, context: str | None) -> tuple[Config, str]:
     """The client configuration and the default namespace: the context's, else the service account's
-    (in a pod), else ``default``."""
+    (in a pod), else ``default``. The configuration is checked (server URL, TLS files) so that a broken
+    kubeconfig is one Usage error here rather than a traceback when the client is built."""
+    path = kubeconfig_path(kubeconfig)
     try:
-        config = Config.load(kubeconfig, context)
-    except (kconfig.ConfigException, OSError, ValueError, TypeError) as exc:
-        where = kubeconfig or "$KUBECONFIG / ~/.kube/config / in-cluster"
-        raise Usage(f"cannot load a kubeconfig from {where}: {_one_line(exc)}") from None
-    return config, _default_namespace(kubeconfig, context)
+        config = Config.load(path, context)
+    except CONFIG_ERRORS as exc:
+        if path is not None:
+            where = f"kubeconfig {path}"
+        elif os.environ.get("KUBECONFIG"):
+            where = f"a kubeconfig: no file of $KUBECONFIG ({os.environ['KUBECONFIG']}) exists, and not in a pod"
+        else:
+            where = "a kubeconfig: no $KUBECONFIG, no ~/.kube/config, and not in a pod"
+        raise Usage(f"cannot load {where}: {one_line(exc)}") from None
+    check_config(config, f"kubeconfig {path}" if path is not None else "in-cluster configuration")
+    return config, _default_namespace(path, context)
+
+
+def check_config(config: Config, where: str) -> None:
+    """The server URL is an absolute http(s) URL and the TLS files (CA, client certificate and key) load."""
+    url = urlsplit(config.url)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        hint = "" if "://" in config.url else f" (e.g. https://{config.url})"
+        raise Usage(f"{where}: server {config.url!r} is not an http(s) URL{hint}")
+    try:
+        config.ssl_context()
+    except CONFIG_ERRORS as exc:
+        raise Usage(f"{where}: cannot load its TLS settings (CA or client certificate): {one_line(exc)}") from None
+
+
+def connect(config: Config) -> Client:
+    """The client (to be closed by the caller); a configuration it cannot use is a Usage error.
+    Call with the event loop running (the HTTP session binds to it)."""
+    try:
+        return Client(config)
+    except CONFIG_ERRORS as exc:
+        raise Usage(f"cannot use the API server {config.url!r}: {one_line(exc)}") from None
 
 
 def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
-    try:
-        contexts, active = kconfig.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    except Exception:  # no kubeconfig: in-cluster
+    if kubeconfig is not None:
         try:
-            return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
-        except OSError:
-            return "default"
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
-    namespace = ((chosen or {}).get("context") or {}).get("namespace")
-    return str(namespace) if namespace else "default"
+            contexts, active = kconfig.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        except Exception:  # loaded once already; a kubeconfig without contexts (e.g. only a cluster)
+            contexts, active = [], None
+        chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
+        namespace = ((chosen or {}).get("context") or {}).get("namespace")
+        return str(namespace) if namespace else "default"
+    try:  # in a pod: the service account's namespace
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
 
@@ -66,18 +125,31 @@ def api_errors(what: str, url: str) -> Iterator[None]:
     try:
         yield
     except ApiError as exc:
-        detail = _one_line(Exception(exc.message)) if exc.message else exc.reason
+        detail = one_line(Exception(exc.message)) if exc.message else exc.reason
         if exc.status == 404:
             raise NotFound(f"{what}: not found ({detail})") from None
+        if exc.status == 422:  # Invalid: the API refused the object (schema, CEL rules); nothing was written
+            raise Refused(f"{what}: refused by the API ({exc.reason}): {detail}") from None
         if exc.status in (401, 403):
             raise Failed(f"{what}: {exc.status} {exc.reason}: {detail}") from None
         raise Failed(f"{what}: API error {exc.status} {exc.reason}: {detail}") from None
+    except BadResponse as exc:
+        raise Failed(f"{what}: {url} did not answer like a Kubernetes API server: {one_line(exc)}") from None
     except aiohttp.ClientConnectionError as exc:
-        raise Failed(f"{what}: cannot reach the API server at {url}: {_one_line(exc)}") from None
+        raise Failed(f"{what}: cannot reach the API server at {url}: {one_line(exc)}") from None
     except aiohttp.ClientError as exc:
-        raise Failed(f"{what}: request to {url} failed: {_one_line(exc)}") from None
+        raise Failed(f"{what}: request to {url} failed: {one_line(exc)}") from None
     except TimeoutError:
         raise Failed(f"{what}: the API server at {url} did not answer in time") from None
+
+
+class NameTaken(Failed):
+    """A create refused with 409 AlreadyExists: the name is taken (exit 1 if not handled)."""
+
+
+async def pause(seconds: float) -> None:
+    """``asyncio.sleep``, under a name tests can replace."""
+    await asyncio.sleep(seconds)
 
 
 class Session:
@@ -117,9 +189,15 @@ class Session:
         )
 
     async def create(self, res: Resource, body: JSON) -> JSON:
+        """Create ``body``; :class:`NameTaken` if an object of that name exists (409 AlreadyExists)."""
         name = body.get("metadata", {}).get("name", "")
         with self.errors(f"creating {res.kind} {name}"):
-            return await self.client.create(res, self.namespace, body)
+            try:
+                return await self.client.create(res, self.namespace, body)
+            except ApiError as exc:
+                if exc.already_exists:
+                    raise NameTaken(f"creating {res.kind} {name}: {name!r} already exists") from None
+                raise
 
     async def patch_spec(self, kind: Kind, name: str, spec: JSON) -> JSON:
         with self.errors(f"{kind.value} {name!r} in namespace {self.namespace!r}"):
@@ -133,15 +211,20 @@ class Session:
         """Every version of SpanOperator ``name`` after ``obj`` (its create or last read), from a watch;
         a watch that ends or expires (410) is resumed from a fresh read, which is yielded too."""
         rv = str(obj.get("metadata", {}).get("resourceVersion", ""))
+        first, most = WATCH_BACKOFF
+        delay = 0.0
         while True:
+            error: JSON | None = None
             with self.errors(f"watching SpanOperator {name!r}"):
                 try:
                     async for ev in self.client.watch(
                         OPERATORS, self.namespace, rv, label_selector=label_selector, timeout_seconds=60
                     ):
                         typ, item = ev.get("type"), ev.get("object") or {}
-                        if typ == "ERROR":  # e.g. 410 Gone: resume from a fresh read
+                        if typ == "ERROR":  # a Status: 410 Gone (expired), or a failure of the server
+                            error = item
                             break
+                        delay = 0.0
                         rv = str(item.get("metadata", {}).get("resourceVersion", rv))
                         if typ == "BOOKMARK" or item.get("metadata", {}).get("name") != name:
                             continue
@@ -151,6 +234,10 @@ class Session:
                 except ApiError as exc:
                     if exc.status != 410:
                         raise
+            if error is not None and error.get("code") != 410:
+                # Not an expiry: the server is in trouble; do not hammer it with re-watches.
+                delay = min(most, delay * 2 if delay else first)
+                await pause(delay)
             fresh = await self.get_operator(name)
             rv = str(fresh.get("metadata", {}).get("resourceVersion", ""))
             yield fresh
@@ -179,6 +266,7 @@ async def follow_operator(session: Session, created: JSON, budget: float, emit: 
                         return op
     except TimeoutError:
         raise Failed(
-            f"timed out after {budget:g}s waiting for SpanOperator {op.name!r} (last seen {render.op_state(op)})"
+            f"timed out after {budget:g}s waiting for SpanOperator {op.name!r} (last seen {render.op_state(op)}); "
+            + render.still_running(op.name, op.namespace)
         ) from None
     raise CliError(f"the watch of SpanOperator {op.name!r} ended")  # pragma: no cover - the loop never ends

@@ -140,6 +140,15 @@ def progress(op: SpanOperator, seconds: float) -> str:
     return f"{elapsed(seconds):>7}  {op.name}  {op_state(op)}"
 
 
+def still_running(name: str, namespace: str) -> str:
+    """What to tell when the plugin stops following an operator it created (timeout, Ctrl-C)."""
+    ns = f" -n {namespace}" if namespace else ""
+    return (
+        f"SpanOperator {name} was created and keeps running (the maintainer carries it out); "
+        f"follow it with: kubectl get spanoperators {name}{ns} -w"
+    )
+
+
 def outcome(op: SpanOperator) -> list[str]:
     """What a finished operator did (Succeeded), or why not."""
     if op.phase is OpPhase.SUCCEEDED:

@@ -9,6 +9,7 @@ stricter in one way: it only operates on Replicating spans that no in-flight ope
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -24,6 +25,11 @@ JSON = dict[str, Any]
 #: Most spans one SpanOperator may name, and split keys one Split may carry (the CRD's bounds).
 MAX_SPANS = 128
 MAX_SPLIT_KEYS = 127
+#: Longest split key in bytes: the CRD allows 8192 hex digits per key.
+MAX_KEY_BYTES = 4096
+#: A label value (Kubernetes): at most 63 characters, alphanumerics at both ends, ``-_.`` inside.
+MAX_LABEL_VALUE = 63
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
 
 def resolve_changefeed(names: Iterable[str], wanted: str | None, namespace: str) -> str:
@@ -102,9 +108,25 @@ def find_capture(snap: Snapshot, name: str) -> Capture:
 # -- operators -------------------------------------------------------------------------------------
 
 
+def require_label_value(changefeed: str) -> None:
+    """The changefeed's name fits the value of the label ``cdc.maintainer.dev/changefeed`` an operator
+    carries (the API refuses the create otherwise)."""
+    if len(changefeed) > MAX_LABEL_VALUE:
+        raise Refused(
+            f"changefeed name {changefeed!r} is {len(changefeed)} characters: the label {conv.CHANGEFEED_LABEL} "
+            f"of a SpanOperator takes at most {MAX_LABEL_VALUE}"
+        )
+    if not _LABEL_VALUE.fullmatch(changefeed):
+        raise Refused(
+            f"changefeed name {changefeed!r} is not a valid value of the label {conv.CHANGEFEED_LABEL} "
+            f"(alphanumerics at both ends, '-', '_' or '.' inside)"
+        )
+
+
 def _operator(
     snap: Snapshot, changefeed: str, name: str, type_: OpType, spans: tuple[str, ...], **spec: Any
 ) -> SpanOperator:
+    require_label_value(changefeed)
     return SpanOperator(
         name=name,
         namespace=snap.namespace,
@@ -144,6 +166,12 @@ def plan_split(
     if keys:
         if len(keys) > MAX_SPLIT_KEYS:
             raise Refused(f"at most {MAX_SPLIT_KEYS} split keys, got {len(keys)}")
+        for key in keys:
+            if len(key) > MAX_KEY_BYTES:
+                raise Refused(
+                    f"split key {key[:8].hex()}... is {len(key)} bytes: at most {MAX_KEY_BYTES} "
+                    f"({2 * MAX_KEY_BYTES} hex digits)"
+                )
         for key in keys:
             if not (rng.start < key < rng.end):
                 raise Refused(f"split key {key.hex()} is not strictly inside span {span.name!r} {rng}")

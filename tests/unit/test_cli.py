@@ -4,19 +4,35 @@ error and exit-code plumbing (``main``, ``api_errors``, ``follow_operator`` on a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from kubernetes import config as kconfig
 
-from controller.cli import render, validate
-from controller.cli.__main__ import main
-from controller.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, Failed, NotFound, Refused
+from controller.cli import commands, kube, render, validate
+from controller.cli.__main__ import DEBUG_ENV, main
+from controller.cli.commands import COMMANDS
+from controller.cli.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CliError,
+    Failed,
+    NotFound,
+    Refused,
+)
 from controller.cli.kube import api_errors, follow_operator
 from controller.cli.snapshot import Snapshot, snapshot_from, span_states
-from controller.kube.client import ApiError
+from controller.kube.client import ApiError, BadResponse, Config
 from controller.model import resources as conv
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Capture, Changefeed, Condition, Span, SpanOperator, Table, Target
@@ -223,6 +239,34 @@ def test_split_key_refusals() -> None:
     with pytest.raises(Refused) as exc:
         validate.plan_split(snap(), CF, "a", "s", keys=tuple(LOW.start + bytes([i]) for i in range(1, 130)))
     refused(exc, "at most 127")
+
+
+def test_split_key_length_and_changefeed_label_refusals() -> None:
+    """A split key may be 4096 bytes (8192 hex digits, the CRD's bound); a changefeed name must fit the
+    value of the label cdc.maintainer.dev/changefeed every SpanOperator carries (63 characters)."""
+    longest = LOW.start + b"\x01" * (validate.MAX_KEY_BYTES - len(LOW.start))
+    assert validate.plan_split(snap(), CF, "a", "s", keys=(longest,))[0].split_keys == (longest,)
+    with pytest.raises(Refused) as exc:
+        validate.plan_split(snap(), CF, "a", "s", keys=(longest + b"\x01",))
+    refused(exc, "4097 bytes", "at most 4096")
+    long = "c" * 64
+    world = snap(
+        [span("a", LOW, changefeed=long), span("b", HIGH, "c1", changefeed=long)],
+        tables=[Table(name="t1", changefeed=long, table_id=1)],
+        changefeeds=[Changefeed(name=long)],
+    )
+    for plan in (
+        lambda: validate.plan_move(world, long, "a", "c2", "m"),
+        lambda: validate.plan_split(world, long, "a", "s", into=2),
+        lambda: validate.plan_merge(world, long, ["a", "b"], "m"),
+    ):
+        with pytest.raises(Refused) as exc:
+            plan()
+        refused(exc, "64 characters", conv.CHANGEFEED_LABEL, "at most 63")
+    with pytest.raises(Refused) as exc:
+        validate.require_label_value("cf-")
+    refused(exc, "not a valid value of the label")
+    validate.require_label_value("c" * 63)
 
 
 def test_split_into_refusals() -> None:
@@ -567,6 +611,22 @@ def test_api_errors_become_one_line_cli_errors() -> None:
     assert "did not answer in time" in e.message
 
 
+def test_api_refusals_and_odd_answers() -> None:
+    """422 Invalid: the API refused the object, nothing written: exit 2 with its message. A 2xx body that
+    is not JSON (a proxy's page): exit 1, one line."""
+    with pytest.raises(CliError) as info, api_errors("creating SpanOperator m", "http://api"):
+        raise ApiError(422, "Invalid", 'SpanOperator "m" is invalid:\nspec.target: Required value')
+    assert (type(info.value), info.value.code) == (Refused, EXIT_USAGE)
+    assert info.value.message == (
+        "creating SpanOperator m: refused by the API (Invalid): "
+        'SpanOperator "m" is invalid: spec.target: Required value'
+    )
+    with pytest.raises(CliError) as info, api_errors("listing spans", "http://api"):
+        raise BadResponse("GET /apis: HTTP 200 with a body that is not JSON: '<html>'")
+    assert (type(info.value), info.value.code) == (Failed, EXIT_FAILED)
+    assert "http://api did not answer like a Kubernetes API server" in info.value.message
+
+
 class FakeSession:
     """Yields the given versions of an operator, then blocks (as a quiet watch does)."""
 
@@ -611,6 +671,8 @@ def test_follow_times_out() -> None:
         _follow([replace(base, phase=OpPhase.RUNNING, stage=Stage.ADD_DEST)], budget=0.2)
     assert "timed out after 0.2s" in exc.value.message
     assert "Running/AddDest" in exc.value.message
+    assert "SpanOperator move-1 was created and keeps running" in exc.value.message
+    assert "kubectl get spanoperators move-1 -n default -w" in exc.value.message
 
 
 def test_main_usage_errors_and_help(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
@@ -626,7 +688,7 @@ def test_main_usage_errors_and_help(capsys: pytest.CaptureFixture[str], tmp_path
     capsys.readouterr()
     assert main(["--kubeconfig", str(tmp_path / "missing"), "status"]) == EXIT_USAGE
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot load a kubeconfig from")
+    assert err.startswith(f"error: cannot load kubeconfig {tmp_path / 'missing'}: ")
     assert err.count("\n") == 1
 
 
@@ -644,3 +706,361 @@ def test_main_connection_refused_is_exit_1(capsys: pytest.CaptureFixture[str], t
     assert "namespace 'team'" in err  # the context's namespace is the default
     assert "cannot reach the API server at http://127.0.0.1:1" in err
     assert err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------------------------
+# main against a fake API client (kube.connect replaced): exit codes, what is listed, retries, Ctrl-C
+
+
+class FakeClient:
+    """The verbs Session uses, on in-memory objects. ``create_errors`` are raised by the first creates;
+    ``watches`` scripts the successive watches (events to yield, or callables to call), after which a
+    watch stays quiet; ``on_list`` is called (awaited) before each listing."""
+
+    def __init__(
+        self,
+        objects: dict[str, list[dict[str, Any]]],
+        *,
+        create_errors: tuple[Exception, ...] = (),
+        watches: list[list[Any]] | None = None,
+        on_list: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.config = Config(url="http://fake:1")
+        self.objects = objects
+        self.create_errors = list(create_errors)
+        self.watches = list(watches or [])
+        self.on_list = on_list
+        self.listed: list[str] = []
+        self.attempted: list[str] = []
+        self.patched: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def __aenter__(self) -> FakeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def list(self, res: Any, namespace: str, label_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        self.listed.append(res.plural)
+        if self.on_list is not None:
+            await self.on_list(res.plural)
+        return [dict(o) for o in self.objects.get(res.plural, [])], "1"
+
+    async def create(self, res: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.attempted.append(body["metadata"]["name"])
+        if self.create_errors:
+            raise self.create_errors.pop(0)
+        obj = {**body, "metadata": {**body["metadata"], "resourceVersion": "5"}}
+        self.objects.setdefault(res.plural, []).append(obj)
+        return obj
+
+    async def get(self, res: Any, namespace: str, name: str) -> dict[str, Any]:
+        return next(o for o in self.objects.get(res.plural, []) if o["metadata"]["name"] == name)
+
+    async def patch(self, res: Any, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patched.append((res.plural, name, patch))
+        return {"metadata": {"name": name}, **patch}
+
+    async def watch(self, res: Any, namespace: str, rv: str, **kw: Any) -> AsyncGenerator[dict[str, Any]]:
+        if self.watches:
+            for ev in self.watches.pop(0):
+                if callable(ev):
+                    ev()
+                else:
+                    yield ev
+            return
+        await asyncio.sleep(3600)
+        yield {}  # pragma: no cover
+
+
+def world() -> dict[str, list[dict[str, Any]]]:
+    """A changefeed, its table, two Replicating spans (a on c0, b on c1), three live captures."""
+    now = time.time()
+    caps = [Capture(name=c, namespace="ns", renew_time=now, lease_duration=3600) for c in ("c0", "c1", "c2")]
+    return {
+        "changefeeds": [conv.to_resource(Changefeed(name=CF, namespace="ns"))],
+        "tables": [conv.to_resource(Table(name="t1", namespace="ns", changefeed=CF, table_id=1))],
+        "spans": [conv.to_resource(span("a", LOW, "c0", namespace="ns")), conv.to_resource(span("b", HIGH, "c1"))],
+        "captures": [conv.to_resource(c) for c in caps],
+        "leases": [conv.lease_resource(c) for c in caps],
+    }
+
+
+def write_kubeconfig(path: Path, server: str = "http://127.0.0.1:1", extra_cluster: str = "", user: str = "") -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        f"clusters: [{{name: x, cluster: {{server: '{server}'{extra_cluster}}}}}]\n"
+        f"users: [{{name: x, user: {{{user or 'token: t'}}}}}]\n"
+        "contexts: [{name: x, context: {cluster: x, user: x, namespace: ns}}]\n"
+    )
+    return path
+
+
+class Plugin:
+    """``main`` with ``--kubeconfig`` of a valid file and the API client replaced by ``client``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        self.monkeypatch = monkeypatch
+        self.capsys = capsys
+        self.kubeconfig = str(write_kubeconfig(tmp_path / "kubeconfig"))
+
+    def __call__(self, client: FakeClient, *args: str) -> tuple[int, str, str]:
+        self.monkeypatch.setattr(kube, "connect", lambda config: client)
+        self.capsys.readouterr()
+        rc = main(["--kubeconfig", self.kubeconfig, *args])
+        out, err = self.capsys.readouterr()
+        return rc, out, err
+
+
+@pytest.fixture
+def plugin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Plugin:
+    return Plugin(monkeypatch, capsys, tmp_path)
+
+
+CA_GARBAGE = "garbage, not PEM\n"
+BROKEN_KUBECONFIGS = {
+    "invalid YAML": lambda d: _text(d / "k", "apiVersion: v1\nclusters: [{name: x\n  bad: [\n"),
+    "CA file with garbage": lambda d: write_kubeconfig(
+        d / "k", "https://127.0.0.1:1", f", certificate-authority: {_text(d / 'ca.pem', CA_GARBAGE)}"
+    ),
+    "client certificate garbage": lambda d: write_kubeconfig(
+        d / "k", "https://127.0.0.1:1", user="client-certificate-data: Z2FyYmFnZQo=, client-key-data: Z2FyYmFnZQo="
+    ),
+    "client certificate not base64": lambda d: write_kubeconfig(
+        d / "k", "https://127.0.0.1:1", user="client-certificate-data: '!!!x', client-key-data: Z2FyYmFnZQo="
+    ),
+    "server without a scheme": lambda d: write_kubeconfig(d / "k", "127.0.0.1:6443"),
+    "server with an odd scheme": lambda d: write_kubeconfig(d / "k", "localhost:6443"),
+}
+
+
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_KUBECONFIGS))
+def test_a_broken_kubeconfig_is_one_usage_error(case: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = BROKEN_KUBECONFIGS[case](tmp_path)
+    assert main(["--kubeconfig", str(path), "status"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("error: ")
+    assert str(path) in err
+    assert err.count("\n") == 1, err
+
+
+def test_a_server_url_without_scheme_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = write_kubeconfig(tmp_path / "k", "127.0.0.1:6443")
+    assert main(["--kubeconfig", str(path), "status"]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"error: kubeconfig {path}: server '127.0.0.1:6443' is not an http(s) URL (e.g. https://127.0.0.1:6443)\n"
+    )
+
+
+def test_kubeconfig_path_falls_back_to_in_cluster_only_without_a_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    assert kube.kubeconfig_path(None) is None
+    assert kube.kubeconfig_path("explicit") == "explicit"
+    (home / ".kube").mkdir(parents=True)
+    (home / ".kube" / "config").write_text("x")
+    assert kube.kubeconfig_path(None) == str(home / ".kube" / "config")
+    some = _text(tmp_path / "some", "x")
+    listed = os.pathsep.join([str(tmp_path / "missing"), str(some)])
+    monkeypatch.setenv("KUBECONFIG", listed)
+    assert kube.kubeconfig_path(None) == listed
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))  # kubectl ignores ~/.kube/config then
+    assert kube.kubeconfig_path(None) is None
+
+
+def test_a_kubeconfig_error_is_not_hidden_by_the_in_cluster_fallback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Without --kubeconfig: $KUBECONFIG's own error (no current-context, a context typo), not the
+    in-cluster loader's; in-cluster is tried only when there is no kubeconfig file at all."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setattr(kconfig.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", "~/.kube/config")
+    path = write_kubeconfig(tmp_path / "kubeconfig")
+    path.write_text(path.read_text().replace("current-context: x\n", ""))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert main(["status"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot load kubeconfig {path}: ")
+    assert "current-context" in err
+    write_kubeconfig(path)
+    assert main(["--context", "typo", "status"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot load kubeconfig {path}: ")
+    assert "typo" in err
+    monkeypatch.delenv("KUBECONFIG")
+    assert main(["status"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot load a kubeconfig: no $KUBECONFIG, no ~/.kube/config, and not in a pod: ")
+    assert err.count("\n") == 1
+
+
+def test_an_unexpected_exception_is_one_line(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def boom(session: Any, args: Any) -> int:
+        raise RuntimeError("something\nunforeseen")
+
+    monkeypatch.setitem(COMMANDS, "status", boom)
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    assert plugin(FakeClient(world()), "status") == (EXIT_FAILED, "", "error: RuntimeError: something unforeseen\n")
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    rc, _, err = plugin(FakeClient(world()), "status")
+    assert rc == EXIT_FAILED
+    assert err.startswith("Traceback (most recent call last):")
+    assert err.endswith("error: RuntimeError: something unforeseen\n")
+
+
+def test_a_closed_stdout_ends_quietly_with_141(plugin: Plugin, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kubectl changefeed spans | head -1``: no BrokenPipeError traceback; stdout then points at /dev/null,
+    so that the interpreter's final flush does not fail again."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        rc, _, err = plugin(FakeClient(world()), "spans")
+        assert (rc, err) == (EXIT_BROKEN_PIPE, "")
+        closed.write("x" * 100_000)
+        closed.flush()  # /dev/null now: no EPIPE
+
+
+def test_each_command_lists_only_what_it_reads(plugin: Plugin) -> None:
+    """Captures and Leases only where a capture's liveness matters (docs/kubectl-plugin.md, RBAC)."""
+    liveness = {"captures", "leases"}
+    expected = {
+        ("status",): {"changefeeds", "spans", "spanoperators", *liveness},
+        ("spans",): {"changefeeds", "spans"},
+        ("operators",): {"changefeeds", "spanoperators"},
+        ("move", "a", "--to", "c2", "--dry-run"): {"changefeeds", "spans", "spanoperators", *liveness},
+        ("split", "a", "--into", "2", "--dry-run"): {"changefeeds", "tables", "spans", "spanoperators"},
+        ("merge", "a", "b", "--dry-run"): {"changefeeds", "spans", "spanoperators"},
+        ("drain", "c2"): {"changefeeds", *liveness},
+        ("undrain", "c2"): set(),
+        ("pause",): {"changefeeds"},
+    }
+    for args, lists in expected.items():
+        client = FakeClient(world())
+        rc, out, err = plugin(client, *args)
+        assert (rc, err) == (0, ""), (args, out, err)
+        assert set(client.listed) == lists, args
+    client = FakeClient(world())
+    assert plugin(client, "drain", "c2", "--wait")[0] == 0
+    assert client.listed[3:] == ["spans", "spanoperators"]
+
+
+def test_a_create_the_api_refuses_is_exit_2(plugin: Plugin) -> None:
+    invalid = ApiError(422, "Invalid", 'SpanOperator.cdc.maintainer.dev "move-1" is invalid: spec.target: Required')
+    client = FakeClient(world(), create_errors=(invalid,))
+    rc, out, err = plugin(client, "move", "a", "--to", "c2")
+    assert (rc, out) == (EXIT_USAGE, "")
+    assert err.startswith(f"error: creating SpanOperator {client.attempted[0]}: refused by the API (Invalid): ")
+    assert err.endswith('"move-1" is invalid: spec.target: Required\n')
+
+
+def test_a_taken_operator_name_is_drawn_again(plugin: Plugin) -> None:
+    taken = ApiError(409, "AlreadyExists", "spanoperators already exists")
+    client = FakeClient(world(), create_errors=(taken, taken))
+    rc, out, err = plugin(client, "split", "a", "--into", "2")
+    assert (rc, err) == (0, "")
+    assert len(client.attempted) == len(set(client.attempted)) == 3
+    assert out == f"{client.attempted[-1]}\n"
+    assert [o["metadata"]["name"] for o in client.objects["spanoperators"]] == [client.attempted[-1]]
+    client = FakeClient(world(), create_errors=(taken,) * 4)
+    rc, out, err = plugin(client, "split", "a", "--into", "2")
+    assert (rc, out) == (EXIT_FAILED, "")
+    assert err == f"error: creating SpanOperator {client.attempted[-1]}: {client.attempted[-1]!r} already exists\n"
+    assert len(set(client.attempted)) == 4
+    conflict = ApiError(409, "Conflict", "the object has been modified")  # not a name collision: no retry
+    client = FakeClient(world(), create_errors=(conflict,))
+    assert plugin(client, "split", "a", "--into", "2")[0] == EXIT_FAILED
+    assert len(client.attempted) == 1
+
+
+def _sigint() -> None:
+    signal.raise_signal(signal.SIGINT)
+
+
+async def _sigint_on(plural: str, wanted: str) -> None:
+    if plural == wanted:
+        _sigint()
+        await asyncio.sleep(3600)
+
+
+def test_ctrl_c_is_exit_130_and_says_what_keeps_running(plugin: Plugin) -> None:
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # asyncio.run turns it into a cancel
+    client = FakeClient(world(), watches=[[_sigint]])
+    rc, out, err = plugin(client, "move", "a", "--to", "c2", "--wait")
+    (name,) = client.attempted
+    assert rc == EXIT_INTERRUPTED
+    assert out.splitlines()[0] == name
+    assert err == (
+        f"error: interrupted; SpanOperator {name} was created and keeps running (the maintainer carries it out); "
+        f"follow it with: kubectl get spanoperators {name} -n ns -w\n"
+    )
+    client = FakeClient(world(), on_list=lambda plural: _sigint_on(plural, "spans"))
+    rc, out, err = plugin(client, "drain", "c2", "--wait")
+    assert (rc, out) == (EXIT_INTERRUPTED, "capture c2 draining\n")
+    assert "capture c2 stays draining" in err
+    assert "kubectl changefeed undrain c2 -n ns" in err
+    client = FakeClient(world(), on_list=lambda plural: _sigint_on(plural, "changefeeds"))
+    assert plugin(client, "move", "a", "--to", "c2") == (EXIT_INTERRUPTED, "", "error: interrupted\n")
+    assert client.attempted == []
+
+
+def test_split_into_must_be_an_integer_from_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad, why in (("0", "got 0"), ("1", "got 1"), ("-3", "got -3"), ("129", "got 129"), ("x", "integer")):
+        assert main(["split", "a", "--into", bad]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert "argument --into: must be" in err, err
+        assert why in err
+    assert main(["split", "a"]) == EXIT_USAGE
+    assert "one of the arguments --into --at is required" in capsys.readouterr().err
+
+
+def test_drain_wait_timeout_bounds_a_slow_listing() -> None:
+    class Slow:
+        namespace = "ns"
+
+        async def snapshot(self, kinds: Any = ()) -> Snapshot:
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+    async def wait() -> int:
+        session: Any = Slow()
+        return await asyncio.wait_for(commands._wait_drained(session, "c0", [CF], 0.2, 0.05), 10)
+
+    with pytest.raises(Failed) as exc:
+        asyncio.run(wait())
+    assert exc.value.message == (
+        "timed out after 0.2s draining capture 'c0': no listing answered in time; it stays draining"
+    )
+
+
+def test_the_operator_watch_backs_off_on_errors_other_than_410(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(kube, "pause", pause)
+    op = operator("move-1", ("a",), namespace="ns")
+    created = conv.to_resource(op)
+    done = conv.to_resource(replace(op, phase=OpPhase.SUCCEEDED))
+
+    def error(code: int) -> dict[str, Any]:
+        return {"type": "ERROR", "object": {"kind": "Status", "status": "Failure", "code": code}}
+
+    watches = [[error(500)]] * 6 + [[error(410)], [{"type": "MODIFIED", "object": done}]]
+    client = FakeClient({"spanoperators": [created]}, watches=watches)
+    session: Any = kube.Session(client, "ns")  # type: ignore[arg-type]
+    final = asyncio.run(follow_operator(session, created, 5.0, lambda line: None))
+    assert final.phase is OpPhase.SUCCEEDED
+    assert sleeps == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]  # none after the 410: an expiry, resumed at once
