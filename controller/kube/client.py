@@ -136,7 +136,6 @@ class Client:
         if config.token:
             headers["Authorization"] = config.token if " " in config.token else f"Bearer {config.token}"
         self._session = aiohttp.ClientSession(
-            base_url=config.url,
             headers=headers,
             connector=aiohttp.TCPConnector(limit=connections, ssl=config.ssl_context()),
         )
@@ -165,7 +164,12 @@ class Client:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else None
         async with self._session.request(
-            method, path, params=params, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            method,
+            self.config.url + path,
+            params=params,
+            data=data,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             text = await resp.text()
             try:
@@ -235,7 +239,7 @@ class Client:
         if label_selector:
             params["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
-        async with self._session.get(res.path(namespace), params=params, timeout=timeout) as resp:
+        async with self._session.get(self.config.url + res.path(namespace), params=params, timeout=timeout) as resp:
             if resp.status >= 400:
                 text = await resp.text()
                 raise ApiError(resp.status, resp.reason or str(resp.status), text[:200])
