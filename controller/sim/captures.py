@@ -30,6 +30,12 @@ RENEW_DEADLINE = 7.0
 
 LIVE = (DispatcherState.INITIALIZING, DispatcherState.WORKING)
 
+
+def _hot_key(t: Table) -> bytes:
+    """A skewed table's hot row: a third of the way into its key range."""
+    rng = t.key_range
+    return rng.split_at(rng.even_split_keys(3))[1].start
+
 HOLD_CLOSE = "hold close"
 PAUSE_CREATE = "pause create"
 
@@ -160,11 +166,19 @@ class Captures:
                 self._status(cap, obj, state, obj.checkpoint_ts, "not running on this capture")
 
     def _traffic(self, d: Dispatcher) -> tuple[float, int]:
-        """The span's share of its table's write rate and regions (what a real capture measures)."""
+        """The span's share of its table's write rate and regions (what a real capture measures).
+
+        Every third table is skewed: 80% of its writes hit one key (a hot row), so splitting the span
+        that holds it never cools it, which the split scheduler's hot-spot rule must notice.
+        """
         for t in self.ctx.api.store[Kind.TABLE].values():
             if isinstance(t, Table) and t.table_id == d.table_id and t.changefeed == d.changefeed:
                 share = d.key_range.share_of(t.key_range)
-                return round(t.write_rate * share, 3), round(t.region_count * share)
+                regions = round(t.region_count * share)
+                if t.table_id % 3:
+                    return round(t.write_rate * share, 3), regions
+                hot = 0.8 if d.key_range.contains_key(_hot_key(t)) else 0.0
+                return round(t.write_rate * (0.2 * share + hot), 3), regions
         return 0.0, 0
 
     def _status(self, cap: SimCapture, d: Dispatcher, state: DispatcherState, cp: int, message: str = "") -> bool:
