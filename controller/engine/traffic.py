@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.engine import controller
 from controller.engine.operators.split import MAX_PIECES
@@ -48,10 +48,10 @@ class Counters:
     """
 
     checked_at: float = 0.0
-    hot: Mapping[str, int] | None = None
-    cold: Mapping[str, int] | None = None
-    splits: Mapping[str, float] | None = None
-    children: Mapping[str, float] | None = None
+    hot: Mapping[str, int] = field(default_factory=dict)
+    cold: Mapping[str, int] = field(default_factory=dict)
+    splits: Mapping[str, float] = field(default_factory=dict)
+    children: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def run(tick: Tick, counters: Counters) -> Counters:
     if not enabled(tick) or tick.now - counters.checked_at < cfg.traffic_check_interval_seconds:
         return counters
     loads = _loads(tick)
-    old_hot, old_cold = counters.hot or {}, counters.cold or {}
+    old_hot, old_cold = counters.hot, counters.cold
     hot: dict[str, int] = {}
     cold: dict[str, int] = {}
     for name, load in loads.items():
@@ -88,8 +88,8 @@ def run(tick: Tick, counters: Counters) -> Counters:
 
 def _split_history(tick: Tick, counters: Counters) -> tuple[dict[str, float], dict[str, float]]:
     """Follow this term's Splits to the spans they made, and forget spans that are gone."""
-    splits = dict(counters.splits or {})
-    children = {s: r for s, r in (counters.children or {}).items() if s in tick.spans}
+    splits = dict(counters.splits)
+    children = {s: r for s, r in counters.children.items() if s in tick.spans}
     for name, rate in list(splits.items()):
         op = tick.operators.get(name)
         if op is None:
@@ -103,7 +103,7 @@ def _split_history(tick: Tick, counters: Counters) -> tuple[dict[str, float], di
     return splits, children
 
 
-def _hot_spot(tick: Tick, name: str, load: _Load, children: Mapping[str, float]) -> bool:
+def _hot_spot(name: str, load: _Load, children: Mapping[str, float]) -> bool:
     """``name`` came from a Split and still carries more than half of its parent's traffic.
 
     Splitting it again would not spread the load (the writes hit a few keys), only churn: split,
@@ -193,7 +193,7 @@ def _split(
             break
         if key in busy or key in done or table is None or not table.splittable or not movable(tick, span):
             continue
-        if _hot_spot(tick, name, loads[name], children):
+        if _hot_spot(name, loads[name], children):
             continue
         pieces = pieces_for(tick, loads[name], len(groups.get(key, ())))
         if not pieces:
