@@ -683,6 +683,7 @@ def updated(kind: str, spec: dict[str, Any], **changes: Any) -> Case:
 
 
 #: For each rule (kind, message): objects it must admit and objects it must refuse (with that message only).
+TABLE_ID_MAX = "tableID must be at most 9223372036854775806 (its range ends at t<tableID+1>)"
 CEL_CASES: dict[tuple[str, str], tuple[list[Case], list[Case]]] = {
     ("Span", "startKey must be below endKey"): (
         [
@@ -712,6 +713,18 @@ CEL_CASES: dict[tuple[str, str], tuple[list[Case], list[Case]]] = {
     ("Table", "tableID is immutable"): (
         [updated("Table", TABLE, preSplit={"spans": 4})],
         [updated("Table", TABLE, tableID=105)],
+    ),
+    ("Span", TABLE_ID_MAX): (
+        [(obj("Span", SPAN, tableID=9223372036854775806), None)],
+        [(obj("Span", SPAN, tableID=9223372036854775807), None)],
+    ),
+    ("Table", TABLE_ID_MAX): (
+        [(obj("Table", TABLE, tableID=9223372036854775806), None)],
+        [(obj("Table", TABLE, tableID=9223372036854775807), None)],
+    ),
+    ("Dispatcher", TABLE_ID_MAX): (
+        [(obj("Dispatcher", DISP, tableID=9223372036854775806), None)],
+        [(obj("Dispatcher", DISP, tableID=9223372036854775807), None)],
     ),
     ("Dispatcher", "Dispatcher spec is immutable"): (
         [updated("Dispatcher", DISP, mode="default")],
