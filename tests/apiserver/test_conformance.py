@@ -110,12 +110,12 @@ def test_pruning_and_defaults(kube: Kube, name: str) -> None:
         "PATCH", kube.path("spans", name) + "/status", {"status": {"state": "Scheduling", "progress": 3}}, ct=MERGE
     )
     assert obj["status"] == {"state": "Scheduling"}  # the undeclared status field vanished
-    cap = kube.ok("POST", kube.path("captures"), {"metadata": {"name": name}})
+    cap = kube.ok("POST", kube.path("captures"), kube.obj("Capture", {"name": name}))
     assert cap["spec"] == {}
 
 
 def test_nested_defaults(kube: Kube, name: str) -> None:
-    obj = kube.ok("POST", kube.path("changefeeds"), {"metadata": {"name": name}, "spec": {}})
+    obj = kube.ok("POST", kube.path("changefeeds"), kube.obj("Changefeed", {"name": name}, spec={}))
     assert obj["spec"]  # nested defaults (scheduler settings) were applied
     assert "400" not in str(obj)
 
@@ -145,7 +145,7 @@ def test_required_and_max_items(kube: Kube, name: str) -> None:
     assert resp.status == 422
     assert "spec.changefeed: Required value" in resp.body["message"]
     spans = [{"startKey": "00", "endKey": "ff", "name": f"s{i}"} for i in range(200)]
-    op = {"metadata": {"name": name}, "spec": {"changefeed": "cf", "type": "Merge", "spans": spans}}
+    op = kube.obj("SpanOperator", {"name": name}, spec={"changefeed": "cf", "type": "Merge", "spans": spans})
     resp = kube.req("POST", kube.path("spanoperators"), op)
     assert resp.status == 422
     assert "spec.spans" in resp.body["message"]
@@ -160,7 +160,7 @@ def test_cel_rules(kube: Kube, name: str) -> None:
     assert resp.status == 422
     assert "tableID is immutable" in resp.body["message"]
     kube.ok("PATCH", kube.path("spans", name), {"spec": {"startTs": 7}}, ct=MERGE)  # a mutable field
-    op = {"metadata": {"name": name}, "spec": {"changefeed": "cf", "type": "Move", "spans": ["a"]}}
+    op = kube.obj("SpanOperator", {"name": name}, spec={"changefeed": "cf", "type": "Move", "spans": ["a"]})
     resp = kube.req("POST", kube.path("spanoperators"), op)
     assert resp.status == 422
     assert "Add and Move need a target capture" in resp.body["message"]
@@ -226,7 +226,7 @@ def test_json_patch_and_strategic_merge(kube: Kube, name: str) -> None:
     assert obj["spec"]["startTs"] == 5
     bad = [{"op": "test", "path": "/spec/startTs", "value": 6}]
     assert kube.req("PATCH", kube.path("spans", name), bad, ct="application/json-patch+json").status == 422
-    cm = {"metadata": {"name": name}, "data": {"a": "1", "b": "2"}}
+    cm = kube.obj("ConfigMap", {"name": name}, "v1", data={"a": "1", "b": "2"})
     kube.ok("POST", kube.path("configmaps", group="v1"), cm)
     smp = {"data": {"b": None, "c": "3"}}
     obj = kube.ok("PATCH", kube.path("configmaps", name, group="v1"), smp, ct="application/strategic-merge-patch+json")
@@ -246,7 +246,7 @@ def test_selectors(kube: Kube) -> None:
     run = uuid.uuid4().hex[:8]
     labels = {"a": {"run": run, "tier": "x"}, "b": {"run": run, "tier": "y"}, "c": {"run": run}}
     for suffix, lab in labels.items():
-        body = {"metadata": {"name": f"sel-{run}-{suffix}", "labels": lab}, "data": {}}
+        body = kube.obj("ConfigMap", {"name": f"sel-{run}-{suffix}", "labels": lab}, "v1", data={})
         kube.ok("POST", kube.path("configmaps", group="v1"), body)
 
     def names(selector: str, **kw: Any) -> set[str]:
@@ -345,7 +345,9 @@ def test_watch_initial_state_and_live_events(kube: Kube, name: str) -> None:
 
 def test_watch_label_selector_transitions(kube: Kube, name: str) -> None:
     rv = kube.ok("GET", kube.path("configmaps", group="v1"))["metadata"]["resourceVersion"]
-    kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name, "labels": {"w": name}}})
+    kube.ok(
+        "POST", kube.path("configmaps", group="v1"), kube.obj("ConfigMap", {"name": name, "labels": {"w": name}}, "v1")
+    )
     kube.ok("PATCH", kube.path("configmaps", name, group="v1"), {"data": {"k": "v"}}, ct=MERGE)
     kube.ok("PATCH", kube.path("configmaps", name, group="v1"), {"metadata": {"labels": None}}, ct=MERGE)
     events = kube.watch(kube.path("configmaps", group="v1"), resourceVersion=rv, labelSelector=f"w={name}", until=3)
@@ -374,7 +376,7 @@ def test_watch_timeout_and_bookmarks(kube: Kube) -> None:
 def test_watch_too_old_resource_version_is_gone(kube: Kube, name: str) -> None:
     if kube.embedded is not None:  # push the first resourceVersions out of the (small) history window
         cm = kube.path("configmaps", name, group="v1")
-        kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name}})
+        kube.ok("POST", kube.path("configmaps", group="v1"), kube.obj("ConfigMap", {"name": name}, "v1"))
         current = int(kube.ok("GET", cm)["metadata"]["resourceVersion"])
         for i in range(max(0, HISTORY + 10 - current)):
             kube.ok("PATCH", cm, {"data": {"i": str(i)}}, ct=MERGE)
@@ -392,12 +394,16 @@ def test_watch_too_old_resource_version_is_gone(kube: Kube, name: str) -> None:
 
 def test_leases_configmaps_events(kube: Kube, name: str) -> None:
     leases = kube.path("leases", group="coordination.k8s.io/v1")
-    lease = kube.ok("POST", leases, {"metadata": {"name": name}, "spec": {"holderIdentity": "a"}})
+    lease = kube.ok(
+        "POST", leases, kube.obj("Lease", {"name": name}, "coordination.k8s.io/v1", spec={"holderIdentity": "a"})
+    )
     stale = dict(lease, spec={"holderIdentity": "b"})
     lease["spec"]["holderIdentity"] = "c"
     kube.ok("PUT", f"{leases}/{name}", lease)
     assert kube.req("PUT", f"{leases}/{name}", stale).status == 409
     event = {
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"generateName": "ev-"},
         "involvedObject": {"kind": "Span", "name": name, "namespace": kube.namespace},
         "reason": "Test",
@@ -406,6 +412,8 @@ def test_leases_configmaps_events(kube: Kube, name: str) -> None:
     }
     assert kube.ok("POST", kube.path("events", group="v1"), event)["metadata"]["name"].startswith("ev-")
     ev2 = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
         "metadata": {"name": name},
         "eventTime": "2025-01-01T00:00:00.000000Z",
         "reportingController": "cfm.test/x",
@@ -416,10 +424,12 @@ def test_leases_configmaps_events(kube: Kube, name: str) -> None:
         "regarding": {"kind": "Span", "name": name, "namespace": kube.namespace},
     }
     kube.ok("POST", kube.path("events", group="events.k8s.io/v1"), ev2)
-    kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name}, "data": {"x": "1"}})
+    kube.ok("POST", kube.path("configmaps", group="v1"), kube.obj("ConfigMap", {"name": name}, "v1", data={"x": "1"}))
     assert kube.ok("GET", kube.path("configmaps", name, group="v1"))["data"] == {"x": "1"}
     assert (
-        kube.req("POST", kube.path("configmaps", group="v1", ns="no-such-ns"), {"metadata": {"name": name}}).status
+        kube.req(
+            "POST", kube.path("configmaps", group="v1", ns="no-such-ns"), kube.obj("ConfigMap", {"name": name}, "v1")
+        ).status
         == 404
     )
 
@@ -451,7 +461,7 @@ def test_post_crd(kube: Kube) -> None:
         while kube.req("GET", path).status != 200:
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        obj = kube.ok("POST", path, {"metadata": {"name": "w"}, "spec": {"anything": [1]}})
+        obj = kube.ok("POST", path, kube.obj("Widget", {"name": "w"}, f"{group}/v1", spec={"anything": [1]}))
         assert obj["spec"] == {"anything": [1]}
         assert obj["metadata"]["generation"] == 1
         assert "widgets" in _resources(kube, f"/apis/{group}/v1")
@@ -464,10 +474,8 @@ def test_post_crd(kube: Kube) -> None:
 
 def test_injected_failures(kube: Kube, embedded: ApiServerHandle, name: str) -> None:
     embedded.inject_failures("dispatchers", 2, 500)
-    body = {
-        "metadata": {"name": name},
-        "spec": {"changefeed": "cf", "capture": "c", "span": "s", "tableID": 1, "startKey": "00", "endKey": "ff"},
-    }
+    spec = {"changefeed": "cf", "capture": "c", "span": "s", "tableID": 1, "startKey": "00", "endKey": "ff"}
+    body = kube.obj("Dispatcher", {"name": name}, spec={**spec, "startTs": 0, "epoch": 1})
     assert kube.req("POST", kube.path("dispatchers"), body).status == 500
     assert kube.req("POST", kube.path("dispatchers"), body).status == 500
     resp = kube.req("POST", kube.path("dispatchers"), body)
