@@ -92,6 +92,22 @@ def test_already_exists_and_not_found(kube: Kube, name: str) -> None:
     assert resp.body["details"]["name"] == name + "-missing"
 
 
+def test_type_meta_is_required_for_custom_resources_only(kube: Kube, name: str) -> None:
+    """A custom resource is decoded as unstructured: no kind, no create. A built-in kind's typed decoder takes
+    apiVersion and kind from the URL (Kopf posts its Events that way)."""
+    body = kube.span(name)
+    del body["kind"], body["apiVersion"]
+    resp = kube.req("POST", kube.path("spans"), body)
+    assert resp.status == 400, resp.body
+    assert resp.body["reason"] == "BadRequest"
+    assert "Object 'Kind' is missing" in resp.body["message"]
+    body = kube.span(name)
+    body["apiVersion"] = f"{GROUP.split('/')[0]}/v9"
+    assert kube.req("POST", kube.path("spans"), body).status == 400
+    obj = kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name}, "data": {"a": "1"}})
+    assert (obj["apiVersion"], obj["kind"]) == ("v1", "ConfigMap")
+
+
 def test_create_ignores_status_with_status_subresource(kube: Kube, name: str) -> None:
     body = kube.span(name)
     body["status"] = {"state": "Replicating"}
@@ -214,9 +230,19 @@ def test_stale_resource_version_conflicts(kube: Kube, name: str) -> None:
         ct=MERGE,
     )
     assert resp.status == 409
-    del obj["metadata"]["resourceVersion"]  # an unconditional update is allowed
+    # A custom resource (unlike a ConfigMap) has no unconditional update: a PUT must carry a resourceVersion.
+    del obj["metadata"]["resourceVersion"]
     obj["spec"]["startTs"] = 2
-    assert kube.ok("PUT", kube.path("spans", name), obj)["spec"]["startTs"] == 2
+    resp = kube.req("PUT", kube.path("spans", name), obj)
+    assert resp.status == 422, resp.body
+    assert resp.body["details"]["causes"][0]["field"] == "metadata.resourceVersion"
+    assert "must be specified for an update" in resp.body["message"]
+    cm = kube.ok(
+        "POST", kube.path("configmaps", group="v1"), kube.obj("ConfigMap", {"name": name}, "v1", data={"a": "1"})
+    )
+    del cm["metadata"]["resourceVersion"]
+    cm["data"] = {"a": "2"}
+    assert kube.ok("PUT", kube.path("configmaps", name, group="v1"), cm)["data"] == {"a": "2"}
 
 
 def test_json_patch_and_strategic_merge(kube: Kube, name: str) -> None:
