@@ -116,3 +116,27 @@ def test_capture_informer_relists_on_an_expired_watch(server: ApiServerHandle) -
                     await task
 
     asyncio.run(scenario())
+
+
+def test_plugin_operator_watch_resumes_from_a_fresh_read_on_an_expired_watch(server: ApiServerHandle) -> None:
+    """``kubectl changefeed ... --wait`` follows a SpanOperator from the resourceVersion of its create; when that
+    is compacted the watch answers ERROR 410 and the plugin reads the operator afresh and watches on."""
+    from controller.cli.kube import Session
+
+    async def scenario() -> None:
+        async with Client(Config(url=server.url)) as client:
+            ns = await namespace(client)
+            spec = {"changefeed": "cf", "type": "Add", "spans": ["s1"], "target": "c1"}
+            body = {"apiVersion": API_VERSION, "kind": "SpanOperator", "metadata": {"name": "op"}, "spec": spec}
+            created = await client.create(RESOURCES[Kind.OPERATOR], ns, body)
+            await compact(client, ns)
+            updates = Session(client, ns).operator_updates("op", created, "")
+            fresh = await asyncio.wait_for(anext(updates), 10)
+            assert fresh["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+            status = {"status": {"phase": "Running"}}
+            await client.patch(RESOURCES[Kind.OPERATOR], ns, "op", status, sub="status")
+            update = await asyncio.wait_for(anext(updates), 10)
+            assert update["status"]["phase"] == "Running"
+            await updates.aclose()
+
+    asyncio.run(scenario())
