@@ -591,7 +591,7 @@ class ApiServer:
                     {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
                 )
             return _render(request, obj)
-        if method == "POST":
+        if method == "POST" and sub is None:  # the real server treats it as a create of the collection
             body = await self._body(request, rt, opts)
             out = self.store.create(rt, obj_ns, body, opts)
             return _render(request, out.obj, 201, out.warnings)
@@ -643,6 +643,13 @@ class ApiServer:
     async def _body(self, request: web.Request, rt: ResourceType, opts: WriteOptions) -> Any:
         raw = await request.read()
         ctype = request.content_type or "application/json"
+        if ctype == "application/vnd.kubernetes.protobuf":
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the embedded API server does not decode protobuf: send application/json or application/yaml "
+                "(kubectl create <kind> sends protobuf; kubectl apply -f sends JSON)",
+            )
         if ctype not in ("application/json", "application/yaml"):
             raise unsupported_media_type(BODY_TYPES)
         if ctype == "application/yaml":
