@@ -102,9 +102,10 @@ def _range_error(value: Any, typ: str, fmt: str, prefix: str, path: str) -> str 
     """kube-openapi's IsValueValidAgainstRange: does ``value`` parse as an integer of the format?"""
     if typ != "integer":
         return None
-    text = _format_f(value)
     lo, hi = _INT_RANGES.get(fmt, (INT64_MIN, INT64_MAX))
-    bits = {"int32": 32, "uint32": 32, "uint64": 64}.get(fmt, 64)
+    if type(value) is int and lo <= value <= hi:
+        return None  # the common case, without formatting the number
+    text = _format_f(value)
     func = "ParseUint" if fmt.startswith("uint") else "ParseInt"
     try:
         number = int(text)
@@ -115,7 +116,7 @@ def _range_error(value: Any, typ: str, fmt: str, prefix: str, path: str) -> str 
         return None
     if fmt:
         return f"{prefix} value must be of type {typ} with format {fmt} in {path}"
-    return f"{prefix} value must be of type {typ}: strconv.{func}: parsing {quote(text)}: {problem}" if bits else None
+    return f"{prefix} value must be of type {typ}: strconv.{func}: parsing {quote(text)}: {problem}"
 
 
 def _show_number(value: Any) -> str:

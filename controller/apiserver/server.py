@@ -88,10 +88,14 @@ AGE_DESCRIPTION = (
 
 
 def _json(
-    body: Any, status: int = 200, warnings: list[str] | None = None, content_type: str = "application/json"
+    body: Any,
+    status: int = 200,
+    warnings: list[str] | None = None,
+    content_type: str = "application/json",
+    encoded: bytes | None = None,
 ) -> web.Response:
     headers = [("Warning", f"299 - {gojson.quote(w)}") for w in warnings or []]
-    resp = web.Response(body=gojson.dumps(body), status=status, headers=headers)
+    resp = web.Response(body=encoded if encoded is not None else gojson.dumps(body), status=status, headers=headers)
     resp.headers["Content-Type"] = content_type
     return resp
 
@@ -251,7 +255,14 @@ def _negotiate(request: web.Request, *, listing: bool = False, discovery: bool =
     )
 
 
-def _render(request: web.Request, body: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
+def _render(
+    request: web.Request,
+    body: Any,
+    status: int = 200,
+    warnings: list[str] | None = None,
+    encoded: Callable[[], bytes] | None = None,
+) -> web.Response:
+    """``body`` as the request accepts it; ``encoded`` gives its JSON when it is at hand already."""
     fmt = "json"
     try:
         fmt = _negotiate(request)
@@ -262,7 +273,7 @@ def _render(request: web.Request, body: Any, status: int = 200, warnings: list[s
         resp = web.Response(body=yaml.safe_dump(body, sort_keys=False).encode(), status=status, headers=headers)
         resp.headers["Content-Type"] = "application/yaml"
         return resp
-    return _json(body, status, warnings)
+    return _json(body, status, warnings, encoded=encoded() if encoded is not None else None)
 
 
 # -- the application ---------------------------------------------------------------------------------------
@@ -507,13 +518,13 @@ class ApiServer:
                 )
             group, version, rest = "", parts[1], parts[2:]
         elif head == "apis":
-            groups = dict(self._groups())
             if len(parts) == 1:
                 if _negotiate(request, discovery=True) == "aggregated":
                     return _json(self._aggregated(core=False), content_type=AGGREGATED)
                 docs = [self._group_doc(g, vs) for g, vs in self._groups()]
                 return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": docs})
             if len(parts) == 2:
+                groups = dict(self._groups())
                 if parts[1] not in groups:
                     raise PageNotFound()
                 return _json({"kind": "APIGroup", "apiVersion": "v1", **self._group_doc(parts[1], groups[parts[1]])})
@@ -570,7 +581,7 @@ class ApiServer:
                     raise PageNotFound()
                 body = await self._body(request, rt, opts)
                 out = self.store.create(rt, obj_ns, body, opts)
-                return _render(request, out.obj, 201, out.warnings)
+                return self._render_obj(request, rt, out.obj, 201, out.warnings)
             if method == "DELETE" and "deletecollection" in rt.verbs:
                 return await self._delete_collection(request, rt, ns, opts)
             raise ApiError(
@@ -590,27 +601,27 @@ class ApiServer:
                 return _json(
                     {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
                 )
-            return _render(request, obj)
+            return self._render_obj(request, rt, obj)
         if method == "POST" and sub is None:  # the real server treats it as a create of the collection
             body = await self._body(request, rt, opts)
             out = self.store.create(rt, obj_ns, body, opts)
-            return _render(request, out.obj, 201, out.warnings)
+            return self._render_obj(request, rt, out.obj, 201, out.warnings)
         if method == "PUT":
             body = await self._body(request, rt, opts)
             out = self.store.replace(rt, obj_ns, name, body, opts, sub)
-            return _render(request, out.obj, 201 if out.created else 200, out.warnings)
+            return self._render_obj(request, rt, out.obj, 201 if out.created else 200, out.warnings)
         if method == "PATCH":
             content_type = request.content_type
             body = await self._patch_body(request, content_type)
             out = self.store.patch(rt, obj_ns, name, content_type, body, opts, sub)
-            return _render(request, out.obj, 201 if out.created else 200, out.warnings)
+            return self._render_obj(request, rt, out.obj, 201 if out.created else 200, out.warnings)
         if method == "DELETE" and sub is None:
             options = await self._delete_body(request)
             if options.get("dryRun"):
                 opts.dry_run = self._dry_run(options["dryRun"])
             obj, gone = self.store.delete(rt, obj_ns, name, options, opts)
             if not gone:
-                return _render(request, obj)
+                return self._render_obj(request, rt, obj)
             return _json(
                 {
                     "kind": "Status",
@@ -623,6 +634,13 @@ class ApiServer:
         raise ApiError(
             405, "MethodNotAllowed", "the server does not allow this method on the requested resource", details()
         )
+
+    def _render_obj(
+        self, request: web.Request, rt: ResourceType, obj: JSON, status: int = 200, warnings: list[str] | None = None
+    ) -> web.Response:
+        """An object answered; a stored one is encoded once for its answer, its watch event and later reads."""
+        stored = rt.group != "events.k8s.io" and self.store.is_stored(rt, obj)
+        return _render(request, obj, status, warnings, (lambda: self.store.encoded(obj)) if stored else None)
 
     @staticmethod
     def _dry_run(values: Any) -> bool:
@@ -735,6 +753,12 @@ class ApiServer:
             ]
         return {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta, "items": shown}
 
+    def _encode_list(self, doc: JSON) -> bytes:
+        """A list of stored objects, from their cached encodings."""
+        head = gojson.dumps({k: v for k, v in doc.items() if k != "items"})
+        items = b",".join(self.store.encoded(o) for o in doc["items"])
+        return head[:-1] + b',"items":[' + items + b"]}"
+
     @staticmethod
     def _parse_rv(value: str, for_watch: bool = False) -> None:
         try:
@@ -805,7 +829,11 @@ class ApiServer:
                     ],
                 }
             )
-        return _render(request, self._list_doc(rt, result.items, result.rv, result.cont, result.remaining))
+        doc = self._list_doc(rt, result.items, result.rv, result.cont, result.remaining)
+        if not rt.custom or not result.items:
+            return _render(request, doc)
+        at_rest = all(self.store.is_stored(rt, o) for o in result.items)
+        return _render(request, doc, encoded=(lambda: self._encode_list(doc)) if at_rest else None)
 
     async def _delete_collection(
         self, request: web.Request, rt: ResourceType, ns: str | None, opts: WriteOptions

@@ -26,6 +26,7 @@ import binascii
 import copy
 import json
 import random
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -77,8 +78,16 @@ NS_FINALIZER = "kubernetes"
 CRD_CLEANUP = "customresourcecleanup.apiextensions.k8s.io"
 
 
+_NOW: list[Any] = [0, ""]
+
+
 def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 to the second, as metav1.Time is written (formatted once per second)."""
+    second = int(time.time())
+    if second != _NOW[0]:
+        _NOW[0] = second
+        _NOW[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(_NOW[1])
 
 
 @dataclass
@@ -106,19 +115,29 @@ class Event:
     type: str
     obj: JSON
     old: JSON | None
+    encoded: bytes | None = None  # the object's JSON, when the store has it already
     _data: dict[tuple[str, str, str] | None, bytes] = field(default_factory=dict)
 
     def data(self, view: ResourceType | None) -> bytes:
         key = view.key if view is not None and view.group == "events.k8s.io" else None
         cached = self._data.get(key)
         if cached is None:
-            obj = B.event_to_v1(self.obj) if key is not None else self.obj
-            cached = self._data[key] = encode_event(self.type, obj)
+            if key is None and self.encoded is not None:
+                cached = event_line(self.type, self.encoded)
+            else:
+                obj = B.event_to_v1(self.obj) if key is not None else self.obj
+                cached = encode_event(self.type, obj)
+            self._data[key] = cached
         return cached
 
 
 def encode_event(kind: str, obj: JSON) -> bytes:
     return gojson.dumps({"type": kind, "object": obj}) + b"\n"
+
+
+def event_line(kind: str, encoded: bytes) -> bytes:
+    """A watch event around an object already encoded."""
+    return b'{"type":"' + kind.encode() + b'","object":' + encoded + b"}\n"
 
 
 @dataclass(eq=False)
@@ -213,6 +232,9 @@ class Store:
         self.crd_order: list[tuple[str, str]] = []  # (group, plural) in establishment order
         #: Field ownership of each object: managedFields entry -> its fieldsV1 trie (see managed.py).
         self.fields: dict[tuple[tuple[str, str], str, str], dict[tuple[str, str, str], managed.Trie]] = {}
+        #: The JSON of stored objects, encoded once (they never change), by id: answers, watches and lists
+        #: reuse it. Holds only current objects (an entry goes when its object is replaced or deleted).
+        self._encoded: dict[int, tuple[JSON, bytes]] = {}
         for rt in builtin_types():
             self.register(rt)
         ns_type = self.types[NS_KEY]
@@ -288,6 +310,19 @@ class Store:
         return count
 
     # -- views -----------------------------------------------------------------------------------------
+
+    def encoded(self, obj: JSON) -> bytes:
+        """The JSON of a stored object (call it for current stored objects only: they are cached)."""
+        hit = self._encoded.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        data = gojson.dumps(obj)
+        self._encoded[id(obj)] = (obj, data)
+        return data
+
+    def is_stored(self, rt: ResourceType, obj: JSON) -> bool:
+        m = obj.get("metadata") or {}
+        return self.objects.get(rt.storage_key, {}).get((m.get("namespace", ""), m.get("name", ""))) is obj
 
     @staticmethod
     def view(rt: ResourceType, obj: JSON) -> JSON:
@@ -425,6 +460,9 @@ class Store:
         new["metadata"]["resourceVersion"] = str(self.rv)
         skey = rt.storage_key
         key = (new["metadata"].get("namespace", ""), new["metadata"]["name"])
+        if old is not None:
+            self._encoded.pop(id(old), None)
+        encoded = None
         if kind == "DELETED":
             self.objects[skey].pop(key, None)
             self.fields.pop((skey, *key), None)
@@ -432,7 +470,9 @@ class Store:
             self.objects[skey][key] = new
             if tries is not None:
                 self.fields[(skey, *key)] = tries
-        event = Event(self.rv, skey, kind, new, old)
+            if self.watchers.get(skey):
+                encoded = self.encoded(new)
+        event = Event(self.rv, skey, kind, new, old, encoded)
         if self.history.maxlen is not None and len(self.history) == self.history.maxlen:
             self.compacted_rv = self.history[0].rv
         self.history.append(event)
@@ -1083,8 +1123,12 @@ class Store:
         watcher = Watcher(skey, ns, predicate, rt if rt.group == "events.k8s.io" else None)
         send_initial = initial if initial is not None else since in (None, "", "0")
         if send_initial:
+            events_view = rt.group == "events.k8s.io"
             for obj in self.list_objects(rt, ns, predicate):
-                watcher.queue.put_nowait(encode_event("ADDED", self.view(rt, obj)))
+                if events_view:
+                    watcher.queue.put_nowait(encode_event("ADDED", self.view(rt, obj)))
+                else:
+                    watcher.queue.put_nowait(event_line("ADDED", self.encoded(obj)))
             watcher.min_rv = self.rv
         else:
             start = int(str(since))
