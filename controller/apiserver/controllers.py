@@ -46,6 +46,7 @@ class Controllers:
         self.dependents: dict[str, set[Key]] = {}
         self.refs: dict[Key, set[str]] = {}
         self._pending: set[tuple[str, Any]] = set()
+        self._terminating_crds: dict[tuple[str, str], Key] = {}  # (group, plural) -> the CRD being deleted
         for skey, objs in store.objects.items():
             for (ns, name), obj in objs.items():
                 self._index((skey, ns, name), obj)
@@ -111,6 +112,9 @@ class Controllers:
                 if meta.ORPHAN in finalizers:
                     self.schedule("orphan", key)
                 if event.skey == ("apiextensions.k8s.io", "customresourcedefinitions") and CRD_CLEANUP in finalizers:
+                    spec = event.obj.get("spec") or {}
+                    served = (str(spec.get("group", "")), str((spec.get("names") or {}).get("plural", "")))
+                    self._terminating_crds[served] = key
                     self.schedule("crd-cleanup", key)
             for owner in (r.get("uid") for r in m.get("ownerReferences") or []):
                 owner_key = self.uids.get(str(owner))
@@ -119,6 +123,9 @@ class Controllers:
             crd = event.skey == ("apiextensions.k8s.io", "customresourcedefinitions")
             if crd and not established(event.obj) and not m.get("deletionTimestamp"):
                 self.schedule("establish", ("", m["name"]))
+        crd_key = self._terminating_crds.get(event.skey)
+        if crd_key is not None:
+            self.schedule("crd-cleanup", crd_key)  # one of its objects changed or went: look again
         if event.skey == ("", "namespaces"):
             if m.get("deletionTimestamp") and event.type != "DELETED":
                 self.schedule("namespace", m["name"])
@@ -306,6 +313,8 @@ class Controllers:
             return
         spec = obj.get("spec") or {}
         group, plural = str(spec.get("group", "")), str((spec.get("names") or {}).get("plural", ""))
+        if not obj["metadata"].get("deletionTimestamp"):
+            return
         rt = next((t for t in self.store.types.values() if t.group == group and t.plural == plural), None)
         left = 0
         if rt is not None:
@@ -325,6 +334,7 @@ class Controllers:
         new["metadata"] = dict(
             obj["metadata"], finalizers=[f for f in obj["metadata"].get("finalizers") or [] if f != CRD_CLEANUP]
         )
+        self._terminating_crds.pop((group, plural), None)
         self.store.controller_update(crd_type, obj, new, None, manager="kube-apiserver")
 
 

@@ -495,6 +495,42 @@ def test_post_crd(kube: Kube) -> None:
         kube.req("DELETE", f"{CRD_BASE}/widgets.{group}")
 
 
+def test_crd_deletion_waits_for_its_resources(kube: Kube) -> None:
+    """A deleted CRD first deletes its custom resources; one held by a finalizer holds the CRD too."""
+    group = f"t{uuid.uuid4().hex[:6]}.cfm.test"
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"gizmos.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "gizmos", "kind": "Gizmo"},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": schema}],
+        },
+    }
+    kube.ok("POST", CRD_BASE, crd)
+    path = kube.path("gizmos", group=f"{group}/v1")
+    deadline = time.monotonic() + 30
+    while kube.req("GET", path).status != 200:
+        assert time.monotonic() < deadline, "the CRD was not served"
+        time.sleep(0.2)
+    kube.ok("POST", path, kube.obj("Gizmo", {"name": "g", "finalizers": ["cfm.test/hold"]}, f"{group}/v1"))
+    deleting = kube.ok("DELETE", f"{CRD_BASE}/gizmos.{group}")
+    assert deleting["metadata"]["deletionTimestamp"]
+    deadline = time.monotonic() + 30
+    while not kube.ok("GET", f"{path}/g")["metadata"].get("deletionTimestamp"):
+        assert time.monotonic() < deadline, "the custom resource was not deleted"
+        time.sleep(0.2)
+    assert kube.req("GET", f"{CRD_BASE}/gizmos.{group}").status == 200  # held by the resource's finalizer
+    kube.ok("PATCH", f"{path}/g", {"metadata": {"finalizers": None}}, ct=MERGE)
+    deadline = time.monotonic() + 60
+    while kube.req("GET", f"{CRD_BASE}/gizmos.{group}").status != 404:
+        assert time.monotonic() < deadline, "the CRD was not removed"
+        time.sleep(0.2)
+
+
 # -- fault injection (embedded only) ------------------------------------------------------------------------------
 
 
