@@ -201,6 +201,47 @@ def record(
     return out
 
 
+def record_kept(
+    shown: list[JSON],
+    tries: dict[Any, Trie],
+    manager: str,
+    operation: str,
+    subresource: str,
+    api_version: str,
+    changed: Trie,
+    removed: Trie,
+    now: str,
+) -> tuple[list[JSON], dict[Any, Trie]]:
+    """:func:`record` on entries as the store keeps them (shown without fieldsV1, the tries beside them by
+    :func:`entry_key`), without building the full entries: the update path of every write."""
+    out: list[JSON] = []
+    out_tries: dict[Any, Trie] = {}
+    mine = (manager, operation, subresource)
+    found = False
+    for e in shown:
+        key = entry_key(e)
+        fields = tries.get(key, {})
+        if key == mine:
+            found = True
+            new_fields = subtract(union(fields, changed), removed)
+            if new_fields != fields:
+                e = dict(e, time=now, apiVersion=api_version)
+        else:
+            new_fields = subtract(subtract(fields, changed), removed) if (changed or removed) else fields
+        if new_fields:
+            out.append(e)
+            out_tries[key] = new_fields
+    if not found:
+        fields = subtract(changed, removed)
+        if fields:
+            entry: JSON = {"manager": manager, "operation": operation, "apiVersion": api_version, "time": now}
+            if subresource:
+                entry["subresource"] = subresource
+            out.append(entry)
+            out_tries[mine] = fields
+    return out, out_tries
+
+
 def _describe(e: JSON) -> str:
     text = quote(str(e.get("manager", "")))
     if e.get("subresource"):

@@ -25,6 +25,8 @@ import copy
 import json
 import logging
 import re
+from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from controller.apiserver.errors import (
@@ -119,6 +121,12 @@ def _range_error(value: Any, typ: str, fmt: str, prefix: str, path: str) -> str 
     return f"{prefix} value must be of type {typ}: strconv.{func}: parsing {quote(text)}: {problem}"
 
 
+@lru_cache(maxsize=4096)
+def _bound_error(bound: float, typ: str, fmt: str, prefix: str, path: str) -> str | None:
+    """:func:`_range_error` of a schema's ``maximum`` or ``minimum`` (the same for every object)."""
+    return _range_error(bound, typ, fmt, prefix, path)
+
+
 def _show_number(value: Any) -> str:
     if isinstance(value, float):
         return format_float(value)
@@ -197,14 +205,19 @@ def _freeze(value: Any) -> str:
 CEL = _Cel()
 
 
-def _has_cel(node: Any) -> bool:
+def _mark(node: Any, own: Callable[[JSON], bool], marked: set[int]) -> bool:
+    """Add to ``marked`` the ids of the schema nodes at or above a node for which ``own`` holds; whether
+    ``node`` is one of them. Walks that look for such nodes skip the subtrees without one."""
     if not isinstance(node, dict):
         return False
-    if node.get("x-kubernetes-validations"):
-        return True
-    if any(_has_cel(s) for s in (node.get("properties") or {}).values()):
-        return True
-    return _has_cel(node.get("items")) or _has_cel(node.get("additionalProperties"))
+    found = own(node)
+    for sub in (node.get("properties") or {}).values():
+        found = _mark(sub, own, marked) or found
+    for key in ("items", "additionalProperties"):
+        found = _mark(node.get(key), own, marked) or found
+    if found:
+        marked.add(id(node))
+    return found
 
 
 # -- the schema ------------------------------------------------------------------------------------------------------
@@ -215,7 +228,10 @@ class Schema:
 
     def __init__(self, root: JSON) -> None:
         self.root = root
-        self.has_cel = _has_cel(root)
+        self._cel_nodes: set[int] = set()  # ids of the nodes with a CEL rule at or below them
+        self._list_nodes: set[int] = set()  # ids of the nodes with a set or map list type at or below them
+        self.has_cel = _mark(root, lambda n: bool(n.get("x-kubernetes-validations")), self._cel_nodes)
+        _mark(root, lambda n: n.get("x-kubernetes-list-type") in ("set", "map"), self._list_nodes)
         self._precompile(root)
 
     def _precompile(self, node: Any) -> None:
@@ -340,6 +356,8 @@ class Schema:
         """``x-kubernetes-list-type`` invariants: no duplicate items in a ``set``, no duplicate keys in a ``map``
         (not re-checked in a top-level value an update left as it was)."""
         errors: list[FieldError] = []
+        if id(self.root) not in self._list_nodes:
+            return errors
         props = self.root.get("properties") or {}
         for key, sub in props.items():
             if key not in _ROOT_KEEP and key in obj and (old is None or obj[key] is not old.get(key)):
@@ -444,7 +462,7 @@ class Schema:
             if bound is None:
                 continue
             exclusive = bool(schema.get("exclusiveMaximum" if is_max else "exclusiveMinimum"))
-            boundary_error = _range_error(
+            boundary_error = _bound_error(
                 float(bound), typ, fmt, "Maximum boundary" if is_max else "Minimum boundary", msg
             )
             if boundary_error:
@@ -512,6 +530,8 @@ class Schema:
             )
 
     def _lists(self, schema: JSON, value: Any, path: str, errors: list[FieldError]) -> None:
+        if id(schema) not in self._list_nodes:
+            return
         if isinstance(value, list):
             list_type = schema.get("x-kubernetes-list-type")
             if list_type == "set":
@@ -545,6 +565,8 @@ class Schema:
                     self._lists(sub, child, f"{path}.{key}", errors)
 
     def _cel_tree(self, schema: JSON, value: Any, path: str, old: Any, has_old: bool, errors: list[FieldError]) -> None:
+        if id(schema) not in self._cel_nodes:
+            return
         if has_old and old == value:
             return  # ratcheting: rules are not re-evaluated on an unchanged value
         if isinstance(value, dict):

@@ -870,10 +870,19 @@ class Store:
         if entries is None:
             changed, removed = managed.diff(managed.project(old, status_mode), managed.project(new, status_mode))
             if changed or removed:
-                entries = managed.record(
-                    self._entries(rt, old), opts.manager, "Update", sub or "", rt.api_version, changed, removed, now()
+                kept = self.fields.get((rt.storage_key, old_meta.get("namespace", ""), name), {})
+                new_meta["managedFields"], tries = managed.record_kept(
+                    old_meta.get("managedFields") or [],
+                    kept,
+                    opts.manager,
+                    "Update",
+                    sub or "",
+                    rt.api_version,
+                    changed,
+                    removed,
+                    now(),
                 )
-        if entries is not None:
+        else:
             new_meta["managedFields"], tries = self._split(entries)
         if not new_meta.get("managedFields"):
             new_meta.pop("managedFields", None)
