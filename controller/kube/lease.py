@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from controller.kube.client import LEASES, ApiError, Client
@@ -47,6 +48,8 @@ class LeaderElector:
         self.lease: JSON | None = None
         self.epoch = 0
         self._observed: tuple[str, str, float] | None = None  # (holder, renewTime, when we saw it change)
+        #: Called after every bid the API answered (won, or lost to a holder): the maintainer's readiness.
+        self.on_answer: Callable[[], None] = lambda: None
 
     def _body(self, transitions: int, acquire: str, holder: str | None = None, duration: float | None = None) -> JSON:
         now = format_time(time.time(), micro=True)
@@ -103,7 +106,9 @@ class LeaderElector:
     async def acquire(self, floor: int = 0) -> int:
         while True:
             try:
-                if await self.try_acquire(floor):
+                won = await self.try_acquire(floor)
+                self.on_answer()
+                if won:
                     log.info("acquired lease %s as %s, epoch %d", self.name, self.identity, self.epoch)
                     return self.epoch
             except ApiError as exc:

@@ -81,6 +81,9 @@ class Maintainer:
         self._wakeups: dict[str, asyncio.Event] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self.started = time.monotonic()
+        #: Changefeeds whose loop has had an answer from the API to a bid for its Lease (won or not),
+        #: or waits on purpose (``max_leases`` reached): what readiness calls "competing".
+        self.competing: set[str] = set()
 
     async def start(self) -> None:
         await self.informer.start()
@@ -102,6 +105,24 @@ class Maintainer:
         if self._supervisor is not None and self._supervisor.done():
             return False, "supervisor ended"
         return self.informer.healthy()
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: every kind listed, watches healthy, and a bid for the Lease of every Changefeed
+        answered by the API (or held back on purpose by ``max_leases``)."""
+        if self._supervisor is None:
+            return False, "starting"
+        missing = self.informer.unlisted()
+        if missing:
+            return False, "not yet listed: " + ", ".join(missing)
+        ok, why = self.healthy()
+        if not ok:
+            return False, why
+        names = sorted(n for n, cf in self.informer.store.all(Kind.CHANGEFEED).items() if not cf.deleting)
+        waiting = [n for n in names if n not in self.competing]
+        if waiting:
+            shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
+            return False, f"not yet competing for the Lease of {shown}"
+        return True, f"{len(names)} changefeed(s), leading {len(self.leading & set(names))}"
 
     # -- supervision -------------------------------------------------------------------------------
 
@@ -158,10 +179,12 @@ class Maintainer:
             renew_deadline=s.renew_deadline,
             retry=s.retry,
         )
+        elector.on_answer = lambda: self.competing.add(name)
         backoff = s.retry
         try:
             while True:
-                while s.max_leases and len(self.leading) >= s.max_leases:  # noqa: ASYNC110 - polled cap
+                while s.max_leases and len(self.leading) >= s.max_leases:
+                    self.competing.add(name)  # held back on purpose: another replica may take it
                     await asyncio.sleep(s.retry)
                 try:
                     if not await self._term(name, elector):
@@ -176,6 +199,7 @@ class Maintainer:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 60.0)
         except asyncio.CancelledError:
+            self.competing.discard(name)
             await elector.release()
             raise
 
