@@ -37,8 +37,11 @@ class LeaderElector:
         duration: float = 15.0,
         renew_deadline: float = 10.0,
         retry: float = 2.0,
+        owner: Callable[[], JSON | None] = lambda: None,
     ) -> None:
         self.client = client
+        #: The ownerReference a Lease this elector creates carries (e.g. its Changefeed's), or None.
+        self.owner = owner
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -68,10 +71,14 @@ class LeaderElector:
         except ApiError as exc:
             if not exc.not_found:
                 raise
+            meta: JSON = {"name": self.name, "namespace": self.namespace}
+            owner = self.owner()
+            if owner is not None:
+                meta["ownerReferences"] = [owner]
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": meta,
                 "spec": self._body(floor + 1, ""),
             }
             try:

@@ -18,10 +18,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from controller.engine.maintainer import Memory, decide
+from controller.engine import teardown
+from controller.engine.maintainer import Decision, Memory, decide
 from controller.engine.world import World
 from controller.kube.client import Client, sleep_or
-from controller.kube.executor import Executor
+from controller.kube.executor import Executor, changefeed_owner
 from controller.kube.informer import Informer
 from controller.kube.lease import LeaderElector
 from controller.maintainer.metrics import MaintainerMetrics
@@ -30,6 +31,8 @@ from controller.model.states import Kind
 
 log = logging.getLogger("controller.maintainer")
 MIN_INTERVAL = 0.05
+#: Seconds between passes over Tables whose changefeed is gone (teardown.detach_orphans).
+JANITOR_INTERVAL = 2.0
 
 
 def default_identity() -> str:
@@ -117,7 +120,7 @@ class Maintainer:
         ok, why = self.healthy()
         if not ok:
             return False, why
-        names = sorted(n for n, cf in self.informer.store.all(Kind.CHANGEFEED).items() if not cf.deleting)
+        names = sorted(self.informer.store.all(Kind.CHANGEFEED))
         waiting = [n for n in names if n not in self.competing]
         if waiting:
             shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
@@ -126,10 +129,28 @@ class Maintainer:
 
     # -- supervision -------------------------------------------------------------------------------
 
+    async def _janitor(self) -> None:
+        """Tables whose changefeed is gone but which still hold our finalizer (teardown.detach_orphans)."""
+        store = self.informer.store
+        tables = [t for t in store.all(Kind.TABLE).values() if isinstance(t, Table)]
+        chains = teardown.detach_orphans(tables, set(store.all(Kind.CHANGEFEED)))
+        if chains:
+            out = await self.executor.apply(Decision(tuple(chains), Memory(epoch=0, identity=self.settings.identity)))
+            self.stats.writes += out.writes
+            self.stats.failed_chains += out.failed
+
     async def _supervise(self) -> None:
         await self.informer.synced.wait()
+        janitor_at = 0.0
         while True:
-            names = {n for n, cf in self.informer.store.all(Kind.CHANGEFEED).items() if not cf.deleting}
+            if time.monotonic() >= janitor_at:
+                janitor_at = time.monotonic() + JANITOR_INTERVAL
+                try:
+                    await self._janitor()
+                except Exception:  # never let it end the supervisor: the loops live on
+                    log.exception("detaching the Tables of deleted changefeeds failed; retrying")
+            # A Changefeed being deleted is still led: its teardown runs until the finalizer is released.
+            names = set(self.informer.store.all(Kind.CHANGEFEED))
             for name in sorted(n for n, t in self.loops.items() if t.done() and n in names):
                 # A loop that ended while its changefeed still exists (it should not: see _changefeed).
                 task = self.loops.pop(name)
@@ -178,6 +199,7 @@ class Maintainer:
             duration=s.lease_duration,
             renew_deadline=s.renew_deadline,
             retry=s.retry,
+            owner=lambda: changefeed_owner(self.informer.store.objects.get(Kind.CHANGEFEED.value, {}).get(name)),
         )
         elector.on_answer = lambda: self.competing.add(name)
         backoff = s.retry
@@ -231,7 +253,7 @@ class Maintainer:
         wakeup = self._wakeups.setdefault(name, asyncio.Event())
         while not lost.is_set():
             world = self.snapshot(name)
-            if world is None or world.changefeed.deleting:
+            if world is None:
                 return
             decision = decide(world, memory)
             if decision.fenced:
