@@ -5,6 +5,8 @@
 #   3. helm template with those values; every manifest validated offline against the Kubernetes schemas
 #      (kubernetes-validate, strict) and our CRDs, plus the chart's promises (hack/validate-manifests.py)
 #   4. values.schema.json rejects tests/chart/values/invalid.yaml
+#   5. every CRD (crds/ and rendered) passes controller/apiserver/crdcheck.py: what a real API server
+#      refuses at CRD create, or accepts and then refuses every object of (the int64 maximum bug)
 # HELM: a helm v3 binary (default: fetched by hack/fetch-helm.py into .cache/bin/helm).
 # KUBE_VERSION: the Kubernetes schemas to validate against.
 set -euo pipefail
@@ -28,6 +30,8 @@ render() {  # render NAME [helm args...]: lint and template with these values, t
 }
 render default
 "$PY" hack/validate-manifests.py --chart --expect-crds 6 --kube-version "$KUBE_VERSION" "$OUT/default.yaml"
+echo "== CRD schemas as a real API server judges them (int64 bounds, structure, CEL compile and cost)"
+"$PY" -m controller.apiserver.crdcheck crds/*.yaml "$OUT/default.yaml"
 render ha -f tests/chart/values/ha.yaml
 "$PY" hack/validate-manifests.py --chart --expect-crds 0 --kube-version "$KUBE_VERSION" "$OUT/ha.yaml"
 render minimal -f tests/chart/values/minimal.yaml
