@@ -114,6 +114,9 @@ class Ctx:
     #: view, and nothing fences a zombie's status writes to other operators, so during a failover the
     #: zombie's admissions come on top of the new maintainer's: the bound is checked without them.
     zombie_ops: set[str] = field(default_factory=set)
+    #: Operators whose status a superseded maintainer wrote, in any phase (it may finish one from its
+    #: stale view, in which a Span watch lags the SpanOperator watch: the outcome check exempts them).
+    zombie_written_ops: set[str] = field(default_factory=set)
     #: Spans a person deleted by hand: an operator that owned one cannot keep its intent for it.
     user_deleted: set[str] = field(default_factory=set)
     quiet: bool = False  # the end phase: no faults, no hooks
