@@ -123,6 +123,9 @@ class Ctx:
     #: Whether it carried the teardown finalizer when deleted. If not (deleted before the maintainer's
     #: first decisions added it), it vanished at once and only the garbage collector cleans up.
     cf_teardown: bool = False
+    #: Operators whose status a superseded maintainer wrote, in any phase (it may finish one from its
+    #: stale view, in which a Span watch lags the SpanOperator watch: the outcome check exempts them).
+    zombie_written_ops: set[str] = field(default_factory=set)
     #: Spans a person deleted by hand: an operator that owned one cannot keep its intent for it.
     user_deleted: set[str] = field(default_factory=set)
     quiet: bool = False  # the end phase: no faults, no hooks

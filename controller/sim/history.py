@@ -20,7 +20,7 @@ from controller.engine.maintainer import Decision, Memory
 from controller.engine.world import Options, World
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
-from controller.model.states import TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType, SpanState
+from controller.model.states import TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType, SpanState, Stage
 from controller.sim import executor
 from controller.sim.api import Api
 from controller.sim.captures import LEASE, Captures
@@ -37,6 +37,9 @@ MAINTAINER_RENEW_DEADLINE = 10.0
 #: Share of histories whose Changefeed is deleted as the quiet phase begins (besides the workload's
 #: "changefeed delete" events): the teardown must then finish on its own.
 QUIET_DELETE = 0.05
+#: Why an operator may give a target up (Target.lost_reason): its capture lost (an Add's CaptureLost,
+#: the others' DestinationLost), no live capture to choose, keys another span runs, span deleted by hand.
+LOST_REASONS = frozenset({"CaptureLost", "DestinationLost", "NoCapture", "KeysBusy", "SpanDeleted"})
 
 
 @dataclass
@@ -362,6 +365,9 @@ class Sim:
         was_done = isinstance(old, SpanOperator) and old.phase is OpPhase.SUCCEEDED
         if isinstance(new, SpanOperator) and new.phase is OpPhase.SUCCEEDED and not was_done:
             self._check_intent(new)
+        was_over = isinstance(old, SpanOperator) and old.phase.terminal
+        if isinstance(new, SpanOperator) and new.phase.terminal and not was_over:
+            self._check_outcome(new)
         if old is None and isinstance(new, SpanOperator) and new.source is OpSource.SCHEDULER:
             # What the automatic schedulers did (the basic scheduler's Adds are counted as "writes").
             if new.type is OpType.MOVE:
@@ -396,6 +402,56 @@ class Sim:
         self.ctx.frontier[key] = Frontier.of(
             KeyRange.of_table(span.table_id), max(start, cf.checkpoint_ts, cf.start_ts)
         )
+
+    def _check_outcome(self, op: SpanOperator) -> None:
+        """The phase and reason an operator ended with are the right ones for what it did.
+
+        A Split or Merge that got past validation has done what was asked once its new spans exist
+        and the old ones are gone, so it must succeed whatever became of the new spans' placement:
+        it may fail only if a person deleted its spans (or a table deletion or a conflict cancels it,
+        which is not Failed). "PartiallyPlaced" exactly when some new span was given up, and then the
+        message names each one; every span given up records why; no message is "(none)"-vague.
+        """
+        ctx = self.ctx
+        lost = [t for t in op.targets if t.lost]
+        for t in lost:
+            if t.lost_reason not in LOST_REASONS or not t.lost_message or "(none)" in t.lost_message:
+                ctx.fail(f"outcome: {op.type} {op.name} gave {t.span} up with {t.lost_reason!r}: {t.lost_message!r}")
+        if "(none)" in op.message:
+            ctx.fail(f"outcome: {op.type} {op.name} {op.phase}: {op.message!r} names no capture")
+        reshape = op.type in (OpType.SPLIT, OpType.MERGE)
+        touched = ctx.user_deleted & {*op.spans, *(t.span for t in op.targets)}
+        # Two maintainers acting at once: the one that finishes the operator may see its record (the
+        # new spans made) before its Span watch shows those spans, and take them for deleted by hand:
+        # the successor after the deposed one advanced it (seed 322), or the deposed one after its
+        # successor did (seed 1960). Only the reported outcome is wrong; a known, documented limitation.
+        exempt = touched or op.name in ctx.zombie_ops or op.name in ctx.zombie_written_ops
+        if reshape and op.phase is OpPhase.FAILED and op.stage is not Stage.NONE and not exempt:
+            ctx.fail(
+                f"outcome: {op.type} {op.name} Failed in {op.stage} ({op.status_reason}: {op.message}) though "
+                "nobody deleted its spans: once its new spans exist it must succeed (PartiallyPlaced)"
+            )
+        if op.phase is not OpPhase.SUCCEEDED or op.status_reason == "AlreadyOnTarget":
+            return
+        if (op.status_reason == "PartiallyPlaced") != bool(lost):
+            ctx.fail(
+                f"outcome: {op.type} {op.name} Succeeded ({op.status_reason or 'no reason'}) with "
+                f"{len(lost)} of {len(op.targets)} targets given up"
+            )
+        missing = [t.span for t in lost if t.span not in op.message]
+        if missing:
+            ctx.fail(f"outcome: {op.type} {op.name} PartiallyPlaced: {op.message!r} does not name {missing}")
+        for t in lost:
+            span = ctx.api.store[Kind.SPAN].get(t.span)
+            if t.lost_reason != "SpanDeleted" and not exempt and getattr(span, "state", None) is not SpanState.ABSENT:
+                ctx.fail(
+                    f"outcome: {op.type} {op.name} Succeeded saying {t.span} was left Absent ({t.lost_reason}), "
+                    f"but it is {getattr(span, 'state', 'gone')}"
+                )
+        if reshape:
+            self.ctx.bump(f"{op.type.value.lower()} PartiallyPlaced" if lost else f"{op.type.value.lower()} placed")
+            for reason in sorted({t.lost_reason for t in lost}):
+                self.ctx.bump(f"{op.type.value.lower()} new span given up {reason}")
 
     def _check_intent(self, op: SpanOperator) -> None:
         ctx = self.ctx

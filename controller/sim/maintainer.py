@@ -100,10 +100,11 @@ class SimMaintainer:
                 for o in written
                 if isinstance(o, Span) and o.state is not None and getattr(world.spans.get(o.name), "state", 0) is None
             )
-            started = (w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus))
+            started = [w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus)]
             ctx.zombie_ops.update(
                 o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING
             )
+            ctx.zombie_written_ops.update(o.name for o in started if isinstance(o, SpanOperator))
         out = executor.apply(ctx.api, self.cache, decision, kill, self.events, ctx.trace.add)
         ctx.bump("writes", out.writes)
         if out.killed:
