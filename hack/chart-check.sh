@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # `make chart-check`: everything about the chart that needs no cluster.
 #   1. the chart's CRD templates are what hack/sync-chart-crds.py generates from crds/
-#   2. helm lint --strict, with the default and each tests/chart/values/*.yaml (but invalid.yaml)
+#   2. helm lint --strict, with the default and each tests/chart/values/*.yaml (but invalid*.yaml)
 #   3. helm template with those values; every manifest validated offline against the Kubernetes schemas
 #      (kubernetes-validate, strict) and our CRDs, plus the chart's promises (hack/validate-manifests.py)
 #   4. the monitoring options (tests/chart/values/monitoring.yaml and variants): PodMonitor and PrometheusRule
 #      validated against the Prometheus operator's schemas (npm @kubernetes-models/prometheus-operator, see
 #      hack/fetch-po-schemas.sh), the rules with `promtool check rules`, the PodDisruptionBudget and dashboard
 #      ConfigMap against the Kubernetes schemas, and all of them against the maintainer pods they serve
-#   5. values.schema.json rejects tests/chart/values/invalid.yaml
+#   5. values.schema.json rejects tests/chart/values/invalid*.yaml
 # HELM: a helm v3 binary (default: fetched by hack/fetch-helm.py into .cache/bin/helm).
 # KUBE_VERSION: the Kubernetes schemas to validate against.
 # PROMTOOL: promtool (default: Debian's, unpacked by hack/fetch-prometheus.sh into .cache/prometheus/bin).
@@ -62,10 +62,12 @@ grep -q "metrics.port is 0" "$OUT/pm.err" || { cat "$OUT/pm.err" >&2; exit 1; }
 echo "== our examples against our CRDs"
 validate examples/*.yaml
 
-echo "== values.schema.json rejects tests/chart/values/invalid.yaml"
-if "$HELM" template cfm "$CHART" -f tests/chart/values/invalid.yaml > /dev/null 2> "$OUT/invalid.err"; then
-  echo "helm accepted invalid values" >&2; exit 1
-fi
-grep -q "values don't meet the specifications of the schema" "$OUT/invalid.err" || { cat "$OUT/invalid.err" >&2; exit 1; }
+for invalid in tests/chart/values/invalid*.yaml; do
+  echo "== values.schema.json rejects $invalid"
+  if "$HELM" template cfm "$CHART" -f "$invalid" > /dev/null 2> "$OUT/invalid.err"; then
+    echo "helm accepted invalid values $invalid" >&2; exit 1
+  fi
+  grep -q "values don't meet the specifications of the schema" "$OUT/invalid.err" || { cat "$OUT/invalid.err" >&2; exit 1; }
+done
 
 echo "chart-check: OK in $(( $(date +%s) - start ))s ($("$HELM" version --short), Kubernetes $KUBE_VERSION schemas)"
