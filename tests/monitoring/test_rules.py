@@ -186,3 +186,16 @@ def test_the_dashboard_is_a_grafana_dashboard_with_a_datasource_variable() -> No
 def test_alert_sources_are_complete(source: dict[str, str]) -> None:
     assert set(source) == {"alert", "key", "expr", "summary", "description"}
     assert source["alert"].startswith("Changefeed")
+
+
+def test_a_missing_prometheus_fails_when_required_and_skips_with_a_message_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CFM_PROMETHEUS_BIN", str(tmp_path / "nothing-here"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CFM_REQUIRE_PROMETHEUS", "1")
+    with pytest.raises(pytest.fail.Exception, match="make prometheus"):
+        binary("promtool")
+    monkeypatch.delenv("CFM_REQUIRE_PROMETHEUS")
+    with pytest.raises(pytest.skip.Exception, match="make prometheus"):
+        binary("promtool")
