@@ -9,6 +9,8 @@
 #      hack/fetch-po-schemas.sh), the rules with `promtool check rules`, the PodDisruptionBudget and dashboard
 #      ConfigMap against the Kubernetes schemas, and all of them against the maintainer pods they serve
 #   5. values.schema.json rejects tests/chart/values/invalid*.yaml
+#   6. every CRD (crds/ and rendered) passes controller/apiserver/crdcheck.py: what a real API server
+#      refuses at CRD create, or accepts and then refuses every object of (the int64 maximum bug)
 # HELM: a helm v3 binary (default: fetched by hack/fetch-helm.py into .cache/bin/helm).
 # KUBE_VERSION: the Kubernetes schemas to validate against.
 # PROMTOOL: promtool (default: Debian's, unpacked by hack/fetch-prometheus.sh into .cache/prometheus/bin).
@@ -37,6 +39,8 @@ render() {  # render NAME [helm args...]: lint and template with these values, t
 }
 render default
 validate --chart --expect-crds 6 "$OUT/default.yaml"
+echo "== CRD schemas as a real API server judges them (int64 bounds, structure, CEL compile and cost)"
+"$PY" -m controller.apiserver.crdcheck crds/*.yaml "$OUT/default.yaml"
 render ha -f tests/chart/values/ha.yaml
 validate --chart --expect-crds 0 "$OUT/ha.yaml"
 render minimal -f tests/chart/values/minimal.yaml

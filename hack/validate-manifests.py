@@ -228,6 +228,8 @@ def chart_errors(docs: list[dict[str, Any]], crds: dict[str, dict[str, Any]], ex
                 problems.append(f"{where}: strategy must be {want} for {doc['spec'].get('replicas')} replicas")
             if not any(c.get("livenessProbe") for c in containers(doc)):
                 problems.append(f"{where}: no liveness probe")
+        if doc["kind"] in ("Deployment", "StatefulSet") and not all(c.get("readinessProbe") for c in containers(doc)):
+            problems.append(f"{where}: a container without a readiness probe (helm --wait would not mean working)")
     return problems
 
 

@@ -24,6 +24,7 @@ import yaml
 from aiohttp import web
 
 from controller.apiserver import patches
+from controller.apiserver.authz import Rbac, attributes
 from controller.apiserver.resources import JSON, ResourceType
 from controller.apiserver.selectors import SelectorError, combine, parse_field_selector, parse_label_selector
 from controller.apiserver.store import CRD_KEY, ApiError, Store, bad_request
@@ -174,9 +175,10 @@ class ServerConfig:
 class ApiServer:
     """The aiohttp application over a :class:`Store`."""
 
-    def __init__(self, store: Store, config: ServerConfig) -> None:
+    def __init__(self, store: Store, config: ServerConfig, rbac: Rbac | None = None) -> None:
         self.store = store
         self.config = config
+        self.rbac = rbac  # None: every request is allowed (the kubeconfig's token is an administrator)
         self.address = "127.0.0.1:0"
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
@@ -250,11 +252,22 @@ class ApiServer:
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         try:
+            self._authorize(request)
             return await self._dispatch(request)
         except ApiError as err:
             return _error(err)
         except SelectorError as exc:
             return _error(bad_request(str(exc)))
+
+    def _authorize(self, request: web.Request) -> None:
+        if self.rbac is None:
+            return
+        user = self.rbac.user_of(request.headers.get("Authorization", ""))
+        if user is None:
+            return
+        attrs = attributes(request.method, request.path, dict(request.query))
+        if attrs is not None:
+            self.rbac.authorize(user, attrs)
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
@@ -583,8 +596,10 @@ def start_server(
     kubeconfig_path: str | Path | None = None,
     bookmark_interval: float = 5.0,
     history_size: int = 10_000,
+    rbac: Rbac | None = None,
 ) -> ApiServerHandle:
-    """Start the server in a daemon thread; returns once it accepts connections."""
+    """Start the server in a daemon thread; returns once it accepts connections. With ``rbac``, requests
+    bearing one of its service-account tokens are authorized by its rules (:mod:`controller.apiserver.authz`)."""
     result: dict[str, Any] = {}
     started = threading.Event()
     loop = asyncio.new_event_loop()
@@ -593,7 +608,7 @@ def start_server(
     async def setup() -> None:
         store = Store(history_size=history_size)
         load_crds(store, crd_dir)
-        server = ApiServer(store, config)
+        server = ApiServer(store, config, rbac)
         # handler_cancellation: a watch whose client went away is cancelled at once, so its watcher is dropped.
         runner = web.AppRunner(
             server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True

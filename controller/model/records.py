@@ -220,7 +220,7 @@ class Table(Record):
     #: Simulated number of regions of the table, which the default runtime reports per span.
     region_count: int = 0
 
-    state: str = ""  # "" | "Active" | "Invalid" | "Removing"
+    state: str = ""  # "" | "Active" | "Invalid" | "Removing" | "Detached"
     message: str = ""
     span_counts: SpanCounts = field(default_factory=SpanCounts)
     observed_generation: int = 0

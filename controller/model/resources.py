@@ -112,7 +112,7 @@ __all__ = [
 CHANGEFEED_LABEL = f"{GROUP}/changefeed"
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 #: Values of ``Table.status.state`` ("" in the model: not yet validated, omitted in the resource).
-TABLE_STATES = ("Active", "Invalid", "Removing")
+TABLE_STATES = ("Active", "Invalid", "Removing", "Detached")
 #: Scheduler knobs whose minimum is 1 (for the others 0 means off, or, for intervals, every decision).
 _AT_LEAST_ONE = frozenset(
     {

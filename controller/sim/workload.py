@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING
 
 from controller.model.keys import KeyError_, KeyRange
 from controller.model.records import Capture, Changefeed, SchedulerConfig, Span, SpanOperator, Table
-from controller.model.states import Kind, Mode, OpSource, OpType, SpanState
+from controller.model.states import CHANGEFEED_FINALIZER, Kind, Mode, OpSource, OpType, SpanState
 from controller.sim.captures import HOLD_CLOSE, PAUSE_CREATE
 
 if TYPE_CHECKING:
     from controller.sim.history import Sim
 
 CF = "cf"
+#: What users no longer do for a changefeed they deleted.
+CHANGEFEED_EVENTS = ("table add", "user op", "user span", "pause")
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,11 @@ class Workload:
             (0.03, "write faults"),
             (0.02, "table traffic"),
             (0.006, "pause"),
+            (0.003, "changefeed delete"),
         ]
+        if ctx.cf_deleted_at is not None:
+            # Deleted: users stop writing for it (creates naming it would be the user's own leftovers).
+            table = [(p, w) for p, w in table if w not in CHANGEFEED_EVENTS]
         for p, what in table:
             if r < p:
                 self.do(what)
@@ -184,6 +190,8 @@ class Workload:
                 api.update_spec(replace(t, write_rate=rate, region_count=regions))
                 ctx.bump("table traffic")
                 ctx.trace.add(f"  table {t.name}: writeRate={rate:g} regionCount={regions}")
+        elif what == "changefeed delete":
+            self.delete_changefeed()
         elif what == "pause":
             cf = api.get(Kind.CHANGEFEED, CF)
             assert isinstance(cf, Changefeed)
@@ -196,6 +204,18 @@ class Workload:
             self.faults_until = ctx.now + rng.uniform(1.0, 6.0)
             ctx.bump("fault burst")
             ctx.trace.add(f"  write faults: 500 p={api.faults.p500:.2f}, 409 p={api.faults.p409:.2f}")
+
+    def delete_changefeed(self) -> None:
+        """``kubectl delete changefeed``: its teardown must stop replication and remove its objects."""
+        ctx = self.ctx
+        if ctx.cf_deleted_at is not None:
+            return
+        cf = ctx.api.get(Kind.CHANGEFEED, CF)
+        ctx.cf_teardown = cf is not None and CHANGEFEED_FINALIZER in cf.finalizers
+        ctx.api.delete(Kind.CHANGEFEED, CF, faulty=False)
+        ctx.cf_deleted_at = ctx.now
+        ctx.bump("changefeed delete")
+        ctx.trace.add("  kubectl delete changefeed")
 
     # -- tables and spans ----------------------------------------------------------------------------
 
