@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image for both processes of changefeed-maintainer:
 #   maintainer (default):  python -m controller.maintainer --namespace ... --liveness http://0.0.0.0:8080/healthz
+#                          --readiness http://0.0.0.0:8081/readyz
 #   capture agent:         python -m controller.capture --name <pod name> --namespace ...
 # The Helm chart (charts/changefeed-maintainer) sets the command of each container explicitly.
 #
@@ -33,10 +34,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 COPY --from=builder /opt/venv /opt/venv
-# Numeric UID/GID (no passwd entry needed): Kubernetes can verify runAsNonRoot only for a numeric user.
+# Numeric UID/GID: Kubernetes can verify runAsNonRoot only for a numeric user. It has no passwd entry and no
+# USER is set, so nothing may call getpass.getuser() (the maintainer gives Kopf its identity explicitly;
+# tests/integration/test_chart_pods.py runs both processes under these conditions).
 USER 65532:65532
 WORKDIR /tmp
-# Kopf's liveness endpoint and the Prometheus endpoint /metrics (maintainer only).
-EXPOSE 8080 9090
+# Kopf's liveness endpoint, the Prometheus endpoint /metrics (maintainer only), readiness /readyz.
+EXPOSE 8080 9090 8081
 ENTRYPOINT ["python", "-m"]
-CMD ["controller.maintainer", "--log-format", "json", "--liveness", "http://0.0.0.0:8080/healthz"]
+CMD ["controller.maintainer", "--log-format", "json", "--liveness", "http://0.0.0.0:8080/healthz", \
+     "--readiness", "http://0.0.0.0:8081/readyz"]

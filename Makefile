@@ -33,9 +33,22 @@ sim:
 mutants:
 	$(PY) -m controller.sim --mutants
 
-# Everything CI checks: lint, layering, types, then the whole test suite.
-test: lint typecheck chart-check
-	$(PY) -m pytest -q
+# Everything CI checks: lint, layering, types, the chart, then the whole test suite. The monitoring tests need
+# Debian's prometheus and promtool (`make prometheus`); CFM_REQUIRE_PROMETHEUS=1 makes their absence a failure,
+# where a bare `pytest` only skips them with a message.
+test: lint typecheck chart-check prometheus
+	CFM_PROMETHEUS_BIN=$(PROMETHEUS_BIN) CFM_REQUIRE_PROMETHEUS=1 $(PY) -m pytest -q
+
+# --- Monitoring (issue 14): prometheus + promtool from Debian's package, unpacked into .cache (no service, no
+# system install); the Prometheus operator's schema validators from npm, installed into .cache. Both idempotent.
+PROMETHEUS_BIN := $(CURDIR)/.cache/prometheus/bin
+PO_SCHEMAS := $(CURDIR)/.cache/prometheus-operator-schemas
+
+.PHONY: prometheus po-schemas
+prometheus:
+	hack/fetch-prometheus.sh >/dev/null
+po-schemas:
+	hack/fetch-po-schemas.sh >/dev/null
 
 # --- Image, chart and kind (issue 5). No cluster is needed for chart-check; the rest needs docker and kind.
 CLUSTER ?= cfm
@@ -58,9 +71,11 @@ chart-sync:
 	$(PY) hack/sync-chart-crds.py
 
 # Offline chart checks (CI, via `test`): CRDs in sync, helm lint, helm template with several values,
-# every manifest validated against the Kubernetes and our CRD schemas, values.schema.json enforced.
-chart-check: $(HELM)
-	PY=$(PY) HELM=$(HELM) KUBE_VERSION=$(KUBE_VERSION) hack/chart-check.sh
+# every manifest validated against the Kubernetes, our CRD and the Prometheus operator's schemas, the alert
+# rules with promtool, values.schema.json enforced.
+chart-check: $(HELM) prometheus po-schemas
+	PY=$(PY) HELM=$(HELM) KUBE_VERSION=$(KUBE_VERSION) PROMTOOL=$(PROMETHEUS_BIN)/promtool PO_SCHEMAS=$(PO_SCHEMAS) \
+	  hack/chart-check.sh
 
 image:
 	docker build -t $(IMAGE) .

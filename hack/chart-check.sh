@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # `make chart-check`: everything about the chart that needs no cluster.
 #   1. the chart's CRD templates are what hack/sync-chart-crds.py generates from crds/
-#   2. helm lint --strict, with the default and each tests/chart/values/*.yaml (but invalid.yaml)
+#   2. helm lint --strict, with the default and each tests/chart/values/*.yaml (but invalid*.yaml)
 #   3. helm template with those values; every manifest validated offline against the Kubernetes schemas
 #      (kubernetes-validate, strict) and our CRDs, plus the chart's promises (hack/validate-manifests.py)
-#   4. values.schema.json rejects tests/chart/values/invalid.yaml
+#   4. the monitoring options (tests/chart/values/monitoring.yaml and variants): PodMonitor and PrometheusRule
+#      validated against the Prometheus operator's schemas (npm @kubernetes-models/prometheus-operator, see
+#      hack/fetch-po-schemas.sh), the rules with `promtool check rules`, the PodDisruptionBudget and dashboard
+#      ConfigMap against the Kubernetes schemas, and all of them against the maintainer pods they serve
+#   5. values.schema.json rejects tests/chart/values/invalid*.yaml
+#   6. every CRD (crds/ and rendered) passes controller/apiserver/crdcheck.py: what a real API server
+#      refuses at CRD create, or accepts and then refuses every object of (the int64 maximum bug)
 # HELM: a helm v3 binary (default: fetched by hack/fetch-helm.py into .cache/bin/helm).
 # KUBE_VERSION: the Kubernetes schemas to validate against.
+# PROMTOOL: promtool (default: Debian's, unpacked by hack/fetch-prometheus.sh into .cache/prometheus/bin).
+# PO_SCHEMAS: the installed npm package (default: hack/fetch-po-schemas.sh installs it into .cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -14,6 +22,9 @@ KUBE_VERSION=${KUBE_VERSION:-1.33.0}
 CHART=charts/changefeed-maintainer
 OUT=.cache/chart-check
 HELM=${HELM:-$("$PY" hack/fetch-helm.py)}
+PROMTOOL=${PROMTOOL:-$(hack/fetch-prometheus.sh)/promtool}
+PO_SCHEMAS=${PO_SCHEMAS:-$(hack/fetch-po-schemas.sh)}
+validate() { "$PY" hack/validate-manifests.py --kube-version "$KUBE_VERSION" --po-schemas "$PO_SCHEMAS" --promtool "$PROMTOOL" "$@"; }
 start=$(date +%s)
 rm -rf "$OUT" && mkdir -p "$OUT"
 
@@ -27,21 +38,40 @@ render() {  # render NAME [helm args...]: lint and template with these values, t
   "$HELM" template cfm "$CHART" --namespace cfm-system --kube-version "$KUBE_VERSION" "$@" > "$OUT/$name.yaml"
 }
 render default
-"$PY" hack/validate-manifests.py --chart --expect-crds 6 --kube-version "$KUBE_VERSION" "$OUT/default.yaml"
+validate --chart --expect-crds 6 "$OUT/default.yaml"
+echo "== CRD schemas as a real API server judges them (int64 bounds, structure, CEL compile and cost)"
+"$PY" -m controller.apiserver.crdcheck crds/*.yaml "$OUT/default.yaml"
 render ha -f tests/chart/values/ha.yaml
-"$PY" hack/validate-manifests.py --chart --expect-crds 0 --kube-version "$KUBE_VERSION" "$OUT/ha.yaml"
+validate --chart --expect-crds 0 "$OUT/ha.yaml"
 render minimal -f tests/chart/values/minimal.yaml
-"$PY" hack/validate-manifests.py --chart --expect-crds 6 --kube-version "$KUBE_VERSION" "$OUT/minimal.yaml"
+validate --chart --expect-crds 6 "$OUT/minimal.yaml"
 render set --set maintainer.replicas=3 --set capture.replicas=1 --set crds.enabled=true \
   --set-string maintainer.resources.limits.memory=1Gi
-"$PY" hack/validate-manifests.py --chart --expect-crds 6 --kube-version "$KUBE_VERSION" "$OUT/set.yaml"
-echo "== our examples against our CRDs"
-"$PY" hack/validate-manifests.py --kube-version "$KUBE_VERSION" examples/*.yaml
-
-echo "== values.schema.json rejects tests/chart/values/invalid.yaml"
-if "$HELM" template cfm "$CHART" -f tests/chart/values/invalid.yaml > /dev/null 2> "$OUT/invalid.err"; then
-  echo "helm accepted invalid values" >&2; exit 1
+validate --chart --expect-crds 6 "$OUT/set.yaml"
+render monitoring -f tests/chart/values/monitoring.yaml
+validate --chart --expect-crds 6 --expect-monitoring PodMonitor,PrometheusRule,ConfigMap,PodDisruptionBudget \
+  "$OUT/monitoring.yaml"
+# Defaults of every monitoring option; one replica: no PodDisruptionBudget.
+render monitoring-defaults --set monitoring.podMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
+  --set monitoring.grafanaDashboard.create=true --set podDisruptionBudget.enabled=true
+validate --chart --expect-crds 6 --expect-monitoring PodMonitor,PrometheusRule,ConfigMap "$OUT/monitoring-defaults.yaml"
+render monitoring-ha -f tests/chart/values/ha.yaml --set podDisruptionBudget.enabled=true \
+  --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.selector=
+validate --chart --expect-crds 0 --expect-monitoring PrometheusRule,PodDisruptionBudget "$OUT/monitoring-ha.yaml"
+echo "== the chart refuses a PodMonitor without a metrics port"
+if "$HELM" template cfm "$CHART" --set monitoring.podMonitor.enabled=true --set metrics.port=0 > /dev/null 2> "$OUT/pm.err"; then
+  echo "helm rendered a PodMonitor with metrics.port=0" >&2; exit 1
 fi
-grep -q "values don't meet the specifications of the schema" "$OUT/invalid.err" || { cat "$OUT/invalid.err" >&2; exit 1; }
+grep -q "metrics.port is 0" "$OUT/pm.err" || { cat "$OUT/pm.err" >&2; exit 1; }
+echo "== our examples against our CRDs"
+validate examples/*.yaml
+
+for invalid in tests/chart/values/invalid*.yaml; do
+  echo "== values.schema.json rejects $invalid"
+  if "$HELM" template cfm "$CHART" -f "$invalid" > /dev/null 2> "$OUT/invalid.err"; then
+    echo "helm accepted invalid values $invalid" >&2; exit 1
+  fi
+  grep -q "values don't meet the specifications of the schema" "$OUT/invalid.err" || { cat "$OUT/invalid.err" >&2; exit 1; }
+done
 
 echo "chart-check: OK in $(( $(date +%s) - start ))s ($("$HELM" version --short), Kubernetes $KUBE_VERSION schemas)"

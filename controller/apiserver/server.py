@@ -29,6 +29,7 @@ from aiohttp import web
 
 from controller.apiserver import builtins as B
 from controller.apiserver import gojson, patches
+from controller.apiserver.authz import Rbac, attributes
 from controller.apiserver.controllers import Controllers
 from controller.apiserver.errors import (
     ApiError,
@@ -314,9 +315,10 @@ def _manager(request: web.Request) -> str:
 class ApiServer:
     """The aiohttp application over a :class:`Store`."""
 
-    def __init__(self, store: Store, config: ServerConfig) -> None:
+    def __init__(self, store: Store, config: ServerConfig, rbac: Rbac | None = None) -> None:
         self.store = store
         self.config = config
+        self.rbac = rbac  # None: every request is allowed (the kubeconfig's token is an administrator)
         self.address = "127.0.0.1:0"
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
@@ -468,6 +470,7 @@ class ApiServer:
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         try:
+            self._authorize(request)
             return await self._dispatch(request)
         except ApiError as err:
             return _error(err)
@@ -475,6 +478,16 @@ class ApiServer:
             return _error(bad_request(str(exc)))
         except PageNotFound:
             return _text("404 page not found\n", 404)
+
+    def _authorize(self, request: web.Request) -> None:
+        if self.rbac is None:
+            return
+        user = self.rbac.user_of(request.headers.get("Authorization", ""))
+        if user is None:
+            return
+        attrs = attributes(request.method, request.path, dict(request.query))
+        if attrs is not None:
+            self.rbac.authorize(user, attrs)
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
@@ -1043,8 +1056,10 @@ def start_server(
     kubeconfig_path: str | Path | None = None,
     bookmark_interval: float = 60.0,
     history_size: int = 10_000,
+    rbac: Rbac | None = None,
 ) -> ApiServerHandle:
-    """Start the server in a daemon thread; returns once it accepts connections.
+    """Start the server in a daemon thread; returns once it accepts connections. With ``rbac``, requests
+    bearing one of its service-account tokens are authorized by its rules (:mod:`controller.apiserver.authz`).
 
     ``bookmark_interval`` is how often an idle watch with ``allowWatchBookmarks`` gets a BOOKMARK (the real server:
     about a minute); ``history_size`` is the window of events watches can resume from."""
@@ -1057,7 +1072,7 @@ def start_server(
         store = Store(history_size=history_size)
         load_crds(store, crd_dir)
         Controllers(store, asyncio.get_running_loop())
-        server = ApiServer(store, config)
+        server = ApiServer(store, config, rbac)
         # handler_cancellation: a watch whose client went away is cancelled at once, so its watcher is dropped.
         runner = web.AppRunner(
             server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True

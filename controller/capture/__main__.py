@@ -38,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init-delay", type=float, default=0.5, help="seconds a new dispatcher stays Initializing")
     p.add_argument("--tick", type=float, default=0.2, help="seconds between loop iterations (default 0.2)")
     p.add_argument("--address", default=os.environ.get("POD_IP", ""), help="status.address (default: $POD_IP)")
+    p.add_argument(
+        "--readiness",
+        default="",
+        help="e.g. http://0.0.0.0:8081/readyz: 200 while registered with a current Lease and its kinds listed",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p.parse_args(argv)
 
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         init_delay=args.init_delay,
         pod=os.environ.get("POD_NAME", ""),
         address=args.address,
+        readiness=args.readiness,
     )
     try:
         settings.check()

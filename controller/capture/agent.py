@@ -42,6 +42,7 @@ from controller.capture.informer import NETWORK_ERRORS, Informer
 from controller.capture.logs import fields
 from controller.capture.runtime import DispatcherRuntime, LogicalClockRuntime
 from controller.kube.client import JSON, LEASES, RESOURCES, ApiError, Client, sleep_or
+from controller.kube.probes import ProbeServer, parse_endpoint
 from controller.model.records import Capture, Dispatcher
 from controller.model.resources import (
     InvalidResource,
@@ -106,6 +107,8 @@ class Settings:
     tables_interval: float = 5.0
     pod: str = ""
     address: str = ""
+    #: ``http://HOST:PORT/PATH`` of the readiness endpoint ("" for none).
+    readiness: str = ""
 
     def check(self) -> None:
         if not self.name or not self.namespace:
@@ -116,6 +119,11 @@ class Settings:
             raise ValueError("need 0 < --renew-interval < --renew-deadline < --lease-duration")
         if self.report_interval <= 0 or self.tick <= 0:
             raise ValueError("--report-interval and the tick must be positive")
+        if self.readiness:
+            try:
+                parse_endpoint(self.readiness)
+            except ValueError as exc:
+                raise ValueError(f"--readiness {exc}") from None
 
 
 @dataclass
@@ -184,10 +192,33 @@ class Agent:
 
     # -- process ---------------------------------------------------------------------------------------
 
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: registered, its Lease renewed within the deadline, its Dispatchers and Capture listed."""
+        if self.fence_reason:
+            return False, f"fenced: {self.fence_reason}"
+        if not self.lease_rv:
+            return False, "registering (Capture and Lease)"
+        since = time.monotonic() - self.last_renew
+        if since >= self.settings.renew_deadline:
+            return False, f"Lease not renewed for {since:.0f}s"
+        if not (self.dispatchers.synced.is_set() and self.captures.synced.is_set()):
+            return False, "listing Dispatchers and Captures"
+        return True, f"holding Lease {lease_name(self.settings.name)}, running {len(self.runs)} dispatcher(s)"
+
     async def run(self) -> int:
         """Register, then work until SIGTERM (exit 0) or fencing (exit 3)."""
         s = self.settings
         log.info("capture agent starting", extra=fields(capture=s.name, namespace=s.namespace, pid=os.getpid()))
+        probe = ProbeServer(s.readiness, self.ready) if s.readiness else None
+        if probe is not None:
+            await probe.start()
+        try:
+            return await self._run()
+        finally:
+            if probe is not None:
+                await probe.stop()
+
+    async def _run(self) -> int:
         if not await self._register():
             return EXIT_OK  # stopped before it could register
         tasks = {

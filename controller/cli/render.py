@@ -150,12 +150,21 @@ def still_running(name: str, namespace: str) -> str:
 
 
 def outcome(op: SpanOperator) -> list[str]:
-    """What a finished operator did (Succeeded), or why not."""
+    """What a finished operator did (Succeeded), or why not.
+
+    A Split or Merge succeeds once its new spans exist ("PartiallyPlaced" if some could not be placed):
+    each span it did not place is listed with the reason and message the maintainer recorded for it.
+    """
     if op.phase is OpPhase.SUCCEEDED:
         lines = [f"{op.type} {op.name} succeeded" + (f" ({op.status_reason})" if op.status_reason else "")]
         for t in op.targets:
             start, end = t.key_range.hex()
-            where = "left Absent (destination lost)" if t.lost else f"on {t.capture or '?'}"
+            if not t.lost:
+                where = f"on {t.capture or '?'}"
+            elif t.lost_reason:
+                where = f"not placed ({t.lost_reason}): {t.lost_message}"
+            else:  # recorded by a maintainer from before reasons were recorded
+                where = "not placed: left Absent for the basic scheduler"
             lines.append(f"  span {t.span} [{start}, {end}) {where}")
         return lines
     return [f"{op.type} {op.name} {op.phase}: {op.status_reason or 'no reason'}: {op.message or 'no message'}"]

@@ -17,6 +17,7 @@ Order of one decision::
                 traffic.py for when each may run)
     coverage    initial spans for new tables, holes filled, unexplained overlaps removed
     gc          finished operators past their retention
+    (a Changefeed being deleted: only its teardown, see teardown.py)
     status      Changefeed and Table status (incl. what the schedulers do); on the term's first
                 decision, the Bootstrapped condition and one Event saying what was restored and
                 repaired; an Event for each capture newly found lost while it held our spans
@@ -29,13 +30,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from controller.engine import balance, checkpoint, controller, repair, scheduler, tables, traffic
+from controller.engine import balance, checkpoint, controller, repair, scheduler, tables, teardown, traffic
 from controller.engine.intents import Chain, WriteStatus
 from controller.engine.world import Options, Tick, World
 from controller.model.records import Changefeed, Condition, SchedulerStatus, SpanCounts
 from controller.model.states import SpanState
 
 BOOTSTRAPPED = "Bootstrapped"
+#: Condition of a Changefeed being deleted: what its teardown still has to remove.
+DELETING = "Deleting"
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,13 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         return Decision((_publish_epoch(world, memory),), memory)
 
     tick = Tick(world, memory.epoch, options)
+    if cf.deleting:
+        return _teardown(tick, memory)
     first = not memory.bootstrapped
     tick.first_tick = first
     restored = sum(1 for op in world.operators.values() if op.in_flight) if first else memory.restored
 
+    teardown.ensure_finalizer(tick)
     tables.lifecycle(tick)
     controller.advance_running(tick)
     repair.run(tick)
@@ -120,6 +126,32 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         lost_captures=frozenset(lost),
     )
     return Decision(tuple(tick.chains), new_memory, repairs=tuple(tick.repairs))
+
+
+def _teardown(tick: Tick, memory: Memory) -> Decision:
+    """The Changefeed is being deleted: only the teardown runs (see engine/teardown.py), plus the safety
+    net for dispatchers no span claims; the status says what is left."""
+    controller.advance_running(tick)
+    left = teardown.run(tick)
+    repair.run(tick)
+    cf = tick.changefeed
+    cond = Condition(
+        type=DELETING,
+        status="True",
+        reason="Teardown",
+        message=left,
+        observed_generation=cf.generation,
+        last_transition=tick.now,
+    )
+    new = replace(
+        cf,
+        span_counts=_counts([s.state for s in tick.spans.values()]),
+        operators_in_flight=sum(1 for op in tick.operators.values() if op.in_flight),
+        conditions=_set_condition(cf, cond),
+    )
+    if not new.status_equal(cf):
+        tick.emit("changefeed status", [WriteStatus(new)])
+    return Decision(tuple(tick.chains), replace(memory, bootstrapped=True), repairs=tuple(tick.repairs))
 
 
 def _publish_epoch(world: World, memory: Memory) -> Chain:

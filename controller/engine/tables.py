@@ -52,6 +52,22 @@ def _removing(tick: Tick, table: Table) -> None:
         if TABLE_FINALIZER in table.finalizers:
             tick.emit(f"table {table.name} released", [RemoveFinalizer(Kind.TABLE, table.name, TABLE_FINALIZER)])
         return
+    remove_spans(
+        tick,
+        spans,
+        basis=table.uid,
+        why=f"table {table.name} deleted",
+        cancel=("TableDeleted", f"table {table.name} was deleted; its spans are being removed"),
+    )
+
+
+def remove_spans(tick: Tick, spans: list[str], basis: str, why: str, cancel: tuple[str, str]) -> None:
+    """Remove ``spans`` (and their dispatchers) for good: one Remove operator with ``deleteSpans``.
+
+    Every other in-flight operator owning one of them yields: it is Canceled (``cancel`` = reason,
+    message) and its spans join the Remove. ``basis`` (with the spans' resourceVersions) names the
+    Remove deterministically, so a restarted maintainer finds the one it already made.
+    """
     wanted = set(spans)
     covered: set[str] = set()
     for op in tick.in_flight():
@@ -64,29 +80,24 @@ def _removing(tick: Tick, table: Table) -> None:
         if op.type is OpType.REMOVE and op.phase is OpPhase.PENDING and op.source is OpSource.MAINTAINER:
             covered.update(op.spans)
             continue
-        # Any other operator yields: it is canceled and its spans join the table's Remove.
+        # Any other operator yields: it is canceled and its spans join the Remove.
         _, write = record(
-            tick,
-            op,
-            phase=OpPhase.CANCELED,
-            status_reason="TableDeleted",
-            message=f"table {table.name} was deleted; its spans are being removed",
-            finished_at=tick.now,
+            tick, op, phase=OpPhase.CANCELED, status_reason=cancel[0], message=cancel[1], finished_at=tick.now
         )
         tick.emit(f"cancel {op.name}", [write])
     todo = tuple(s for s in spans if s not in covered)
     if not todo:
         return
-    basis = tuple(tick.spans[s].resource_version for s in todo)
+    rvs = tuple(tick.spans[s].resource_version for s in todo)
     op = SpanOperator(
-        name=naming.operator_name(OpType.REMOVE, todo, (table.uid, *basis)),
-        namespace=table.namespace,
+        name=naming.operator_name(OpType.REMOVE, todo, (basis, *rvs)),
+        namespace=tick.changefeed.namespace,
         changefeed=tick.changefeed.name,
         type=OpType.REMOVE,
         spans=todo,
         delete_spans=True,
         source=OpSource.MAINTAINER,
-        reason=f"table {table.name} deleted",
+        reason=why,
         created=tick.now,
         labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
     )

@@ -40,6 +40,10 @@ MUTANTS = frozenset(
         "move-adds-before-origin-stopped",  # Move creates the destination while the origin still runs
         "bootstrap-skips-orphan-dispatchers",  # the safety net keeps dispatchers that have no span
         "remove-forgets-finalizer-of-lost-capture",  # dispatchers of a lost capture are never released
+        "teardown-releases-early",  # a deleted Changefeed's finalizer goes while dispatchers still run
+        "tables-never-detached",  # a deleted Changefeed's Tables keep the finalizer (teardown and janitor)
+        "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)
+        "reshape-without-capture-skips-new-spans",  # no capture at CreateSpans: Succeeded, new spans never made
     }
 )
 

@@ -58,6 +58,20 @@ def failure_reason(exc: BaseException) -> str | None:
     return None
 
 
+def changefeed_owner(obj: JSON | None) -> JSON | None:
+    """The ownerReference naming a Changefeed object (None without one, or without its uid)."""
+    meta = (obj or {}).get("metadata") or {}
+    if not meta.get("uid"):
+        return None
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Changefeed",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+    }
+
+
 @dataclass
 class Outcome:
     chains: int = 0
@@ -81,6 +95,13 @@ class Executor:
         self.sem = asyncio.Semaphore(concurrency)
         self.errors: Counter[str] = Counter()
         self.on_error = on_error
+
+    def owner_reference(self, changefeed: str) -> JSON | None:
+        """An ownerReference to ``changefeed`` as cached (None if not known): the objects the maintainer
+        creates for a changefeed are garbage-collected with it if its teardown finalizer is taken off by
+        hand. No ``blockOwnerDeletion``: it would need the ``changefeeds/finalizers`` permission where the
+        OwnerReferencesPermissionEnforcement admission plugin is on, and the teardown orders deletions."""
+        return changefeed_owner(self.informer.store.objects.get("Changefeed", {}).get(changefeed))
 
     def _failed(self, reason: str) -> None:
         self.errors[reason] += 1
@@ -118,6 +139,9 @@ class Executor:
             for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "deletionTimestamp"):
                 meta.pop(key, None)
             meta["namespace"] = ns
+            owner = self.owner_reference(getattr(w.obj, "changefeed", ""))
+            if owner is not None:
+                meta["ownerReferences"] = [owner]
             try:
                 created = await self.client.create(res, ns, body)
             except ApiError as exc:

@@ -154,6 +154,10 @@ class Informer:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def unlisted(self) -> list[str]:
+        """The kinds not listed yet (sorted): the maintainer decides nothing before they all are."""
+        return sorted(set(self.kinds) - self._listed)
+
     def healthy(self, stale_after: float = 120.0) -> tuple[bool, str]:
         """Every watch task alive and heard from recently (events or bookmarks)."""
         now = time.monotonic()

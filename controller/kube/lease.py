@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from controller.kube.client import LEASES, ApiError, Client
@@ -36,8 +37,11 @@ class LeaderElector:
         duration: float = 15.0,
         renew_deadline: float = 10.0,
         retry: float = 2.0,
+        owner: Callable[[], JSON | None] = lambda: None,
     ) -> None:
         self.client = client
+        #: The ownerReference a Lease this elector creates carries (e.g. its Changefeed's), or None.
+        self.owner = owner
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -47,6 +51,8 @@ class LeaderElector:
         self.lease: JSON | None = None
         self.epoch = 0
         self._observed: tuple[str, str, float] | None = None  # (holder, renewTime, when we saw it change)
+        #: Called after every bid the API answered (won, or lost to a holder): the maintainer's readiness.
+        self.on_answer: Callable[[], None] = lambda: None
 
     def _body(self, transitions: int, acquire: str, holder: str | None = None, duration: float | None = None) -> JSON:
         now = format_time(time.time(), micro=True)
@@ -65,10 +71,14 @@ class LeaderElector:
         except ApiError as exc:
             if not exc.not_found:
                 raise
+            meta: JSON = {"name": self.name, "namespace": self.namespace}
+            owner = self.owner()
+            if owner is not None:
+                meta["ownerReferences"] = [owner]
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": meta,
                 "spec": self._body(floor + 1, ""),
             }
             try:
@@ -103,7 +113,9 @@ class LeaderElector:
     async def acquire(self, floor: int = 0) -> int:
         while True:
             try:
-                if await self.try_acquire(floor):
+                won = await self.try_acquire(floor)
+                self.on_answer()
+                if won:
                     log.info("acquired lease %s as %s, epoch %d", self.name, self.identity, self.epoch)
                     return self.epoch
             except ApiError as exc:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import kopf
 import prometheus_client
 
+from controller.kube.probes import parse_endpoint
 from controller.maintainer import operator
 from controller.maintainer.runner import Settings, default_identity
 
@@ -29,6 +30,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-leases", type=int, default=0, help="lead at most this many changefeeds (0: all)")
     p.add_argument("--liveness", default="", help="e.g. http://0.0.0.0:8080/healthz (Kopf's liveness endpoint)")
     p.add_argument(
+        "--readiness",
+        default="",
+        help="e.g. http://0.0.0.0:8081/readyz: 200 once every kind is listed and every Changefeed's Lease is "
+        "competed for, else 503",
+    )
+    p.add_argument(
         "--metrics-port", type=int, default=9090, help="port of the Prometheus endpoint /metrics (0: disabled)"
     )
     p.add_argument("--metrics-address", default="0.0.0.0", help="address the Prometheus endpoint listens on")
@@ -39,6 +46,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--metrics-port {a.metrics_port}: not a port (0 disables the endpoint)")
     if a.metrics_port and a.liveness and liveness_port(a.liveness) == a.metrics_port:
         p.error(f"--metrics-port {a.metrics_port} is the port of Kopf's liveness endpoint ({a.liveness})")
+    if a.readiness:
+        try:
+            _, port, _ = parse_endpoint(a.readiness)
+        except ValueError as exc:
+            p.error(f"--readiness {exc}")
+        taken = {"--metrics-port": a.metrics_port, "--liveness": liveness_port(a.liveness) if a.liveness else 0}
+        for flag, other in taken.items():
+            if port and port == other:
+                p.error(f"--readiness {a.readiness}: port {port} is already the port of {flag}")
     return a
 
 
@@ -67,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.kubeconfig:
         os.environ["KUBECONFIG"] = a.kubeconfig  # for Kopf's own login as well
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
-    operator.configure(settings, a.kubeconfig, a.context)
+    operator.configure(settings, a.kubeconfig, a.context, readiness=a.readiness)
     kopf.configure(
         verbose=a.verbose,
         log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.PLAIN,
@@ -79,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                 standalone=True,
                 namespaces=[a.namespace],
                 liveness_endpoint=a.liveness or None,
+                # Given, so Kopf never derives one from getpass.getuser(): in the image the uid (65532) has
+                # no passwd entry and no USER is set, and Kopf's own detection raised KeyError at startup.
+                identity=settings.identity,  # type: ignore[arg-type]  # kopf's Identity: a NewType of str
             )
         )
     except Exception:

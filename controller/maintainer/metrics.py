@@ -9,8 +9,12 @@ Two sorts of metric live in one :class:`~prometheus_client.CollectorRegistry` pe
   outlives what it describes (a changefeed led by another replica, a capture gone, a state no span is
   in any more simply stops being reported), in the style of crate-operator's ``prometheus.py``.
 - **Process-lifetime counters and histograms**: decisions, writes, API write errors by reason, and the
-  duration of each operator this process saw finish (observed once per operator: see
-  :meth:`MaintainerMetrics.on_change`).
+  duration (and, for failures, the count by changefeed and type) of each operator this process saw finish
+  (observed once per operator: see :meth:`MaintainerMetrics.on_change`). Counters whose label values are
+  known in advance are exported from 0, so that ``increase()`` in an alert rule sees their first increment.
+
+The chart's alert rules and dashboard (charts/changefeed-maintainer/monitoring/) use these names only;
+tests/monitoring derives the names from this registry and fails on a query that names anything else.
 
 The scrape runs in the event loop that mutates the cache (:class:`MetricsServer` is an aiohttp server
 in the running loop, not prometheus_client's thread), so the collector reads a consistent cache
@@ -33,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from controller.capture.runtime import physical_ms
 from controller.model.records import Capture, Changefeed, Span, SpanOperator
-from controller.model.states import Kind, SchedulerState
+from controller.model.states import Kind, OpPhase, OpType, SchedulerState
 
 if TYPE_CHECKING:
     from controller.maintainer.runner import Maintainer
@@ -47,8 +51,20 @@ UNKNOWN_STATE = "Unknown"  # a Span whose status was never written
 NO_CAPTURE = "none"  # a Span bound to no capture
 NO_STAGE = "None"  # an operator not started yet (Pending) has no stage
 CAPTURE_STATES = ("alive", "draining", "lost")
+#: Write-error reasons exported at 0 from the start, so that ``rate()`` and ``increase()`` see their first
+#: occurrence (a series that appears at 1 has no earlier sample to increase from): the normal one (a stale
+#: resourceVersion) and those the client itself reports when the API gave no usable answer.
+INITIAL_WRITE_ERROR_REASONS = ("Conflict", "ClientTimeout", "ConnectionError")
 
-__all__ = ["CAPTURE_STATES", "PREFIX", "MaintainerMetrics", "MetricsServer", "StateCollector", "checkpoint_lag"]
+__all__ = [
+    "CAPTURE_STATES",
+    "PREFIX",
+    "MaintainerMetrics",
+    "MetricsServer",
+    "StateCollector",
+    "checkpoint_lag",
+    "operator_age",
+]
 
 
 def checkpoint_lag(checkpoint_ts: int, now: float) -> float | None:
@@ -56,6 +72,11 @@ def checkpoint_lag(checkpoint_ts: int, now: float) -> float | None:
     if checkpoint_ts <= 0:
         return None
     return now - physical_ms(checkpoint_ts) / 1000.0
+
+
+def operator_age(op: SpanOperator, now: float) -> float:
+    """Seconds an in-flight operator has been at work: since ``status.startedAt``, else since its creation."""
+    return max(0.0, now - (op.started_at or op.created))
 
 
 def capture_state(capture: Capture, now: float) -> str:
@@ -86,6 +107,17 @@ class StateCollector(Collector):
         )
         synced.add_metric([], 1.0 if m.informer.synced.is_set() else 0.0)
         yield synced
+
+        info = GaugeMetricFamily(
+            PREFIX + "changefeed_info",
+            "1 for each Changefeed in this process's cache (not being deleted), reported by every replica: "
+            "the changefeeds some replica should lead.",
+            labels=["changefeed"],
+        )
+        for name, rec in sorted(store.all(Kind.CHANGEFEED).items()):
+            if isinstance(rec, Changefeed) and not rec.deleting:
+                info.add_metric([name], 1.0)
+        yield info
 
         leader = GaugeMetricFamily(
             PREFIX + "leader",
@@ -124,14 +156,38 @@ class StateCollector(Collector):
             "(None: not started).",
             labels=["changefeed", "type", "phase", "stage"],
         )
+        oldest = GaugeMetricFamily(
+            PREFIX + "operator_oldest_in_flight_seconds",
+            "Age of the oldest SpanOperator in flight of each led changefeed, by type and stage (None: not "
+            "started): seconds since its status startedAt, else since its creation.",
+            labels=["changefeed", "type", "stage"],
+        )
         op_counts: Tally[tuple[str, str, str, str]] = Tally()
+        op_ages: dict[tuple[str, str, str], float] = {}
         if led:
             for o in store.all(Kind.OPERATOR).values():
                 if isinstance(o, SpanOperator) and o.changefeed in led and o.in_flight:
-                    op_counts[(o.changefeed, o.type.value, o.phase.value, o.stage.value or NO_STAGE)] += 1
+                    stage = o.stage.value or NO_STAGE
+                    op_counts[(o.changefeed, o.type.value, o.phase.value, stage)] += 1
+                    key = (o.changefeed, o.type.value, stage)
+                    op_ages[key] = max(op_ages.get(key, 0.0), operator_age(o, now))
         for labels, n in sorted(op_counts.items()):
             in_flight.add_metric(list(labels), float(n))
+        for age_labels, age in sorted(op_ages.items()):
+            oldest.add_metric(list(age_labels), age)
         yield in_flight
+        yield oldest
+
+        failed = CounterMetricFamily(
+            PREFIX + "operators_failed",
+            "SpanOperators this process saw fail while leading their changefeed, by changefeed and type (every "
+            "led changefeed has all five types, from 0).",
+            labels=["changefeed", "type"],
+        )
+        for name in leading:
+            for op_type in OpType:
+                failed.add_metric([name, op_type.value], float(m.metrics.failures[(name, op_type.value)]))
+        yield failed
 
         lag = GaugeMetricFamily(
             PREFIX + "checkpoint_lag_seconds",
@@ -238,6 +294,10 @@ class MaintainerMetrics:
             ["reason"],
             registry=self.registry,
         )
+        for reason in INITIAL_WRITE_ERROR_REASONS:
+            self.write_errors.labels(reason)
+        #: (changefeed, type) -> SpanOperators this process saw fail while leading (``operators_failed_total``).
+        self.failures: Tally[tuple[str, str]] = Tally()
         self.collector = StateCollector(maintainer)
         self.registry.register(self.collector)
         if process:  # the standard process_* and python_* series, in this registry
@@ -257,7 +317,7 @@ class MaintainerMetrics:
         An operator's duration is observed when this process sees it go from in flight to finished (a
         transition, so a maintainer that starts and lists operators finished by its predecessor counts
         none of them), once per uid (a relist or a late event of the same object changes nothing), and
-        only while this process leads its changefeed.
+        only while this process leads its changefeed. A failed one is also counted by changefeed and type.
         """
         if kind != Kind.OPERATOR.value:
             return
@@ -283,6 +343,8 @@ class MaintainerMetrics:
         self._seen[name] = (rec.uid, terminal)
         if not terminal or before != (rec.uid, False) or rec.changefeed not in self.maintainer.leading:
             return
+        if rec.phase is OpPhase.FAILED:
+            self.failures[(rec.changefeed, rec.type.value)] += 1
         began = rec.started_at or rec.created
         if began <= 0:
             return

@@ -7,6 +7,9 @@ Changefeed would, keeping the object undeletable whenever the operator is down).
 informer's (see ``controller.kube.informer`` for why), and the liveness probe reports their health,
 so a silently dead watch makes the pod restart instead of leaving a zombie operator.
 
+The readiness endpoint (``--readiness``, :mod:`controller.kube.probes`) answers 200 once every kind is
+listed and every Changefeed's Lease is being competed for, so ``helm install --wait`` means working.
+
 The Prometheus endpoint (``--metrics-port``, see ``controller.maintainer.metrics``) is an aiohttp server
 of its own in the same event loop, on a port other than Kopf's liveness endpoint; it is started before
 the maintainer (a port that cannot be bound stops the process at once) and stopped at cleanup.
@@ -21,6 +24,7 @@ from typing import Any
 import kopf
 
 from controller.kube.client import Client, Config
+from controller.kube.probes import ProbeServer
 from controller.maintainer.metrics import MetricsServer
 from controller.maintainer.runner import Maintainer, Settings
 
@@ -28,10 +32,11 @@ log = logging.getLogger("controller.maintainer")
 _state: dict[str, Any] = {}
 
 
-def configure(settings: Settings, kubeconfig: str | None, context: str | None) -> None:
+def configure(settings: Settings, kubeconfig: str | None, context: str | None, readiness: str = "") -> None:
     _state["settings"] = settings
     _state["kubeconfig"] = kubeconfig
     _state["context"] = context
+    _state["readiness"] = readiness
 
 
 @kopf.on.login()
@@ -54,6 +59,10 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # our Events come from the engine's decisions only
     settings.peering.standalone = True
+    # No cluster-wide scanning: Kopf would list namespaces and watch CRDs across the cluster, which the
+    # chart's namespaced RBAC forbids (403 on every retry, forever, in the log). Kopf runs no resource
+    # handlers here, so it has nothing to discover; our informer watches our namespace.
+    settings.scanning.disabled = True
     config = Config.load(_state.get("kubeconfig"), _state.get("context"))
     client = Client(config)
     maintainer = Maintainer(client, _state["settings"])
@@ -70,6 +79,17 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
             _state["fatal"] = why  # for __main__: one line and exit status 1 instead of Kopf's tracebacks
             raise kopf.PermanentError(why) from exc
         _state["metrics"] = server
+    if _state.get("readiness"):
+        probe = ProbeServer(_state["readiness"], maintainer.ready)
+        try:
+            await probe.start()
+        except OSError as exc:
+            await client.close()
+            _state.pop("client", None)
+            why = f"cannot serve readiness on {_state['readiness']}: {exc}"
+            _state["fatal"] = why
+            raise kopf.PermanentError(why) from exc
+        _state["readiness_server"] = probe
     _state["maintainer"] = maintainer
     await maintainer.start()
     log.info("maintainer %s started in namespace %s", maintainer.settings.identity, maintainer.settings.namespace)
@@ -86,6 +106,9 @@ async def cleanup(**_: Any) -> None:
     server: MetricsServer | None = _state.get("metrics")
     if server is not None:
         await server.stop()
+    probe: ProbeServer | None = _state.get("readiness_server")
+    if probe is not None:
+        await probe.stop()
 
 
 @kopf.on.probe(id="watches")

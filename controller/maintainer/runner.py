@@ -18,10 +18,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from controller.engine.maintainer import Memory, decide
+from controller.engine import teardown
+from controller.engine.maintainer import Decision, Memory, decide
 from controller.engine.world import World
 from controller.kube.client import Client, sleep_or
-from controller.kube.executor import Executor
+from controller.kube.executor import Executor, changefeed_owner
 from controller.kube.informer import Informer
 from controller.kube.lease import LeaderElector
 from controller.maintainer.metrics import MaintainerMetrics
@@ -30,6 +31,8 @@ from controller.model.states import Kind
 
 log = logging.getLogger("controller.maintainer")
 MIN_INTERVAL = 0.05
+#: Seconds between passes over Tables whose changefeed is gone (teardown.detach_orphans).
+JANITOR_INTERVAL = 2.0
 
 
 def default_identity() -> str:
@@ -81,6 +84,9 @@ class Maintainer:
         self._wakeups: dict[str, asyncio.Event] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self.started = time.monotonic()
+        #: Changefeeds whose loop has had an answer from the API to a bid for its Lease (won or not),
+        #: or waits on purpose (``max_leases`` reached): what readiness calls "competing".
+        self.competing: set[str] = set()
 
     async def start(self) -> None:
         await self.informer.start()
@@ -103,12 +109,48 @@ class Maintainer:
             return False, "supervisor ended"
         return self.informer.healthy()
 
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: every kind listed, watches healthy, and a bid for the Lease of every Changefeed
+        answered by the API (or held back on purpose by ``max_leases``)."""
+        if self._supervisor is None:
+            return False, "starting"
+        missing = self.informer.unlisted()
+        if missing:
+            return False, "not yet listed: " + ", ".join(missing)
+        ok, why = self.healthy()
+        if not ok:
+            return False, why
+        names = sorted(self.informer.store.all(Kind.CHANGEFEED))
+        waiting = [n for n in names if n not in self.competing]
+        if waiting:
+            shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
+            return False, f"not yet competing for the Lease of {shown}"
+        return True, f"{len(names)} changefeed(s), leading {len(self.leading & set(names))}"
+
     # -- supervision -------------------------------------------------------------------------------
+
+    async def _janitor(self) -> None:
+        """Tables whose changefeed is gone but which still hold our finalizer (teardown.detach_orphans)."""
+        store = self.informer.store
+        tables = [t for t in store.all(Kind.TABLE).values() if isinstance(t, Table)]
+        chains = teardown.detach_orphans(tables, set(store.all(Kind.CHANGEFEED)))
+        if chains:
+            out = await self.executor.apply(Decision(tuple(chains), Memory(epoch=0, identity=self.settings.identity)))
+            self.stats.writes += out.writes
+            self.stats.failed_chains += out.failed
 
     async def _supervise(self) -> None:
         await self.informer.synced.wait()
+        janitor_at = 0.0
         while True:
-            names = {n for n, cf in self.informer.store.all(Kind.CHANGEFEED).items() if not cf.deleting}
+            if time.monotonic() >= janitor_at:
+                janitor_at = time.monotonic() + JANITOR_INTERVAL
+                try:
+                    await self._janitor()
+                except Exception:  # never let it end the supervisor: the loops live on
+                    log.exception("detaching the Tables of deleted changefeeds failed; retrying")
+            # A Changefeed being deleted is still led: its teardown runs until the finalizer is released.
+            names = set(self.informer.store.all(Kind.CHANGEFEED))
             for name in sorted(n for n, t in self.loops.items() if t.done() and n in names):
                 # A loop that ended while its changefeed still exists (it should not: see _changefeed).
                 task = self.loops.pop(name)
@@ -157,11 +199,14 @@ class Maintainer:
             duration=s.lease_duration,
             renew_deadline=s.renew_deadline,
             retry=s.retry,
+            owner=lambda: changefeed_owner(self.informer.store.objects.get(Kind.CHANGEFEED.value, {}).get(name)),
         )
+        elector.on_answer = lambda: self.competing.add(name)
         backoff = s.retry
         try:
             while True:
-                while s.max_leases and len(self.leading) >= s.max_leases:  # noqa: ASYNC110 - polled cap
+                while s.max_leases and len(self.leading) >= s.max_leases:
+                    self.competing.add(name)  # held back on purpose: another replica may take it
                     await asyncio.sleep(s.retry)
                 try:
                     if not await self._term(name, elector):
@@ -176,6 +221,7 @@ class Maintainer:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 60.0)
         except asyncio.CancelledError:
+            self.competing.discard(name)
             await elector.release()
             raise
 
@@ -207,7 +253,7 @@ class Maintainer:
         wakeup = self._wakeups.setdefault(name, asyncio.Event())
         while not lost.is_set():
             world = self.snapshot(name)
-            if world is None or world.changefeed.deleting:
+            if world is None:
                 return
             decision = decide(world, memory)
             if decision.fenced:

@@ -220,7 +220,7 @@ class Table(Record):
     #: Simulated number of regions of the table, which the default runtime reports per span.
     region_count: int = 0
 
-    state: str = ""  # "" | "Active" | "Invalid" | "Removing"
+    state: str = ""  # "" | "Active" | "Invalid" | "Removing" | "Detached"
     message: str = ""
     span_counts: SpanCounts = field(default_factory=SpanCounts)
     observed_generation: int = 0
@@ -342,7 +342,13 @@ class Target:
     dispatcher: str = ""  # name of the dispatcher to create ("" until chosen)
     start_ts: int = 0
     done: bool = False  # reached Working (or given up: ``lost``)
-    lost: bool = False  # the destination was lost; the span was left Absent for the basic scheduler
+    lost: bool = False  # given up: the span was left Absent for the basic scheduler (or deleted by hand)
+    #: Why it was given up, recorded with ``lost`` so that the operator's outcome is a function of its
+    #: record (a capture lost then, alive again after a restart, does not change it): DestinationLost /
+    #: CaptureLost (its capture lost), NoCapture (none was live when it was to be placed), KeysBusy,
+    #: SpanDeleted. Empty on a target recorded before these fields existed.
+    lost_reason: str = ""
+    lost_message: str = ""  # for a person: what was lost (names the captures) and what happens next
 
 
 @dataclass(frozen=True, kw_only=True)

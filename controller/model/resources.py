@@ -112,7 +112,7 @@ __all__ = [
 CHANGEFEED_LABEL = f"{GROUP}/changefeed"
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 #: Values of ``Table.status.state`` ("" in the model: not yet validated, omitted in the resource).
-TABLE_STATES = ("Active", "Invalid", "Removing")
+TABLE_STATES = ("Active", "Invalid", "Removing", "Detached")
 #: Scheduler knobs whose minimum is 1 (for the others 0 means off, or, for intervals, every decision).
 _AT_LEAST_ONE = frozenset(
     {
@@ -378,6 +378,8 @@ def _target(target: Target) -> Obj:
     _put(out, "startTs", target.start_ts)
     _put(out, "done", target.done)
     _put(out, "lost", target.lost)
+    _put(out, "lostReason", target.lost_reason)
+    _put(out, "lostMessage", target.lost_message)
     return out
 
 
@@ -840,6 +842,8 @@ def _read_target(reader: _Reader, path: str, item: Mapping[str, Any]) -> Target:
         start_ts=reader.int_(item, "startTs", f"{path}.startTs"),
         done=reader.bool_(item, "done", f"{path}.done"),
         lost=reader.bool_(item, "lost", f"{path}.lost"),
+        lost_reason=reader.str_(item, "lostReason", f"{path}.lostReason"),
+        lost_message=reader.str_(item, "lostMessage", f"{path}.lostMessage"),
     )
 
 

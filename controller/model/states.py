@@ -13,6 +13,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 #: Finalizer the maintainer puts on a Table so that deleting it first removes its spans.
 TABLE_FINALIZER = f"{GROUP}/spans"
+#: Finalizer the maintainer puts on a Changefeed: deleting it waits for the teardown (engine/teardown.py).
+CHANGEFEED_FINALIZER = f"{GROUP}/teardown"
 #: Finalizer the maintainer puts on a Dispatcher; the capture releases it once the dispatcher is closed.
 DISPATCHER_FINALIZER = f"{GROUP}/dispatcher-closed"
 

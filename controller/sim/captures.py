@@ -198,10 +198,10 @@ class Captures:
             return False
         return True
 
-    def _published(self) -> Changefeed:
+    def _published(self) -> Changefeed | None:
+        """The changefeed by a strong read; None once it is gone (deleted)."""
         cf = self.ctx.api.get(Kind.CHANGEFEED, self.changefeed)
-        assert isinstance(cf, Changefeed)
-        return cf
+        return cf if isinstance(cf, Changefeed) else None
 
     def _create(self, cap: SimCapture, d: Dispatcher) -> None:
         ctx = self.ctx
@@ -209,6 +209,8 @@ class Captures:
         if ctx.now < ready or cap.hooked(PAUSE_CREATE, d.table_id):
             return
         cf = self._published()
+        if cf is None:
+            return  # as the agent: a dispatcher of a changefeed that does not exist is not started
         if d.epoch < cf.epoch:
             if self._status(cap, d, DispatcherState.REJECTED, d.start_ts, f"epoch {d.epoch} < {cf.epoch}"):
                 cap.pending_since.pop(d.name, None)
@@ -242,13 +244,13 @@ class Captures:
             return
         if run.state is DispatcherState.INITIALIZING:
             cf = self._published()
-            if d.epoch < cf.epoch:
+            if cf is not None and d.epoch < cf.epoch:
                 del cap.runs[d.name]
                 ctx.trace.add(f"  {cap.name}: rejected {d.name} at Working (epoch {d.epoch} < {cf.epoch})")
                 cap.rejected.add(d.name)
                 self._status(cap, d, DispatcherState.REJECTED, run.cp, f"epoch {d.epoch} < {cf.epoch}")
                 return
-            if d.epoch < cf.epoch:  # invariant 6, on the ground truth (the capture's own re-check)
+            if cf is not None and d.epoch < cf.epoch:  # invariant 6, on the ground truth (the capture's re-check)
                 ctx.fail(f"fencing (6): {d.name} reached Working with epoch {d.epoch} < published {cf.epoch}")
             run.state = DispatcherState.WORKING
             ctx.trace.add(f"  {cap.name}: {d.name} Working")

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from controller.model.keys import KeyRange
-from controller.model.states import Mode
+from controller.model.states import Kind, Mode
 from controller.sim.api import Api
 
 
@@ -114,6 +114,18 @@ class Ctx:
     #: view, and nothing fences a zombie's status writes to other operators, so during a failover the
     #: zombie's admissions come on top of the new maintainer's: the bound is checked without them.
     zombie_ops: set[str] = field(default_factory=set)
+    #: Every object a zombie created (kind, name): after a Changefeed's teardown, only these may outlive it
+    #: (nothing fences a create; the garbage collector removes them, see Sim.collect_garbage).
+    zombie_made: set[tuple[Kind, str]] = field(default_factory=set)
+    #: When the Changefeed was deleted (kubectl delete), if it was; and when it vanished from the API.
+    cf_deleted_at: float | None = None
+    cf_gone_at: float | None = None
+    #: Whether it carried the teardown finalizer when deleted. If not (deleted before the maintainer's
+    #: first decisions added it), it vanished at once and only the garbage collector cleans up.
+    cf_teardown: bool = False
+    #: Operators whose status a superseded maintainer wrote, in any phase (it may finish one from its
+    #: stale view, in which a Span watch lags the SpanOperator watch: the outcome check exempts them).
+    zombie_written_ops: set[str] = field(default_factory=set)
     #: Spans a person deleted by hand: an operator that owned one cannot keep its intent for it.
     user_deleted: set[str] = field(default_factory=set)
     quiet: bool = False  # the end phase: no faults, no hooks

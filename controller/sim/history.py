@@ -15,14 +15,17 @@ import random
 import traceback
 from dataclasses import dataclass, field, replace
 
-from controller.engine import invariants
+from controller.engine import invariants, teardown
+from controller.engine.maintainer import Decision, Memory
 from controller.engine.world import Options, World
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
-from controller.model.states import Kind, OpPhase, OpSource, OpType, SpanState
+from controller.model.states import TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType, SpanState, Stage
+from controller.sim import executor
 from controller.sim.api import Api
 from controller.sim.captures import LEASE, Captures
 from controller.sim.context import Ctx, Frontier, Trace, Violation
+from controller.sim.executor import Cache
 from controller.sim.maintainer import SimMaintainer
 from controller.sim.workload import CF, Workload
 
@@ -31,6 +34,12 @@ DT = 0.5
 QUIET_STEPS = 600
 DEFAULT_STEPS = 60
 MAINTAINER_RENEW_DEADLINE = 10.0
+#: Share of histories whose Changefeed is deleted as the quiet phase begins (besides the workload's
+#: "changefeed delete" events): the teardown must then finish on its own.
+QUIET_DELETE = 0.05
+#: Why an operator may give a target up (Target.lost_reason): its capture lost (an Add's CaptureLost,
+#: the others' DestinationLost), no live capture to choose, keys another span runs, span deleted by hand.
+LOST_REASONS = frozenset({"CaptureLost", "DestinationLost", "NoCapture", "KeysBusy", "SpanDeleted"})
 
 
 @dataclass
@@ -67,7 +76,9 @@ class Sim:
 
     def start_maintainer(self) -> None:
         cf = self.ctx.api.get(Kind.CHANGEFEED, CF)
-        assert isinstance(cf, Changefeed)
+        if not isinstance(cf, Changefeed):
+            self.restart_at = None  # the changefeed is gone: nothing to maintain
+            return
         self.epochs = max(self.epochs, cf.epoch) + 1
         m = SimMaintainer(self.ctx, CF, self.epochs, self.options, self.captures.leases)
         self.maintainers.append(m)
@@ -123,6 +134,8 @@ class Sim:
         ctx.trace.begin(f"step {self.step_no} t={ctx.now:.1f} upstream={ctx.upstream()}")
         if not ctx.quiet:
             self.workload.event()
+        self.collect_garbage()
+        self.janitor()
         self.captures.step()
         self._maintainers_step()
         self.check()
@@ -139,8 +152,11 @@ class Sim:
             cap = self.captures.all[name]
             cap.hooks.clear()
             cap.renew_ok = True
+        if ctx.rng.random() < QUIET_DELETE:
+            self.workload.delete_changefeed()
         cf = api.get(Kind.CHANGEFEED, CF)
-        if isinstance(cf, Changefeed) and cf.paused:  # a paused changefeed places nothing: resume it
+        # A paused changefeed places nothing: resume it (a deleted one's teardown runs paused or not).
+        if isinstance(cf, Changefeed) and cf.paused and not cf.deleting:
             api.update_spec(replace(cf, paused=False))
             ctx.trace.add("  changefeed resumed for the quiet phase")
         schedulable = [
@@ -168,10 +184,10 @@ class Sim:
             for i in range(QUIET_STEPS):
                 self.step()
                 if i % 4 == 3:  # settled() is costly: look every 2 s of simulated time
-                    quiet_ok = quiet_ok + 1 if not invariants.settled(self.api_world()) else 0
+                    quiet_ok = quiet_ok + 1 if not self.settled() else 0
                     if quiet_ok >= 2:
                         break
-            problems = invariants.settled(self.api_world())
+            problems = self.settled()
             if problems:
                 raise Violation("not settled at the end (3, 4): " + "; ".join(problems[:6]))
         except Violation as v:
@@ -201,6 +217,63 @@ class Sim:
 
     # -- checks ------------------------------------------------------------------------------------
 
+    def settled(self) -> list[str]:
+        if self.ctx.cf_deleted_at is not None:
+            return self.torn_down()
+        return invariants.settled(self.api_world())
+
+    def torn_down(self) -> list[str]:
+        """The end of a history whose Changefeed was deleted: its teardown finished, nothing of it left.
+
+        Tolerated: a dispatcher the teardown never saw (a zombie's late create, or any dispatcher of a
+        changefeed deleted before it carried the finalizer) still held by its finalizer on a capture that
+        is gone. Nothing can close it: no capture runs it, and no maintainer runs for a changefeed that
+        no longer exists (docs/architecture.md, Deleting a changefeed). Everything else is removed by the
+        garbage collector."""
+        st = self.ctx.api.store
+        if CF in st[Kind.CHANGEFEED]:
+            cf = st[Kind.CHANGEFEED][CF]
+            return [f"teardown: the deleted changefeed is still there ({getattr(cf, 'conditions', ())})"]
+        alive = set(self.captures.alive_names())
+        problems = [f"teardown: {k.value} {n} remains" for k in (Kind.SPAN, Kind.OPERATOR) for n in sorted(st[k])]
+        for n, d in sorted(st[Kind.DISPATCHER].items()):
+            assert isinstance(d, Dispatcher)
+            unclosable = d.capture not in alive and d.deleting
+            if not (unclosable and (not self.ctx.cf_teardown or (Kind.DISPATCHER, n) in self.ctx.zombie_made)):
+                problems.append(f"teardown: dispatcher {n} on {d.capture} remains")
+        problems += [
+            f"teardown: table {n} keeps its finalizer"
+            for n, t in sorted(st[Kind.TABLE].items())
+            if isinstance(t, Table) and t.changefeed == CF and TABLE_FINALIZER in t.finalizers
+        ]
+        return problems
+
+    def janitor(self) -> None:
+        """The maintainer process's rule over Tables whose changefeed is gone (``teardown.detach_orphans``),
+        from a fresh listing (the process's informer), with the API's faults."""
+        api = self.ctx.api
+        if CF in api.store[Kind.CHANGEFEED]:
+            return
+        cache = Cache.listed(api)
+        tables = [t for t in cache.objects[Kind.TABLE].values() if isinstance(t, Table)]
+        chains = teardown.detach_orphans(tables, set(cache.objects[Kind.CHANGEFEED]), self.options)
+        if chains:
+            decision = Decision(tuple(chains), Memory(epoch=0, identity="janitor"))
+            executor.apply(api, cache, decision, lambda: False, None, self.ctx.trace.add)
+
+    def collect_garbage(self) -> None:
+        """Kubernetes' garbage collector: once the Changefeed is gone, what it owned (ownerReferences set
+        by the executor) is deleted. Only a zombie's late creates are left for it after a teardown."""
+        api = self.ctx.api
+        if CF in api.store[Kind.CHANGEFEED]:
+            return
+        for kind in (Kind.SPAN, Kind.OPERATOR, Kind.DISPATCHER):
+            for name, obj in sorted(api.store[kind].items()):
+                if getattr(obj, "changefeed", None) == CF and not obj.deleting:
+                    api.delete(kind, name, faulty=False)
+                    self.ctx.bump("garbage collected")
+                    self.ctx.trace.add(f"  garbage collector: deleted {kind.value} {name}")
+
     def api_world(self) -> World:
         st = self.ctx.api.store
         cf = st[Kind.CHANGEFEED][CF]
@@ -221,6 +294,9 @@ class Sim:
 
     def check(self) -> None:
         ctx = self.ctx
+        if CF not in ctx.api.store[Kind.CHANGEFEED]:
+            self._check_gone()
+            return
         world = self.api_world()
         problems = invariants.unexplained_overlaps(world, ignore=self._zombie_tainted(world))
         problems += invariants.single_owner(self.captures.running())
@@ -244,6 +320,29 @@ class Sim:
                     f"delivered only up to {fr.low()} on some keys"
                 )
 
+    def _check_gone(self) -> None:
+        """After its teardown, nothing of the changefeed runs; when it vanished, nothing it had was left but
+        what a zombie created after the teardown's last look."""
+        ctx = self.ctx
+        if not ctx.cf_teardown:
+            return  # deleted before it carried the finalizer: gone at once, the garbage collector cleans up
+        running = [d.name for d in self.captures.running() if d.changefeed == CF]
+        if running:
+            ctx.fail(f"teardown: changefeed gone but captures still run {sorted(running)[:4]}")
+        if ctx.cf_gone_at is not None:
+            return
+        ctx.cf_gone_at = ctx.now
+        st = ctx.api.store
+        left = [
+            f"{k.value} {n}"
+            for k in (Kind.SPAN, Kind.DISPATCHER, Kind.OPERATOR)
+            for n, o in sorted(st[k].items())
+            if getattr(o, "changefeed", None) == CF and (k, n) not in ctx.zombie_made
+        ]
+        if left:
+            ctx.fail(f"teardown: changefeed released while {left[:4]} remained")
+        ctx.trace.add("  changefeed gone: teardown finished")
+
     def _zombie_tainted(self, world: World) -> set[str]:
         """Spans a zombie created, and spans made from them by operators (a split child of a zombie's
         span inherits its overlap): the engine must never run both sides (single owner is checked) and
@@ -266,6 +365,9 @@ class Sim:
         was_done = isinstance(old, SpanOperator) and old.phase is OpPhase.SUCCEEDED
         if isinstance(new, SpanOperator) and new.phase is OpPhase.SUCCEEDED and not was_done:
             self._check_intent(new)
+        was_over = isinstance(old, SpanOperator) and old.phase.terminal
+        if isinstance(new, SpanOperator) and new.phase.terminal and not was_over:
+            self._check_outcome(new)
         if old is None and isinstance(new, SpanOperator) and new.source is OpSource.SCHEDULER:
             # What the automatic schedulers did (the basic scheduler's Adds are counted as "writes").
             if new.type is OpType.MOVE:
@@ -285,8 +387,9 @@ class Sim:
         if key in self.ctx.frontier:
             return
         st = self.ctx.api.store
-        cf = st[Kind.CHANGEFEED][CF]
-        assert isinstance(cf, Changefeed)
+        cf = st[Kind.CHANGEFEED].get(CF)
+        if not isinstance(cf, Changefeed):
+            return  # a zombie's status write after the teardown: nothing to replicate any more
         # The workload's record, not the store: the table may already be deleted (a maintainer with
         # a stale cache still places its spans), and its startTs still bounds what is in scope.
         start = self.ctx.table_start.get(span.table_id, 0)
@@ -299,6 +402,56 @@ class Sim:
         self.ctx.frontier[key] = Frontier.of(
             KeyRange.of_table(span.table_id), max(start, cf.checkpoint_ts, cf.start_ts)
         )
+
+    def _check_outcome(self, op: SpanOperator) -> None:
+        """The phase and reason an operator ended with are the right ones for what it did.
+
+        A Split or Merge that got past validation has done what was asked once its new spans exist
+        and the old ones are gone, so it must succeed whatever became of the new spans' placement:
+        it may fail only if a person deleted its spans (or a table deletion or a conflict cancels it,
+        which is not Failed). "PartiallyPlaced" exactly when some new span was given up, and then the
+        message names each one; every span given up records why; no message is "(none)"-vague.
+        """
+        ctx = self.ctx
+        lost = [t for t in op.targets if t.lost]
+        for t in lost:
+            if t.lost_reason not in LOST_REASONS or not t.lost_message or "(none)" in t.lost_message:
+                ctx.fail(f"outcome: {op.type} {op.name} gave {t.span} up with {t.lost_reason!r}: {t.lost_message!r}")
+        if "(none)" in op.message:
+            ctx.fail(f"outcome: {op.type} {op.name} {op.phase}: {op.message!r} names no capture")
+        reshape = op.type in (OpType.SPLIT, OpType.MERGE)
+        touched = ctx.user_deleted & {*op.spans, *(t.span for t in op.targets)}
+        # Two maintainers acting at once: the one that finishes the operator may see its record (the
+        # new spans made) before its Span watch shows those spans, and take them for deleted by hand:
+        # the successor after the deposed one advanced it (seed 322), or the deposed one after its
+        # successor did (seed 1960). Only the reported outcome is wrong; a known, documented limitation.
+        exempt = touched or op.name in ctx.zombie_ops or op.name in ctx.zombie_written_ops
+        if reshape and op.phase is OpPhase.FAILED and op.stage is not Stage.NONE and not exempt:
+            ctx.fail(
+                f"outcome: {op.type} {op.name} Failed in {op.stage} ({op.status_reason}: {op.message}) though "
+                "nobody deleted its spans: once its new spans exist it must succeed (PartiallyPlaced)"
+            )
+        if op.phase is not OpPhase.SUCCEEDED or op.status_reason == "AlreadyOnTarget":
+            return
+        if (op.status_reason == "PartiallyPlaced") != bool(lost):
+            ctx.fail(
+                f"outcome: {op.type} {op.name} Succeeded ({op.status_reason or 'no reason'}) with "
+                f"{len(lost)} of {len(op.targets)} targets given up"
+            )
+        missing = [t.span for t in lost if t.span not in op.message]
+        if missing:
+            ctx.fail(f"outcome: {op.type} {op.name} PartiallyPlaced: {op.message!r} does not name {missing}")
+        for t in lost:
+            span = ctx.api.store[Kind.SPAN].get(t.span)
+            if t.lost_reason != "SpanDeleted" and not exempt and getattr(span, "state", None) is not SpanState.ABSENT:
+                ctx.fail(
+                    f"outcome: {op.type} {op.name} Succeeded saying {t.span} was left Absent ({t.lost_reason}), "
+                    f"but it is {getattr(span, 'state', 'gone')}"
+                )
+        if reshape:
+            self.ctx.bump(f"{op.type.value.lower()} PartiallyPlaced" if lost else f"{op.type.value.lower()} placed")
+            for reason in sorted({t.lost_reason for t in lost}):
+                self.ctx.bump(f"{op.type.value.lower()} new span given up {reason}")
 
     def _check_intent(self, op: SpanOperator) -> None:
         ctx = self.ctx

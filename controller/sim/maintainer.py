@@ -72,6 +72,11 @@ class SimMaintainer:
         """One decision, applied. May end with the process killed or, for a zombie, fenced."""
         ctx = self.ctx
         self.sync()
+        if self.changefeed not in self.cache.objects[Kind.CHANGEFEED]:
+            # As in production: the loop of a changefeed that is gone from the cache ends.
+            ctx.trace.add(f"  {self.identity}: changefeed gone; its loop ends")
+            self.stop()
+            return
         world = self.world()
         decision = decide(world, self.memory, self.options)
         self.memory = decision.memory
@@ -84,8 +89,9 @@ class SimMaintainer:
         if decision.chains:
             ctx.trace.add(f"  {who} tick: {len(decision.chains)} chains")
         if self.zombie:  # it no longer holds the Lease: its successor may already have listed
-            made = (w.obj for c in decision.chains for w in c.writes if isinstance(w, Create))
+            made = [w.obj for c in decision.chains for w in c.writes if isinstance(w, Create)]
             ctx.zombie_spans.update(o.name for o in made if isinstance(o, Span))
+            ctx.zombie_made.update((o.kind, o.name) for o in made)
             # A user's span the zombie accepts from its stale view may overlap spans its successor
             # created meanwhile (seed 1766): the successor's overlap repair resolves it.
             written = (w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus))
@@ -94,10 +100,11 @@ class SimMaintainer:
                 for o in written
                 if isinstance(o, Span) and o.state is not None and getattr(world.spans.get(o.name), "state", 0) is None
             )
-            started = (w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus))
+            started = [w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus)]
             ctx.zombie_ops.update(
                 o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING
             )
+            ctx.zombie_written_ops.update(o.name for o in started if isinstance(o, SpanOperator))
         out = executor.apply(ctx.api, self.cache, decision, kill, self.events, ctx.trace.add)
         ctx.bump("writes", out.writes)
         if out.killed:

@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING
 
 from controller.model.keys import KeyError_, KeyRange
 from controller.model.records import Capture, Changefeed, SchedulerConfig, Span, SpanOperator, Table
-from controller.model.states import Kind, Mode, OpSource, OpType, SpanState
-from controller.sim.captures import HOLD_CLOSE, PAUSE_CREATE
+from controller.model.states import CHANGEFEED_FINALIZER, Kind, Mode, OpSource, OpType, SpanState
+from controller.sim.captures import HOLD_CLOSE, LEASE, PAUSE_CREATE
 
 if TYPE_CHECKING:
     from controller.sim.history import Sim
 
 CF = "cf"
+#: What users no longer do for a changefeed they deleted.
+CHANGEFEED_EVENTS = ("table add", "user op", "user span", "pause")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Workload:
         self.burst_until = 0.0
         self.faults_until = 0.0
         self.expect: dict[str, Expect] = {}
+        self.join_at: float | None = None  # a capture joins then (after an outage)
 
     # -- setup -------------------------------------------------------------------------------------
 
@@ -91,6 +94,10 @@ class Workload:
             api.faults.watch_delay = 0.5
         if ctx.now >= self.faults_until:
             api.faults.p500 = api.faults.p409 = 0.0
+        if self.join_at is not None and ctx.now >= self.join_at:
+            self.join_at = None
+            self.sim.captures.join()
+            ctx.bump("capture join")
         r = rng.random()
         table: list[tuple[float, str]] = [
             (0.05, "table add"),
@@ -109,7 +116,11 @@ class Workload:
             (0.03, "write faults"),
             (0.02, "table traffic"),
             (0.006, "pause"),
+            (0.003, "changefeed delete"),
         ]
+        if ctx.cf_deleted_at is not None:
+            # Deleted: users stop writing for it (creates naming it would be the user's own leftovers).
+            table = [(p, w) for p, w in table if w not in CHANGEFEED_EVENTS]
         for p, what in table:
             if r < p:
                 self.do(what)
@@ -184,6 +195,8 @@ class Workload:
                 api.update_spec(replace(t, write_rate=rate, region_count=regions))
                 ctx.bump("table traffic")
                 ctx.trace.add(f"  table {t.name}: writeRate={rate:g} regionCount={regions}")
+        elif what == "changefeed delete":
+            self.delete_changefeed()
         elif what == "pause":
             cf = api.get(Kind.CHANGEFEED, CF)
             assert isinstance(cf, Changefeed)
@@ -196,6 +209,18 @@ class Workload:
             self.faults_until = ctx.now + rng.uniform(1.0, 6.0)
             ctx.bump("fault burst")
             ctx.trace.add(f"  write faults: 500 p={api.faults.p500:.2f}, 409 p={api.faults.p409:.2f}")
+
+    def delete_changefeed(self) -> None:
+        """``kubectl delete changefeed``: its teardown must stop replication and remove its objects."""
+        ctx = self.ctx
+        if ctx.cf_deleted_at is not None:
+            return
+        cf = ctx.api.get(Kind.CHANGEFEED, CF)
+        ctx.cf_teardown = cf is not None and CHANGEFEED_FINALIZER in cf.finalizers
+        ctx.api.delete(Kind.CHANGEFEED, CF, faulty=False)
+        ctx.cf_deleted_at = ctx.now
+        ctx.bump("changefeed delete")
+        ctx.trace.add("  kubectl delete changefeed")
 
     # -- tables and spans ----------------------------------------------------------------------------
 
@@ -318,6 +343,23 @@ class Workload:
             self.expect[name] = expect
         ctx.bump("user op")
         ctx.trace.add(f"  kubectl apply {op.type.value} {name} spans={list(op.spans)} target={op.target!r}")
+        if expect is not None and expect.type in (OpType.SPLIT, OpType.MERGE) and rng.random() < 0.08:
+            self.outage(span)
+
+    def outage(self, span: Span) -> None:
+        """Every capture stops renewing its Lease under a Split or Merge: they fence themselves, and the
+        new spans are made when no capture is live (the origin held closing, so it is still in RemoveOrigin
+        then; a maintainer killed around then, half the time). A capture joins some time later."""
+        ctx, rng, caps = self.ctx, self.ctx.rng, self.sim.captures
+        if span.capture and rng.random() < 0.7:
+            self.set_hook(span.capture, HOLD_CLOSE, span.table_id)
+        for name in caps.alive_names():
+            caps.all[name].renew_ok = False
+        self.join_at = ctx.now + rng.uniform(LEASE + 2.0, LEASE + 20.0)
+        if rng.random() < 0.5:
+            self.sim.schedule_kill(rng.randint(0, 6), delay=rng.uniform(LEASE - 3.0, LEASE + 3.0))
+        ctx.bump("capture outage")
+        ctx.trace.add(f"  every capture's Lease renewals start failing; one joins at t={self.join_at:.1f}")
 
     def _split(self, name: str, span: Span) -> tuple[SpanOperator, Expect | None]:
         rng = self.ctx.rng

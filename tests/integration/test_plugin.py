@@ -18,6 +18,7 @@ import yaml
 
 from controller.cli.__main__ import main
 from controller.model.keys import KeyRange
+from controller.model.records import SpanOperator
 from controller.model.states import OpPhase, OpSource, SpanState
 from tests.integration.harness import CHANGEFEED, GROUP, Api, Snap, System, Watch, all_settled, set_hooks
 
@@ -272,3 +273,78 @@ def test_plugin_wait_shows_a_failure_of_the_maintainer(
     with watch.explained(snap):
         assert snap.spans[span.name].state is SpanState.REPLICATING
         assert snap.spans[span.name].capture != dest
+
+
+def _user_op_in(snap: Snap, stage: str) -> SpanOperator | None:
+    ops = [o for o in snap.operators.values() if o.source is OpSource.USER and o.phase is OpPhase.RUNNING]
+    return next((o for o in ops if o.stage.value == stage), None)
+
+
+def test_plugin_wait_split_and_merge_succeed_partially_placed_when_every_destination_dies(
+    api: Api, system: System, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found on a real cluster: a Split whose children's destinations all died ended Failed (DestinationLost)
+    and ``split --wait`` exited 1, although the parent was gone and the children existed. Now the Split
+    (and a Merge in the same case) succeeds "PartiallyPlaced": ``--wait`` exits 0, prints the reason and
+    why each new span was not placed, and the basic scheduler places the new spans on a live capture."""
+    cli = Cli(api, capsys)
+    watch, snap = boot(api, system, {1: 0})
+    (whole,) = snap.spans_of(1)
+
+    def follow(*args: str) -> tuple[threading.Thread, list[tuple[int, str, str]]]:
+        result: list[tuple[int, str, str]] = []
+        waiter = threading.Thread(target=lambda: result.append(cli(*args, "--wait", "--timeout", WAIT)))
+        waiter.start()
+        return waiter, result
+
+    def finished(waiter: threading.Thread, result: list[tuple[int, str, str]]) -> tuple[int, str, str]:
+        waiter.join(timeout=float(WAIT) + 30)
+        assert not waiter.is_alive()
+        ((rc, out, err),) = result
+        return rc, out, err
+
+    # -- split: every child's destination killed while the children wait in AddSpans --------------------
+    set_hooks(api, system, CAPTURES, pause_create="*")
+    waiter, result = follow("split", whole.name, "--into", "2")
+    op = _user_op_in(watch.until(lambda s: _user_op_in(s, "AddSpans"), "the Split in AddSpans", SETTLE), "AddSpans")
+    assert op is not None
+    dests = sorted({t.capture for t in op.targets})
+    survivors = [c for c in CAPTURES if c not in dests]
+    assert survivors, dests
+    for dest in dests:
+        system.signal(dest)  # SIGKILL: its Lease lapses, the maintainer gives the child up
+    rc, out, err = finished(waiter, result)
+    assert (rc, err) == (0, ""), out + err
+    assert "Running/AddSpans" in out
+    assert f"Split {op.name} succeeded (PartiallyPlaced)" in out
+    for t in op.targets:
+        assert f"span {t.span} " in out
+        assert f"not placed (DestinationLost): destination capture {t.capture} lost" in out
+    set_hooks(api, system, survivors, pause_create=None)
+    snap = watch.until(settled, "the children placed by the basic scheduler", SETTLE)
+    with watch.explained(snap):
+        children = snap.spans_of(1)
+        assert [c.name for c in children] == [t.span for t in op.targets]
+        assert {c.capture for c in children} <= set(survivors)
+        assert snap.operators[op.name].status_reason == "PartiallyPlaced"
+
+    # -- merge: the merged span's destination killed while it waits in AddSpans --------------------------
+    system.capture("c3")
+    watch.until(lambda s: s.alive("c3"), "capture c3 registered", 30)
+    live = [*survivors, "c3"]
+    set_hooks(api, system, live, pause_create="*")
+    waiter, result = follow("merge", *(c.name for c in children))
+    op = _user_op_in(watch.until(lambda s: _user_op_in(s, "AddSpans"), "the Merge in AddSpans", SETTLE), "AddSpans")
+    assert op is not None
+    ((dest, merged),) = [(t.capture, t.span) for t in op.targets]
+    system.signal(dest)
+    rc, out, err = finished(waiter, result)
+    assert (rc, err) == (0, ""), out + err
+    assert f"Merge {op.name} succeeded (PartiallyPlaced)" in out
+    assert f"span {merged} " in out
+    assert f"not placed (DestinationLost): destination capture {dest} lost" in out
+    set_hooks(api, system, [c for c in live if c != dest], pause_create=None)
+    snap = watch.until(settled, "the merged span placed by the basic scheduler", SETTLE)
+    with watch.explained(snap):
+        (span,) = snap.spans_of(1)
+        assert (span.name, span.key_range, span.state) == (merged, whole.key_range, SpanState.REPLICATING)

@@ -19,7 +19,7 @@ import pytest
 from controller.apiserver import ApiServerHandle, start_server
 from controller.engine.maintainer import Decision, Memory
 from controller.engine.world import World
-from controller.kube.client import RESOURCES, Client, Config
+from controller.kube.client import LEASES, RESOURCES, Client, Config
 from controller.maintainer import runner
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model.states import API_VERSION, Kind
@@ -125,6 +125,48 @@ def test_a_write_timeout_abandons_the_chain_not_the_loop(server: ApiServerHandle
                 cf = await client.get(RESOURCES[Kind.CHANGEFEED], ns, CF)
                 await until(lambda: CF in m.leading, "leadership kept")
                 assert cf["status"]["epoch"] == m.stats.epochs[CF]
+            finally:
+                await m.stop()
+
+    asyncio.run(main())
+
+
+class GatedClient(Client):
+    """LISTs of Dispatchers and GETs of Leases wait until their gate opens."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.lists = asyncio.Event()
+        self.leases = asyncio.Event()
+
+    async def list(self, res: Any, namespace: str, label_selector: str = "") -> Any:
+        if res is RESOURCES[Kind.DISPATCHER]:
+            await self.lists.wait()
+        return await super().list(res, namespace, label_selector)
+
+    async def get(self, res: Any, namespace: str, name: str) -> Any:
+        if res is LEASES:
+            await self.leases.wait()
+        return await super().get(res, namespace, name)
+
+
+def test_readiness_needs_every_kind_listed_and_a_bid_for_every_lease(server: ApiServerHandle) -> None:
+    async def main() -> None:
+        async with GatedClient(Config.load(str(server.kubeconfig_path))) as client:
+            ns = await setup(client)
+            m = Maintainer(client, settings(ns))
+            assert m.ready() == (False, "starting")
+            await m.start()
+            try:
+                await until(lambda: m.informer.unlisted() == ["Dispatcher"], "every other kind listed")
+                assert m.ready() == (False, "not yet listed: Dispatcher")
+                client.lists.set()
+                await until(lambda: m.informer.synced.is_set() and CF in m.loops, "the changefeed's loop")
+                assert m.ready() == (False, f"not yet competing for the Lease of {CF}")
+                client.leases.set()
+                await until(lambda: m.ready()[0], "ready")
+                await until(lambda: CF in m.leading, "leading")
+                assert m.ready() == (True, "1 changefeed(s), leading 1")
             finally:
                 await m.stop()
 

@@ -29,6 +29,7 @@ from controller.model.records import (
     Target,
 )
 from controller.model.states import (
+    CHANGEFEED_FINALIZER,
     DISPATCHER_FINALIZER,
     TABLE_FINALIZER,
     DispatcherState,
@@ -73,7 +74,14 @@ __all__ = [
 
 def changefeed(**kw: object) -> Changefeed:
     base: dict[str, object] = dict(
-        name=CF, uid="uid-cf", resource_version="1", start_ts=100, epoch=EPOCH, holder=IDENTITY, checkpoint_ts=100
+        name=CF,
+        uid="uid-cf",
+        resource_version="1",
+        start_ts=100,
+        epoch=EPOCH,
+        holder=IDENTITY,
+        checkpoint_ts=100,
+        finalizers=(CHANGEFEED_FINALIZER,),  # a live changefeed carries the teardown finalizer
     )
     base.update(kw)
     return Changefeed(**base)  # type: ignore[arg-type]

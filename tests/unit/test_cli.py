@@ -563,16 +563,25 @@ def test_operators_recent_and_all() -> None:
 def test_progress_and_outcome() -> None:
     op = operator("split-1", ("p",), type=OpType.SPLIT, phase=OpPhase.RUNNING, stage=Stage.ADD_SPANS)
     assert render.progress(op, 1.25) == "   1.2s  split-1  Running/AddSpans"
-    ok = replace(
-        op,
-        phase=OpPhase.SUCCEEDED,
-        targets=(Target(span="c1", key_range=LOW, capture="c0"), Target(span="c2", key_range=HIGH, lost=True)),
+    ok = replace(op, phase=OpPhase.SUCCEEDED, targets=(Target(span="c1", key_range=LOW, capture="c0"),))
+    assert render.outcome(ok) == ["Split split-1 succeeded", f"  span c1 [{LOW.hex()[0]}, {LOW.hex()[1]}) on c0"]
+    lost = Target(
+        span="c2",
+        key_range=HIGH,
+        capture="c1",
+        lost=True,
+        lost_reason="DestinationLost",
+        lost_message="destination capture c1 lost; left Absent for the basic scheduler",
     )
-    assert render.outcome(ok) == [
-        "Split split-1 succeeded",
+    partial = replace(ok, status_reason="PartiallyPlaced", targets=(*ok.targets, lost))
+    assert render.outcome(partial) == [
+        "Split split-1 succeeded (PartiallyPlaced)",
         f"  span c1 [{LOW.hex()[0]}, {LOW.hex()[1]}) on c0",
-        f"  span c2 [{HIGH.hex()[0]}, {HIGH.hex()[1]}) left Absent (destination lost)",
+        f"  span c2 [{HIGH.hex()[0]}, {HIGH.hex()[1]}) not placed (DestinationLost): "
+        "destination capture c1 lost; left Absent for the basic scheduler",
     ]
+    legacy = replace(partial, targets=(*ok.targets, Target(span="c2", key_range=HIGH, lost=True)))
+    assert render.outcome(legacy)[-1].endswith(") not placed: left Absent for the basic scheduler")
     bad = replace(op, phase=OpPhase.CANCELED, status_reason="Conflict", message="owned by another")
     assert render.outcome(bad) == ["Split split-1 Canceled: Conflict: owned by another"]
     assert render.op_state(bad) == "Canceled (Conflict)"
@@ -1069,3 +1078,64 @@ def test_the_operator_watch_backs_off_on_errors_other_than_410(monkeypatch: pyte
     final = asyncio.run(follow_operator(session, created, 5.0, lambda line: None))
     assert final.phase is OpPhase.SUCCEEDED
     assert sleeps == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]  # none after the 410: an expiry, resumed at once
+
+
+class FinishingClient(FakeClient):
+    """The operator watch reports the SpanOperator just created as the maintainer finished it: ``finish(op)``."""
+
+    def __init__(self, objects: dict[str, list[dict[str, Any]]], finish: Callable[[SpanOperator], SpanOperator]):
+        super().__init__(objects)
+        self.finish = finish
+
+    async def watch(self, res: Any, namespace: str, rv: str, **kw: Any) -> AsyncGenerator[dict[str, Any]]:
+        created = conv.operator_from_resource(self.objects["spanoperators"][-1])
+        yield {"type": "MODIFIED", "object": conv.to_resource(replace(self.finish(created), resource_version="6"))}
+        await asyncio.sleep(3600)
+
+
+def _partially_placed(reason: str, message: str, capture: str = "") -> Callable[[SpanOperator], SpanOperator]:
+    """The maintainer's outcome when none of the new spans could be placed (every destination lost)."""
+
+    def finish(op: SpanOperator) -> SpanOperator:
+        spans = [f"{op.name}-new{i}" for i in range(max(op.split_into, 1))]
+        ranges = LOW.split_at(LOW.even_split_keys(len(spans))) if len(spans) > 1 else (T1,)
+        targets = tuple(
+            Target(span=s, key_range=r, capture=capture, done=True, lost=True, lost_reason=reason, lost_message=message)
+            for s, r in zip(spans, ranges, strict=True)
+        )
+        return replace(
+            op,
+            phase=OpPhase.SUCCEEDED,
+            stage=Stage.ADD_SPANS,
+            status_reason="PartiallyPlaced",
+            message=f"{len(targets)} of {len(targets)} new spans not placed: ...",
+            targets=targets,
+        )
+
+    return finish
+
+
+def test_split_and_merge_wait_exit_0_and_print_partially_placed_when_no_new_span_was_placed(plugin: Plugin) -> None:
+    """A Split or Merge whose new spans exist but were all left Absent (destinations lost) did what was asked:
+    ``--wait`` exits 0, prints PartiallyPlaced and, per new span, why it was not placed."""
+    lost = "destination capture c1 lost; left Absent for the basic scheduler"
+    client = FinishingClient(world(), _partially_placed("DestinationLost", lost, "c1"))
+    rc, out, err = plugin(client, "split", "a", "--into", "2", "--wait")
+    (name,) = client.attempted
+    assert (rc, err) == (0, ""), out + err
+    lines = out.splitlines()
+    assert lines[-3:] == [
+        f"Split {name} succeeded (PartiallyPlaced)",
+        *(f"  span {name}-new{i} [{r.hex()[0]}, {r.hex()[1]}) not placed (DestinationLost): {lost}"
+          for i, r in enumerate(LOW.split_at(LOW.even_split_keys(2)))),
+    ]
+    assert any(line.endswith(f"{name}  Succeeded (PartiallyPlaced)") for line in lines)
+    none = "no live, non-draining capture (c0, c1, c2 lost); left Absent for the basic scheduler, which places ..."
+    client = FinishingClient(world(), _partially_placed("NoCapture", none))
+    rc, out, err = plugin(client, "merge", "a", "b", "--wait")
+    (name,) = client.attempted
+    assert (rc, err) == (0, ""), out + err
+    assert out.splitlines()[-2:] == [
+        f"Merge {name} succeeded (PartiallyPlaced)",
+        f"  span {name}-new0 [{T1.hex()[0]}, {T1.hex()[1]}) not placed (NoCapture): {none}",
+    ]

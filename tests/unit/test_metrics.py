@@ -143,6 +143,33 @@ def test_operators_in_flight_by_type_phase_and_stage() -> None:
     assert h.value("operators_in_flight", changefeed=OTHER, type="Move", phase="Running", stage="AddDest") is None
 
 
+def test_oldest_operator_in_flight_by_type_and_stage() -> None:
+    h = Harness()
+    now = time.time()
+    h.offer(operator("old", OpPhase.RUNNING, Stage.REMOVE_ORIGIN, created=now - 900, started_at=now - 600))
+    h.offer(operator("new", OpPhase.RUNNING, Stage.REMOVE_ORIGIN, created=now - 30, started_at=now - 20))
+    h.offer(operator("queued", OpPhase.PENDING, created=now - 120))  # not started: from its creation
+    h.offer(operator("done", OpPhase.FAILED, Stage.ADD_DEST, created=now - 5000, started_at=now - 5000))
+    h.offer(operator("theirs", OpPhase.RUNNING, Stage.ADD_DEST, cf=OTHER, started_at=now - 5000))
+    age = h.value("operator_oldest_in_flight_seconds", changefeed=CF, type="Move", stage="RemoveOrigin")
+    assert age is not None
+    assert 600 <= age < 660
+    pending = h.value("operator_oldest_in_flight_seconds", changefeed=CF, type="Move", stage="None")
+    assert pending is not None
+    assert 120 <= pending < 180
+    assert h.value("operator_oldest_in_flight_seconds", changefeed=CF, type="Move", stage="AddDest") is None
+    assert h.value("operator_oldest_in_flight_seconds", changefeed=OTHER, type="Move", stage="AddDest") is None
+
+
+def test_changefeed_info_from_every_replica_leader_or_not() -> None:
+    h = Harness(leading=())
+    h.offer(Changefeed(name=CF))
+    h.offer(Changefeed(name=OTHER, deleting=True))
+    assert h.value("changefeed_info", changefeed=CF) == 1
+    assert h.value("changefeed_info", changefeed=OTHER) is None  # being deleted: nobody needs to lead it
+    assert h.value("leader", changefeed=CF) is None
+
+
 def test_checkpoint_lag_from_the_tso_and_absent_while_unknown() -> None:
     assert checkpoint_lag(0, 100.0) is None
     assert checkpoint_lag(tso(90_000, 7), 100.0) == pytest.approx(10.0)
@@ -236,6 +263,29 @@ def test_operator_duration_not_observed_without_a_transition_or_leadership() -> 
     other = h.offer(operator("elsewhere", OpPhase.RUNNING, Stage.ADD_DEST, cf=OTHER, started_at=1.0))
     h.offer(other.evolve(phase=OpPhase.SUCCEEDED, finished_at=2.0))
     assert histogram(h, "count", "Move", "Succeeded") is None
+
+
+def test_failed_operators_counted_once_per_led_changefeed_and_type_from_zero() -> None:
+    h = Harness(leading=(CF,))
+    for op_type in OpType:  # every type of a led changefeed is exported from 0
+        assert h.value("operators_failed_total", changefeed=CF, type=op_type.value) == 0
+    assert h.value("operators_failed_total", changefeed=OTHER, type="Move") is None
+    mv = h.offer(operator("mv", OpPhase.RUNNING, Stage.ADD_DEST, started_at=10.0))
+    failed = h.offer(mv.evolve(phase=OpPhase.FAILED, status_reason="CaptureLost", finished_at=12.0))
+    h.offer(failed.evolve(message="again"))
+    h.relist(Kind.OPERATOR)
+    # Failed before this process saw it, or in a changefeed led elsewhere: not counted.
+    h.offer(operator("old", OpPhase.FAILED, type=OpType.ADD))
+    theirs = h.offer(operator("theirs", OpPhase.RUNNING, Stage.ADD_DEST, cf=OTHER))
+    h.offer(theirs.evolve(phase=OpPhase.FAILED))
+    # Pending operators that fail never started: counted too (no duration needed).
+    sp = h.offer(operator("sp", OpPhase.PENDING, type=OpType.SPLIT, created=0.0))
+    h.offer(sp.evolve(phase=OpPhase.FAILED))
+    assert h.value("operators_failed_total", changefeed=CF, type="Move") == 1
+    assert h.value("operators_failed_total", changefeed=CF, type="Split") == 1
+    assert h.value("operators_failed_total", changefeed=CF, type="Add") == 0
+    h.m.leading.add(OTHER)
+    assert h.value("operators_failed_total", changefeed=OTHER, type="Move") == 0
 
 
 def test_operator_duration_per_uid_and_after_a_relist() -> None:
@@ -333,7 +383,10 @@ def test_text_exposition_parses_and_registries_are_per_maintainer() -> None:
     a, b = Harness(), Harness()
     a.offer(span("a", SpanState.REPLICATING, "c1"))
     b.m.metrics.write_error("Conflict")
-    assert a.value("api_write_errors_total", reason="Conflict") is None  # nothing shared
+    b.m.metrics.write_error("Forbidden")
+    assert a.value("api_write_errors_total", reason="Forbidden") is None  # nothing shared
+    assert a.value("api_write_errors_total", reason="Conflict") == 0  # exported from 0
+    assert b.value("api_write_errors_total", reason="Conflict") == 1
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(a.registry).decode())}
     ours = {n for n in families if n.startswith(PREFIX)}
     for name in (
@@ -347,6 +400,9 @@ def test_text_exposition_parses_and_registries_are_per_maintainer() -> None:
         "decisions",
         "writes",
         "api_write_errors",
+        "changefeed_info",
+        "operator_oldest_in_flight_seconds",
+        "operators_failed",
     ):
         assert PREFIX + name in ours, name
     assert families[PREFIX + "decisions"].type == "counter"

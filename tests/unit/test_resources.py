@@ -952,7 +952,8 @@ def test_other_kinds_strictness() -> None:
         "status": {"state": "Gone"},
     }
     with pytest.raises(
-        InvalidResource, match=r"^Table t: status.state: 'Gone' is not one of 'Active', 'Invalid', 'Removing'$"
+        InvalidResource,
+        match=r"^Table t: status.state: 'Gone' is not one of 'Active', 'Invalid', 'Removing', 'Detached'$",
     ):
         from_resource(table)
     table = {

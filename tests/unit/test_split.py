@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from controller.engine.maintainer import decide
+from controller.engine.maintainer import Memory, decide
 from controller.model.keys import KeyRange
 from tests.unit.fixtures import (
+    EPOCH,
     DispatcherState,
     Kind,
     OpPhase,
@@ -16,9 +17,12 @@ from tests.unit.fixtures import (
     Origin,
     SpanState,
     Stage,
+    Store,
     Target,
     capture,
+    changefeed,
     created,
+    describe,
     dispatcher,
     flat,
     last_status,
@@ -188,3 +192,160 @@ def test_add_spans_child_destination_lost_partially_placed():
     assert (rec.phase, rec.status_reason) == (OpPhase.SUCCEEDED, "PartiallyPlaced")
     assert [(t.done, t.lost) for t in rec.targets] == [(True, False), (True, True)]
     assert statuses(dec, Kind.SPAN, "child1")[0].state is SpanState.ABSENT
+
+
+# -- destinations lost (found on a real cluster) -------------------------------------------------------------
+#
+# Once the children exist and the parent is gone, the split has done what was asked: a child that cannot
+# be placed is left Absent for the basic scheduler, and the split ends Succeeded ("PartiallyPlaced"), never
+# Failed. Before the children exist, losing every capture does not stop the split either: the children are
+# created (no capture is needed for that) and left Absent, and the message names the captures.
+
+
+def _placing(targets, caps):
+    kids = [
+        span(f"child{i}", key_range=t.key_range, state=SpanState.SCHEDULING, operator="sp", capture=t.capture,
+             dispatcher=t.dispatcher, checkpoint_ts=130)
+        for i, t in enumerate(targets)
+    ]
+    op = operator("sp", OpType.SPLIT, ("s1",), OpPhase.RUNNING, Stage.ADD_SPANS, origins=(ORIGIN,), targets=targets,
+                  checkpoint_ts=130)
+    return [table(1), *caps, *kids, op]
+
+
+def test_add_spans_every_child_destination_lost_succeeds_partially_placed():
+    """The cluster bug: both children on c1, c1 lost before either dispatcher existed. Was: Failed
+    (DestinationLost), though the parent was gone and the children existed (and were placed later)."""
+    caps = [capture("c0"), capture("c1", alive=False)]
+    targets = tuple(replace(t, capture="c1", dispatcher=f"k{i}", start_ts=130) for i, t in enumerate(CHILDREN))
+    dec = decide(world(*_placing(targets, caps)), memory())
+    settle = [("status", "Span", "child0"), ("status", "Span", "child1")]
+    assert flat(dec)[:3] == [*settle, ("status", "SpanOperator", "sp")]
+    assert ("event", "SpanOperator", "sp", "OperatorFailed") not in flat(dec)
+    rec = last_status(dec, Kind.OPERATOR, "sp")
+    assert (rec.phase, rec.status_reason) == (OpPhase.SUCCEEDED, "PartiallyPlaced")
+    assert rec.message == (
+        "2 of 2 new spans not placed (the Split itself is done): child0, child1: "
+        "destination capture c1 lost; left Absent for the basic scheduler"
+    )
+    assert [(t.done, t.lost, t.lost_reason) for t in rec.targets] == [(True, True, "DestinationLost")] * 2
+    for name in ("child0", "child1"):
+        kid = last_status(dec, Kind.SPAN, name)
+        assert (kid.state, kid.operator, kid.capture, kid.checkpoint_ts) == (SpanState.ABSENT, "", "", 130)
+
+
+def test_add_spans_one_child_destination_lost_names_it_and_why():
+    caps = [capture("c0"), capture("c1", alive=False)]
+    targets = (
+        replace(CHILDREN[0], capture="c0", dispatcher="k0", start_ts=130),
+        replace(CHILDREN[1], capture="c1", dispatcher="k1", start_ts=130),
+    )
+    recs = _placing(targets, caps)
+    k0 = dispatcher("k0", recs[3], "c0", DispatcherState.WORKING, checkpoint_ts=140)
+    rec = last_status(decide(world(*recs, k0), memory()), Kind.OPERATOR, "sp")
+    assert (rec.phase, rec.status_reason) == (OpPhase.SUCCEEDED, "PartiallyPlaced")
+    assert rec.message == (
+        "1 of 2 new spans not placed (the Split itself is done): child1: "
+        "destination capture c1 lost; left Absent for the basic scheduler"
+    )
+    assert [(t.lost, t.lost_reason) for t in rec.targets] == [(False, ""), (True, "DestinationLost")]
+
+
+def _run(st: Store, mem, until, limit=40):
+    for _ in range(limit):
+        if until():
+            return mem
+        _, mem = st.step(mem)
+    raise AssertionError(f"not reached in {limit} steps: {sorted(st.objects)}")
+
+
+def _every_capture_lost() -> Store:
+    """The parent on c0, its dispatcher d1 still there; c0 and c1 both lost; the split in RemoveOrigin."""
+    st = Store()
+    st.add(changefeed(), table(1), capture("c0", alive=False), capture("c1", alive=False))
+    st.lost = {"c0", "c1"}
+    st.add(*at(Stage.REMOVE_ORIGIN, D1)[1 + len(CAPS) :])  # the parent (Removing), the operator, d1
+    return st
+
+
+def _finished(st: Store) -> bool:
+    return st.get(Kind.OPERATOR, "sp").phase.terminal  # type: ignore[union-attr]
+
+
+def test_every_capture_lost_before_the_children_exist_creates_them_absent_and_succeeds():
+    """Was: the children were created with no destination, then given up as "destination capture (none)
+    lost" and the split Failed. Now: the origin on the lost capture is released, the children are
+    created all the same, left Absent (no dispatcher anywhere), and the message names the captures."""
+    st = _every_capture_lost()
+    mem = _run(st, memory(), lambda: _finished(st))
+    op = st.get(Kind.OPERATOR, "sp")
+    assert (op.phase, op.status_reason) == (OpPhase.SUCCEEDED, "PartiallyPlaced")
+    assert op.message == (
+        "2 of 2 new spans not placed (the Split itself is done): child0, child1: no live, non-draining capture "
+        "(c0, c1 lost); left Absent for the basic scheduler, which places Absent spans as soon as a capture is live"
+    )
+    assert [(t.capture, t.lost_reason) for t in op.targets] == [("", "NoCapture")] * 2
+    assert st.get(Kind.SPAN, "s1") is None
+    kids = [st.get(Kind.SPAN, f"child{i}") for i in range(2)]
+    assert [(k.key_range, k.state, k.checkpoint_ts) for k in kids] == [(r, SpanState.ABSENT, 130) for r in pieces(1, 2)]
+    assert st.of(Kind.DISPATCHER) == {}
+    assert not [e for e in st.events if e[1] == "OperatorFailed"]
+    # A capture comes back: the basic scheduler places both children on it.
+    st.add(capture("c2"))
+    _run(st, mem, lambda: all(st.get(Kind.SPAN, f"child{i}").state is SpanState.REPLICATING for i in range(2)))
+    assert {st.get(Kind.SPAN, f"child{i}").capture for i in range(2)} == {"c2"}
+
+
+def test_every_capture_lost_maintainer_killed_at_any_write_finishes_with_the_same_outcome():
+    """A maintainer killed after any prefix of the decision that creates the children (every capture lost),
+    and a new one with no memory: the same children, the same outcome, the same message."""
+    st = _every_capture_lost()
+    mem = _run(st, memory(), lambda: st.get(Kind.DISPATCHER, "d1") is None)
+    dec = decide(st.world(), mem)
+    (chain,) = [c for c in dec.chains if any(describe(w)[1:3] == ("SpanOperator", "sp") for w in c.writes)]
+    outcomes = set()
+    for cut in range(len(chain.writes) + 1):
+        st = _every_capture_lost()
+        mem = _run(st, memory(), lambda st=st: st.get(Kind.DISPATCHER, "d1") is None)
+        st.apply_chain(chain, cut)
+        fresh = Memory(epoch=EPOCH + 1, identity="m2")
+        _run(st, fresh, lambda st=st: _finished(st))
+        op = st.get(Kind.OPERATOR, "sp")
+        kids = tuple((k.name, k.key_range, k.state) for k in (st.get(Kind.SPAN, f"child{i}") for i in range(2)))
+        outcomes.add((op.phase, op.status_reason, op.message, kids, st.get(Kind.SPAN, "s1") is None))
+    (only,) = outcomes
+    assert only[:2] == (OpPhase.SUCCEEDED, "PartiallyPlaced")
+    assert only[3] == (("child0", pieces(1, 2)[0], SpanState.ABSENT), ("child1", pieces(1, 2)[1], SpanState.ABSENT))
+    assert only[4]
+
+
+def test_restarted_maintainer_keeps_the_recorded_reason_of_a_child_given_up():
+    """child1 was given up when c1 was lost; the maintainer restarted; c1 came back under the same name (a
+    StatefulSet pod). The outcome is the record's, not re-judged from the world: was "KeysBusy" ("another
+    span's dispatcher runs these keys"), since c1 is alive now."""
+    lost = replace(
+        CHILDREN[1], capture="c1", dispatcher="k1", start_ts=130, done=True, lost=True, lost_reason="DestinationLost",
+        lost_message="destination capture c1 lost; left Absent for the basic scheduler",
+    )
+    targets = (replace(CHILDREN[0], capture="c0", dispatcher="k0", start_ts=130), lost)
+    recs = _placing(targets, CAPS)
+    child1 = replace(recs[4], state=SpanState.ABSENT, operator="", capture="", dispatcher="")
+    k0 = dispatcher("k0", recs[3], "c0", DispatcherState.WORKING, checkpoint_ts=140)
+    fresh = Memory(epoch=EPOCH + 1, identity="m2")
+    w = world(*recs[:4], child1, recs[5], k0, cf=changefeed(epoch=EPOCH + 1, holder="m2"))
+    rec = last_status(decide(w, fresh), Kind.OPERATOR, "sp")
+    assert (rec.phase, rec.status_reason) == (OpPhase.SUCCEEDED, "PartiallyPlaced")
+    assert rec.message.endswith("child1: destination capture c1 lost; left Absent for the basic scheduler")
+
+
+def test_every_child_deleted_by_hand_fails_span_deleted():
+    """The one way a split that created its children still fails: a person deleted all of them."""
+    targets = tuple(replace(t, capture="c0", dispatcher=f"k{i}", start_ts=130) for i, t in enumerate(CHILDREN))
+    op = operator("sp", OpType.SPLIT, ("s1",), OpPhase.RUNNING, Stage.ADD_SPANS, origins=(ORIGIN,), targets=targets,
+                  checkpoint_ts=130)
+    dec = decide(world(table(1), *CAPS, op), memory())
+    rec = last_status(dec, Kind.OPERATOR, "sp")
+    assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "SpanDeleted")
+    assert rec.message == (
+        "every new span was deleted by hand mid-way (child0, child1); the safety net re-covers their keys"
+    )

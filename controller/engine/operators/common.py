@@ -232,11 +232,14 @@ def set_span(tick: Tick, span: Span, **changes: object) -> list[Write]:
     return [tick.write_status(new)]
 
 
-def place_targets(tick: Tick, op: SpanOperator) -> tuple[tuple[Target, ...], list[Write], list[Write]]:
+def place_targets(
+    tick: Tick, op: SpanOperator, lost_reason: str
+) -> tuple[tuple[Target, ...], list[Write], list[Write]]:
     """Drive every unfinished target towards a Working dispatcher on its capture.
 
     Returns the updated targets, the writes that *act* (creates, deletes; to follow the operator's
-    status write), and span writes that *settle* finished targets (to precede it).
+    status write), and span writes that *settle* finished targets (to precede it). A target given up
+    records why (``lost_reason``: the operator's reason for a lost capture), in the same write.
     """
     targets: list[Target] = []
     acts: list[Write] = []
@@ -256,15 +259,19 @@ def place_targets(tick: Tick, op: SpanOperator) -> tuple[tuple[Target, ...], lis
                 acts.extend(w for x in mine for w in tick.close_dispatcher(x))
                 targets.append(t)
             else:
-                targets.append(replace(t, done=True, lost=True))
+                targets.append(give_up(t, SPAN_DELETED, SPAN_DELETED_MESSAGE))
             continue
         d = tick.dispatchers.get(t.dispatcher) if t.dispatcher else None
         others = [x for x in tick.dispatchers_of_span(t.span) if x.name != t.dispatcher]
         if not tick.capture_alive(t.capture):
-            # Destination lost: close what we made there; once nothing is left, the span goes Absent.
+            # Destination lost (or none was chosen: no capture was live then): close what we made there;
+            # once nothing is left, the span goes Absent, and why is recorded with the target.
             closing = [w for x in ([d] if d else []) + others for w in tick.close_dispatcher(x)]
             if d is None and not others:
-                targets.append(replace(t, done=True, lost=True))
+                if t.capture:
+                    targets.append(give_up(t, lost_reason, capture_lost_message(t.capture)))
+                else:
+                    targets.append(give_up(t, NO_CAPTURE, no_capture_message(tick)))
                 settles.extend(
                     set_span(
                         tick,
@@ -295,7 +302,7 @@ def place_targets(tick: Tick, op: SpanOperator) -> tuple[tuple[Target, ...], lis
                 # Another span's dispatcher runs some of these keys: only a maintainer superseded
                 # mid-write (its span creates are not fenced) can leave two accepted spans overlapping.
                 # Never run both: give up this placement; the safety net removes the newer span.
-                targets.append(replace(t, done=True, lost=True))
+                targets.append(give_up(t, KEYS_BUSY, KEYS_BUSY_MESSAGE))
                 settles.extend(set_span(tick, span, state=SpanState.ABSENT, capture="", dispatcher="", operator=""))
                 continue
             acts.append(tick.create(dispatcher_for(tick, op, t, span)))
@@ -322,32 +329,110 @@ def place_targets(tick: Tick, op: SpanOperator) -> tuple[tuple[Target, ...], lis
     return tuple(targets), acts, settles
 
 
-def advance_targets(tick: Tick, op: SpanOperator, lost_reason: str) -> list[Write]:
-    """The common AddDest/AddSpans step: place, record progress, finish when every target is done."""
-    targets, acts, settles = place_targets(tick, op)
+def advance_targets(tick: Tick, op: SpanOperator, lost_reason: str, reshape: bool = False) -> list[Write]:
+    """The common AddDest/AddSpans step: place, record progress, finish when every target is done.
+
+    ``reshape`` (Split, Merge): the targets are new spans that already exist and replaced the old ones,
+    so the operator's intent, the new shape, is achieved whatever becomes of their placement.
+    """
+    targets, acts, settles = place_targets(tick, op, lost_reason)
     if all(t.done for t in targets):
-        lost = [t for t in targets if t.lost]
-        if not lost:
-            return settles + finish(tick, op, OpPhase.SUCCEEDED, "", "", targets=targets)
-        reason, why = _why_lost(tick, lost[0], lost_reason)
-        names = ", ".join(t.span for t in lost)
-        if len(lost) == len(targets):
-            return settles + finish(tick, op, OpPhase.FAILED, reason, f"{why}: {names}", targets=targets)
-        msg = f"{len(lost)} of {len(targets)} spans not placed ({why}): {names}"
-        return settles + finish(tick, op, OpPhase.SUCCEEDED, "PartiallyPlaced", msg, targets=targets)
+        phase, reason, message = outcome(tick, op, targets, lost_reason, reshape)
+        return settles + finish(tick, op, phase, reason, message, targets=targets)
     if targets != op.targets:
         _, write = record(tick, op, targets=targets)
         return [*settles, write, *acts]
     return settles + acts
 
 
-def _why_lost(tick: Tick, t: Target, lost_reason: str) -> tuple[str, str]:
-    """Reason and message for a target given up: span deleted, keys busy, or its capture lost."""
+# -- giving a target up ----------------------------------------------------------------------------
+
+#: Why a target was given up (``Target.lost_reason``), besides the operator's own reason for a lost
+#: destination capture (CaptureLost for an Add, DestinationLost for the others).
+NO_CAPTURE = "NoCapture"
+KEYS_BUSY = "KeysBusy"
+SPAN_DELETED = "SpanDeleted"
+PARTIALLY_PLACED = "PartiallyPlaced"
+
+LEFT_ABSENT = "left Absent for the basic scheduler"
+KEYS_BUSY_MESSAGE = "another span's dispatcher runs some of these keys; left Absent, the safety net repairs the overlap"
+SPAN_DELETED_MESSAGE = "deleted by hand mid-way; the safety net re-covers its keys"
+#: Captures named in a message at most (a status message is for a person, not an inventory).
+NAMED_CAPTURES = 8
+
+
+def give_up(t: Target, reason: str, message: str) -> Target:
+    """``t`` done without a dispatcher: left Absent (or gone), with why, recorded in the same write."""
+    return replace(t, done=True, lost=True, lost_reason=reason, lost_message=message)
+
+
+def capture_lost_message(capture: str) -> str:
+    return f"destination capture {capture} lost; {LEFT_ABSENT}"
+
+
+def no_capture_message(tick: Tick) -> str:
+    """Why no capture could take a span now, naming the captures, and what happens next."""
+    caps = tick.world.captures
+    lost = sorted(n for n in caps if not tick.capture_alive(n))
+    draining = sorted(n for n in caps if tick.capture_alive(n) and caps[n].draining)
+    why = []
+    if lost:
+        why.append(f"{_listed(lost)} lost")
+    if draining:
+        why.append(f"{_listed(draining)} draining")
+    return (
+        f"no live, non-draining capture ({'; '.join(why) or 'none registered'}); {LEFT_ABSENT}, "
+        "which places Absent spans as soon as a capture is live"
+    )
+
+
+def _listed(names: list[str]) -> str:
+    more = len(names) - NAMED_CAPTURES
+    return ", ".join(names[:NAMED_CAPTURES]) + (f" and {more} more" if more > 0 else "")
+
+
+def outcome(
+    tick: Tick, op: SpanOperator, targets: tuple[Target, ...], lost_reason: str, reshape: bool
+) -> tuple[OpPhase, str, str]:
+    """Phase, reason and message of an operator whose targets are all done: a function of the record.
+
+    Add and Move fail when their one span could not be placed (placing it was the whole intent). A
+    Split or Merge succeeds once its new spans exist, even if none could be placed ("PartiallyPlaced":
+    they are Absent and the basic scheduler places them); it fails only if every new span was
+    deleted by hand, for then nothing of the new shape is left.
+    """
+    lost = [_explained(tick, t, lost_reason) for t in targets if t.lost]
+    if not lost:
+        return OpPhase.SUCCEEDED, "", ""
+    every_span_deleted = all(t.lost_reason == SPAN_DELETED for t in lost)
+    mutant = reshape and tick.mutant("reshape-fails-when-every-target-lost")
+    if len(lost) < len(targets) or (reshape and not every_span_deleted and not mutant):
+        groups: dict[str, list[str]] = {}
+        for t in lost:
+            groups.setdefault(t.lost_message, []).append(t.span)
+        kind = "new spans" if reshape else "spans"
+        done = f" (the {op.type} itself is done)" if reshape else ""
+        details = "; ".join(f"{', '.join(names)}: {why}" for why, names in groups.items())
+        return OpPhase.SUCCEEDED, PARTIALLY_PLACED, f"{len(lost)} of {len(targets)} {kind} not placed{done}: {details}"
+    names = ", ".join(t.span for t in lost)
+    if reshape and every_span_deleted:
+        message = f"every new span was deleted by hand mid-way ({names}); the safety net re-covers their keys"
+        return OpPhase.FAILED, SPAN_DELETED, message
+    first = lost[0]
+    return OpPhase.FAILED, first.lost_reason, f"{first.lost_message}: {names}"
+
+
+def _explained(tick: Tick, t: Target, lost_reason: str) -> Target:
+    """A lost target with its reason; one recorded before reasons were, explained from the world now."""
+    if t.lost_reason:
+        return t
     if t.span not in tick.spans:
-        return "SpanDeleted", "span deleted by hand mid-way; its keys are re-covered by the safety net"
+        return give_up(t, SPAN_DELETED, SPAN_DELETED_MESSAGE)
+    if not t.capture:
+        return give_up(t, NO_CAPTURE, no_capture_message(tick))
     if tick.capture_alive(t.capture):
-        return "KeysBusy", "another span's dispatcher runs these keys; left Absent, the overlap is repaired"
-    return lost_reason, f"destination capture {t.capture or '(none)'} lost; left Absent for rescheduling"
+        return give_up(t, KEYS_BUSY, KEYS_BUSY_MESSAGE)
+    return give_up(t, lost_reason, capture_lost_message(t.capture))
 
 
 def choose_targets(tick: Tick, op: SpanOperator, targets: tuple[Target, ...], start_ts: int) -> tuple[Target, ...]:
@@ -386,16 +471,24 @@ def span_kind_check(tick: Tick, op: SpanOperator) -> None:
 
 
 __all__ = [
+    "KEYS_BUSY",
+    "NO_CAPTURE",
+    "PARTIALLY_PLACED",
+    "SPAN_DELETED",
     "Kind",
     "Rejected",
     "advance_targets",
+    "capture_lost_message",
     "choose_targets",
     "close_origins",
     "fail",
     "final_checkpoint",
     "finish",
+    "give_up",
     "least_loaded",
+    "no_capture_message",
     "origins_of",
+    "outcome",
     "owned_spans",
     "place_targets",
     "record",

@@ -4,9 +4,19 @@
 
     Pending --validate, record the merged span--> RemoveOrigin --every source gone--> CreateSpans
         --merged span created, sources deleted--> AddSpans --merged Working--> Succeeded
+       |                                              |
+       | invalid                                      | merged span not placed
+       v                                              v
+     Failed                                         Succeeded ("PartiallyPlaced")
 
-    the merged span's destination lost in AddSpans: it is left Absent for the basic scheduler; the
-    merge keeps its shape and fails with DestinationLost (the span is placed again shortly).
+    a source's capture lost in RemoveOrigin: its finalizer is released, then CreateSpans.
+    no live, non-draining capture at CreateSpans: the merged span is created all the same and left
+    Absent ("NoCapture", the captures named); its destination lost in AddSpans: left Absent
+    ("DestinationLost"). Either way the basic scheduler places it later.
+
+Once the merged span exists and the sources are gone, the merge has done what was asked; placing
+the merged span is the basic scheduler's job if the merge cannot. It fails after validation only if
+a person deleted the spans mid-way (SpanNotFound, SpanDeleted).
 
 Unlike TiCDC, sources need not share a capture: every source dispatcher is closed before the merged
 one is created (break before make), and the merged span starts from the lowest final checkpoint of

@@ -24,9 +24,11 @@ from controller.engine.intents import Write
 from controller.engine.operators.common import (
     Rejected,
     advance_targets,
+    capture_lost_message,
     fail,
     final_checkpoint,
     finish,
+    give_up,
     least_loaded,
     new_dispatcher_name,
     origins_of,
@@ -111,8 +113,9 @@ def _remove_origin(tick: Tick, op: SpanOperator) -> list[Write]:
             operator="",
             checkpoint_ts=max(span.checkpoint_ts, cp),
         )
-        message = f"destination capture {target.capture} was lost; span left Absent for rescheduling"
-        return settle + finish(tick, op, OpPhase.FAILED, "DestinationLost", message)
+        lost = give_up(target, "DestinationLost", capture_lost_message(target.capture))
+        message = f"{lost.lost_message}: {span_name}"
+        return settle + finish(tick, op, OpPhase.FAILED, "DestinationLost", message, targets=(lost,))
     new, write = record(
         tick,
         op,

@@ -1,4 +1,10 @@
-"""The second half of split and merge: create the new spans, delete the replaced ones, place them."""
+"""The second half of split and merge: create the new spans, delete the replaced ones, place them.
+
+Once the new spans exist and the replaced ones are deleted, the operator's intent (the new shape) is
+achieved: a new span that cannot be placed (its destination lost, or no capture live at all) is left
+Absent for the basic scheduler and the operator still succeeds ("PartiallyPlaced"). Nothing here waits
+for a capture: creating spans and deleting spans needs none, and no dispatcher is made without one.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,14 @@ from dataclasses import replace
 
 from controller.engine.intents import Delete, Write
 from controller.engine.operators.common import (
+    NO_CAPTURE,
+    PARTIALLY_PLACED,
     advance_targets,
     choose_targets,
     final_checkpoint,
     finish,
+    give_up,
+    no_capture_message,
     record,
     set_span,
 )
@@ -54,7 +64,17 @@ def create_spans(tick: Tick, op: SpanOperator, *replaced: str) -> list[Write]:
         # Every replaced span was deleted by hand and none of the new ones exists yet: there is nothing
         # to take the table and mode from. The safety net re-covers the range; this operator ends.
         gone = ", ".join(replaced)
-        return writes + finish(tick, op, OpPhase.FAILED, "SpanNotFound", f"span(s) {gone} were deleted mid-way")
+        message = f"span(s) {gone} deleted by hand before the new spans existed; the safety net re-covers the keys"
+        return writes + finish(tick, op, OpPhase.FAILED, "SpanNotFound", message)
+    if tick.mutant("reshape-without-capture-skips-new-spans") and not tick.schedulable_captures():
+        # Deliberate bug for the mutation check: with no capture to place them on, the new spans are
+        # given up before they exist (the old spans go, nothing replaces them).
+        gone_targets = tuple(give_up(t, NO_CAPTURE, no_capture_message(tick)) for t in op.targets)
+        return [
+            *writes,
+            *delete_spans(tick, replaced),
+            *finish(tick, op, OpPhase.SUCCEEDED, PARTIALLY_PLACED, "", targets=gone_targets),
+        ]
     for t in op.targets:
         if t.span not in tick.spans:
             writes.append(
@@ -74,9 +94,31 @@ def create_spans(tick: Tick, op: SpanOperator, *replaced: str) -> list[Write]:
             )
     writes.extend(delete_spans(tick, replaced))
     targets = choose_targets(tick, op, op.targets, op.checkpoint_ts)
+    if not all(t.capture for t in targets):
+        # No live, non-draining capture to place them on: the new spans exist all the same (the shape is
+        # what was asked, and it needs no capture). Those without a destination are given up in the
+        # record of AddSpans, with the captures named, and left Absent (before that record: a done
+        # target is never settled again) for the basic scheduler.
+        why = no_capture_message(tick)
+        targets = tuple(t if t.capture else give_up(t, NO_CAPTURE, why) for t in targets)
+        for t in targets:
+            if t.lost:
+                writes.extend(
+                    set_span(
+                        tick,
+                        tick.spans[t.span],
+                        state=SpanState.ABSENT,
+                        capture="",
+                        dispatcher="",
+                        operator="",
+                        checkpoint_ts=op.checkpoint_ts,
+                    )
+                )
     op, write = record(tick, op, stage=Stage.ADD_SPANS, targets=targets)
     writes.append(write)
     for t in targets:
+        if t.lost:
+            continue
         span = tick.spans[t.span]
         writes.extend(
             set_span(
@@ -93,4 +135,4 @@ def create_spans(tick: Tick, op: SpanOperator, *replaced: str) -> list[Write]:
 
 
 def add_spans(tick: Tick, op: SpanOperator) -> list[Write]:
-    return advance_targets(tick, op, "DestinationLost")
+    return advance_targets(tick, op, "DestinationLost", reshape=True)

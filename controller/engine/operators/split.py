@@ -4,14 +4,28 @@
 
     Pending --validate, record the shape--> RemoveOrigin --origin gone--> CreateSpans
         --children created, parent deleted--> AddSpans --every child Working--> Succeeded
+       |                                          |
+       | invalid                                  | some or all children not placed
+       v                                          v
+     Failed                                     Succeeded ("PartiallyPlaced")
 
-    a child's destination lost in AddSpans: that child is left Absent (the basic scheduler places
-    it); the split itself keeps its shape and succeeds ("PartiallyPlaced").
+    origin capture lost in RemoveOrigin: its finalizer is released (it fenced itself), then CreateSpans.
+    no live, non-draining capture at CreateSpans: the children are created all the same and left
+    Absent, the captures named in the record ("NoCapture"); the basic scheduler places them later.
+    a child's destination lost in AddSpans: that child is closed and left Absent ("DestinationLost").
+
+Once the children exist and the parent is gone, the split has done what was asked (the new shape); it
+succeeds whatever becomes of the children's placement, "PartiallyPlaced" naming each child it could
+not place and why. It fails after validation only if a person deleted the spans mid-way (the parent
+before any child existed: SpanNotFound; every child: SpanDeleted). No capture is needed to create
+or delete spans, and no dispatcher is made without one: nothing is lost, nothing owned twice.
 
 The children (names, ranges) are recorded at the start, so a restored split creates exactly the same
 children; CreateSpans is recorded with the parent's final checkpoint before any child exists, and
 every child starts from it. Children are created before the parent is deleted, so the table's range
-is never left with a hole, and the overlap in between is explained by this operator's record.
+is never left with a hole, and the overlap in between is explained by this operator's record. A child
+given up is recorded with its reason and message in the same write, so a maintainer restarted at any
+point finishes the split with the same outcome.
 """
 
 from __future__ import annotations

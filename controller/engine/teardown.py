@@ -1,0 +1,120 @@
+"""Deleting a Changefeed: replication stops, and everything the changefeed was made of goes with it.
+
+A live Changefeed carries the finalizer ``cdc.maintainer.dev/teardown``, so that deleting it waits for
+this teardown (level-triggered, like everything else: a maintainer killed half-way resumes it)::
+
+    deleting --every in-flight operator Canceled (ChangefeedDeleted); per table one Remove with
+             | deleteSpans (the Remove of a deleted Table, the same code): dispatchers closed by
+             | their captures (released by the maintainer on a lost capture), then spans deleted
+             v
+    no span and no dispatcher left --every SpanOperator deleted; every Table of the changefeed
+             | detached (status Detached, its finalizer released: it stays, it is the user's)
+             v
+    no operator left, no Table finalizer --the changefeed's finalizer released--> gone
+
+Nothing new starts while it runs: no scheduler, no coverage (a hole is not refilled), no user
+operator admitted. What stays: the Tables (they are what the user declared; a Changefeed re-created
+under the same name picks them up again, from its own ``startTs``) and the Events. The Lease
+``cfm-<changefeed>`` and the objects the maintainer created carry an ownerReference to the Changefeed
+(``controller.kube.executor``), so Kubernetes' garbage collector removes what is left if the finalizer
+is taken off by hand while no maintainer runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from controller.engine import controller, tables
+from controller.engine.intents import AddFinalizer, Chain, Delete, RemoveFinalizer, Write, WriteStatus
+from controller.engine.operators.common import record
+from controller.engine.world import Options, Tick
+from controller.model.records import SpanOperator, Table
+from controller.model.states import CHANGEFEED_FINALIZER, TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType
+
+#: Table.status.state of a Table whose changefeed was deleted.
+DETACHED = "Detached"
+
+
+def ensure_finalizer(tick: Tick) -> None:
+    cf = tick.changefeed
+    if not cf.deleting and CHANGEFEED_FINALIZER not in cf.finalizers:
+        tick.emit("changefeed finalizer", [AddFinalizer(Kind.CHANGEFEED, cf.name, CHANGEFEED_FINALIZER)])
+
+
+def _ours(op: SpanOperator) -> bool:
+    return op.type is OpType.REMOVE and op.delete_spans and op.source is OpSource.MAINTAINER
+
+
+def run(tick: Tick) -> str:
+    """One teardown step (the caller has advanced the Running operators already); returns what is left,
+    for the ``Deleting`` condition."""
+    cf = tick.changefeed
+    world = tick.world
+    message = f"changefeed {cf.name} was deleted; replication stops"
+    for op in tick.in_flight():
+        if not _ours(op):
+            _, write = record(
+                tick,
+                op,
+                phase=OpPhase.CANCELED,
+                status_reason="ChangefeedDeleted",
+                message=message,
+                finished_at=tick.now,
+            )
+            tick.emit(f"cancel {op.name}", [write])
+    by_table: dict[int, list[str]] = {}
+    for s in tick.spans.values():
+        if not s.deleting:
+            by_table.setdefault(s.table_id, []).append(s.name)
+    for table_id, names in sorted(by_table.items()):
+        tables.remove_spans(
+            tick,
+            sorted(names),
+            basis=f"{cf.uid}/{table_id}",
+            why=f"changefeed {cf.name} deleted",
+            cancel=("ChangefeedDeleted", message),
+        )
+    controller.admit_pending(tick)
+    spans, dispatchers = len(world.spans), len(world.dispatchers)
+    operators = [op for op in world.operators.values() if not op.deleting]
+    detach = [t for t in world.tables.values() if t.changefeed == cf.name and TABLE_FINALIZER in t.finalizers]
+    if tick.mutant("tables-never-detached"):
+        detach = []
+    if tick.mutant("teardown-releases-early") and CHANGEFEED_FINALIZER in cf.finalizers:
+        tick.emit("changefeed released", [RemoveFinalizer(Kind.CHANGEFEED, cf.name, CHANGEFEED_FINALIZER)])
+    if not spans and not dispatchers:
+        for op in sorted(operators, key=lambda o: o.name):
+            if not tick.is_touched(op):
+                tick.emit(f"delete {op.name}", [Delete(Kind.OPERATOR, op.name, op.uid)])
+        for table in sorted(detach, key=lambda t: t.name):
+            tick.chains.append(_detach(table))
+        if not operators and not detach and CHANGEFEED_FINALIZER in cf.finalizers:
+            tick.emit("changefeed released", [RemoveFinalizer(Kind.CHANGEFEED, cf.name, CHANGEFEED_FINALIZER)])
+    return f"removing {spans} span(s), {dispatchers} dispatcher(s) and {len(operators)} operator(s)"
+
+
+def _detach(table: Table) -> Chain:
+    writes: list[Write] = []
+    text = f"changefeed {table.changefeed} was deleted; this table is replicated by no changefeed"
+    if not table.deleting and (table.state, table.message) != (DETACHED, text):
+        writes.append(WriteStatus(table.evolve(state=DETACHED, message=text)))
+    writes.append(RemoveFinalizer(Kind.TABLE, table.name, TABLE_FINALIZER))
+    return Chain(tuple(writes), f"table {table.name} detached")
+
+
+def detach_orphans(
+    tables: Iterable[Table], changefeeds: Collection[str], options: Options | None = None
+) -> list[Chain]:
+    """Tables still holding the maintainer's finalizer although their changefeed does not exist.
+
+    The teardown detaches the Tables of a changefeed it removes. But a Changefeed deleted before its
+    first decisions added its own finalizer vanishes at once, with no teardown, possibly after its Tables
+    got theirs: they would then wait forever for a maintainer that no longer runs for them. The
+    maintainer process (not a changefeed's loop) runs this rule over every Table it sees."""
+    if options is not None and "tables-never-detached" in options.mutants:
+        return []
+    return [
+        _detach(t)
+        for t in sorted(tables, key=lambda t: t.name)
+        if TABLE_FINALIZER in t.finalizers and t.changefeed not in changefeeds
+    ]
