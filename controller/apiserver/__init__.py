@@ -6,7 +6,8 @@ defaulting, CEL, the status subresource, finalizers, resourceVersion conflicts, 
 against it without a cluster.
 """
 
+from controller.apiserver.errors import ApiError
 from controller.apiserver.server import ApiServerHandle, start_server
-from controller.apiserver.store import ApiError, Store
+from controller.apiserver.store import Store
 
 __all__ = ["ApiError", "ApiServerHandle", "Store", "start_server"]

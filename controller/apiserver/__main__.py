@@ -15,7 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--crds", default=None, help="directory of CRD YAML files to load at startup")
     parser.add_argument("--kubeconfig", default=None, help="where to write a kubeconfig pointing at the server")
-    parser.add_argument("--bookmark-interval", type=float, default=5.0, help="seconds between watch BOOKMARKs")
+    parser.add_argument(
+        "--bookmark-interval",
+        type=float,
+        default=60.0,
+        help="seconds between watch BOOKMARKs (a real server: about a minute)",
+    )
     parser.add_argument("--history-size", type=int, default=10_000, help="watch events kept for resuming watches")
     args = parser.parse_args(argv)
     handle = start_server(

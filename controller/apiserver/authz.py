@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.apiserver.errors import ApiError
 from controller.apiserver.resources import JSON
-from controller.apiserver.store import ApiError
 
 NAMESPACE_SUBRESOURCES = ("status", "finalize")
 

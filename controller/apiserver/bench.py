@@ -22,7 +22,12 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 
 def _span(name: str) -> dict[str, object]:
     spec = {"changefeed": "cf", "tableID": 1, "startKey": "00", "endKey": "ff"}
-    return {"metadata": {"name": name, "labels": {"bench": "yes"}}, "spec": spec}
+    return {
+        "apiVersion": "cdc.maintainer.dev/v1alpha1",
+        "kind": "Span",
+        "metadata": {"name": name, "labels": {"bench": "yes"}},
+        "spec": spec,
+    }
 
 
 async def run(url: str, writes: int, objects: int) -> dict[str, float]:

@@ -1,13 +1,17 @@
-"""HTTP front of the embedded API server: routing, discovery, tables, watch streams, and the thread runner.
+"""HTTP front of the embedded API server: routing, content negotiation, discovery, lists, tables, watch streams,
+and the thread runner.
 
 The server runs an aiohttp application on its own event loop in a daemon thread (:func:`start_server`), so a
-test, the demo or the CLI can use it while running Kopf, the capture agents or kubectl against it.
+test, the demo or the CLI can use it while running Kopf, the capture agents or kubectl against it. Its answers
+follow kube-apiserver v1.36's, as recorded in ``tests/apiserver/corpus`` (see ``docs/architecture.md``): paths it
+does not serve get the plain-text ``404 page not found``, bodies are decoded with Go's number rules, warnings are
+``Warning: 299 - "..."`` headers, and lists, watches and discovery have the real shapes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
 import json
 import logging
 import re
@@ -23,42 +27,88 @@ from typing import Any, TypeVar, cast
 import yaml
 from aiohttp import web
 
-from controller.apiserver import patches
+from controller.apiserver import builtins as B
+from controller.apiserver import gojson, patches
 from controller.apiserver.authz import Rbac, attributes
-from controller.apiserver.resources import JSON, ResourceType
-from controller.apiserver.selectors import SelectorError, combine, parse_field_selector, parse_label_selector
-from controller.apiserver.store import CRD_KEY, ApiError, Store, bad_request
+from controller.apiserver.controllers import Controllers
+from controller.apiserver.errors import (
+    ApiError,
+    PageNotFound,
+    bad_request,
+    details,
+    forbidden,
+    internal,
+    invalid_error,
+    not_found,
+    unsupported_media_type,
+)
+from controller.apiserver.resources import BUILTIN_GROUP_ORDER, CRD_KEY, JSON, NS_KEY, ResourceType
+from controller.apiserver.selectors import (
+    FieldGetter,
+    SelectorError,
+    combine,
+    metadata_fields,
+    parse_field_selector,
+    parse_label_selector,
+)
+from controller.apiserver.store import BODY_TYPES, Store, TooLargeResourceVersion, WriteOptions
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 KUBE_VERSION = {
     "major": "1",
-    "minor": "32",
-    "gitVersion": "v1.32.0-cfm-embedded",
+    "minor": "36",
+    "emulationMajor": "1",
+    "emulationMinor": "36",
+    "minCompatibilityMajor": "1",
+    "minCompatibilityMinor": "35",
+    "gitVersion": "v1.36.2-cfm.embedded",
     "gitCommit": "0000000000000000000000000000000000000000",
     "gitTreeState": "clean",
-    "buildDate": "2025-01-01T00:00:00Z",
-    "goVersion": "go1.23.0",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "python",
     "compiler": "gc",
     "platform": "linux/amd64",
 }
+AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+LIST_WAIT = 3.0  # seconds a LIST at a future resourceVersion waits before 504, as the real server
+PRE_TIMEOUT_BOOKMARK = 2.5  # seconds before a watch's timeout its last BOOKMARK is sent (as observed)
+NAME_DESCRIPTION = (
+    "Name must be unique within a namespace. Is required when creating resources, although some resources may "
+    "allow a client to request the generation of an appropriate name automatically. Name is primarily intended "
+    "for creation idempotence and configuration definition. Cannot be updated. More info: "
+    "https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names"
+)
+AGE_DESCRIPTION = (
+    "CreationTimestamp is a timestamp representing the server time when this object was created. It is not "
+    "guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It "
+    "is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More "
+    "info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"
+)
 
 
-def _dumps(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
+def _json(
+    body: Any,
+    status: int = 200,
+    warnings: list[str] | None = None,
+    content_type: str = "application/json",
+    encoded: bytes | None = None,
+) -> web.Response:
+    headers = [("Warning", f"299 - {gojson.quote(w)}") for w in warnings or []]
+    resp = web.Response(body=encoded if encoded is not None else gojson.dumps(body), status=status, headers=headers)
+    resp.headers["Content-Type"] = content_type
+    return resp
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=_dumps(body), status=status, content_type="application/json", headers=headers)
+def _text(text: str, status: int = 200, content_type: str = "text/plain; charset=utf-8") -> web.Response:
+    resp = web.Response(body=text.encode(), status=status)
+    resp.headers["Content-Type"] = content_type
+    return resp
 
 
 def _error(err: ApiError) -> web.Response:
-    return _json(err.status(), status=err.code)
-
-
-def _not_found_path() -> ApiError:
-    return ApiError(404, "NotFound", "the server could not find the requested resource", {})
+    return _json(err.status(), status=err.code, warnings=err.warnings)
 
 
 # -- printer columns (Table output) ----------------------------------------------------------------------
@@ -108,40 +158,53 @@ def human_duration(since: str) -> str:
     return f"{days}d"
 
 
-def _columns(rt: ResourceType) -> list[JSON]:
-    cols = rt.printer_columns or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
-    return cols
+def _cell(col: JSON, value: Any) -> Any:
+    kind = col.get("type", "string")
+    if value is None:
+        return None
+    if kind == "date":
+        return human_duration(value) if isinstance(value, str) else None
+    if kind == "integer":
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if kind == "number":
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if kind == "boolean":
+        return value if isinstance(value, bool) else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
 
 
 def to_table(rt: ResourceType, items: list[JSON], rv: str, include: str) -> JSON:
-    cols = _columns(rt)
-    definitions = [
-        {"name": "Name", "type": "string", "format": "name", "description": "Name of the object", "priority": 0}
-    ]
-    for col in cols:
-        definitions.append(
-            {
-                "name": col["name"],
-                "type": col.get("type", "string"),
-                "format": col.get("format", ""),
-                "description": col.get("description", ""),
-                "priority": col.get("priority", 0),
-            }
-        )
+    definitions = [{"name": "Name", "type": "string", "format": "name", "description": NAME_DESCRIPTION, "priority": 0}]
+    if rt.printer_columns:
+        cols = rt.printer_columns
+        for col in cols:
+            definitions.append(
+                {
+                    "name": col["name"],
+                    "type": col.get("type", "string"),
+                    "format": col.get("format", ""),
+                    "description": col.get("description")
+                    or f"Custom resource definition column (in JSONPath format): {col.get('jsonPath', '')}",
+                    "priority": col.get("priority", 0),
+                }
+            )
+    else:
+        cols = [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
+        definitions.append({"name": "Age", "type": "date", "format": "", "description": AGE_DESCRIPTION, "priority": 0})
     rows = []
     for obj in items:
         cells: list[Any] = [obj["metadata"]["name"]]
-        for col in cols:
-            value = jsonpath(obj, str(col.get("jsonPath", "")))
-            if col.get("type") == "date" and isinstance(value, str):
-                value = human_duration(value)
-            elif isinstance(value, (dict, list)):
-                value = json.dumps(value, separators=(",", ":"))
-            cells.append(value)
+        cells += [_cell(col, jsonpath(obj, str(col.get("jsonPath", "")))) for col in cols]
         row: JSON = {"cells": cells}
         if include == "Object":
             row["object"] = obj
-        elif include != "None":
+        elif include == "None":
+            row["object"] = None
+        else:
             row["object"] = {
                 "kind": "PartialObjectMetadata",
                 "apiVersion": "meta.k8s.io/v1",
@@ -157,10 +220,61 @@ def to_table(rt: ResourceType, items: list[JSON], rv: str, include: str) -> JSON
     }
 
 
-def _wants_table(request: web.Request) -> bool:
-    accept = request.headers.get("Accept", "")
-    first = accept.split(",")[0]
-    return "as=Table" in first
+# -- content negotiation ----------------------------------------------------------------------------------
+
+
+def _accepts(request: web.Request) -> list[tuple[str, dict[str, str]]]:
+    out = []
+    for part in (request.headers.get("Accept") or "application/json").split(","):
+        pieces = [p.strip() for p in part.split(";")]
+        params = {}
+        for p in pieces[1:]:
+            if "=" in p:
+                k, v = p.split("=", 1)
+                params[k.strip()] = v.strip()
+        out.append((pieces[0].lower(), params))
+    return out
+
+
+def _negotiate(request: web.Request, *, listing: bool = False, discovery: bool = False) -> str:
+    """``json``, ``yaml``, ``table``, ``partial`` or ``aggregated``; 406 when nothing acceptable remains."""
+    for media, params in _accepts(request):
+        if media in ("application/json", "*/*", "application/*", ""):
+            target = params.get("as")
+            if target == "Table" and not discovery:
+                return "table"
+            if target in ("PartialObjectMetadataList", "PartialObjectMetadata") and not discovery:
+                return "partial"
+            if target == "APIGroupDiscoveryList" and discovery:
+                return "aggregated"
+            if target is None:
+                return "json"
+        elif media == "application/yaml" and not discovery:
+            return "yaml"
+    raise ApiError(
+        406, "NotAcceptable", "only the following media types are accepted: application/json, application/yaml"
+    )
+
+
+def _render(
+    request: web.Request,
+    body: Any,
+    status: int = 200,
+    warnings: list[str] | None = None,
+    encoded: Callable[[], bytes] | None = None,
+) -> web.Response:
+    """``body`` as the request accepts it; ``encoded`` gives its JSON when it is at hand already."""
+    fmt = "json"
+    try:
+        fmt = _negotiate(request)
+    except ApiError:
+        fmt = "json"
+    if fmt == "yaml":
+        headers = [("Warning", f"299 - {gojson.quote(w)}") for w in warnings or []]
+        resp = web.Response(body=yaml.safe_dump(body, sort_keys=False).encode(), status=status, headers=headers)
+        resp.headers["Content-Type"] = "application/yaml"
+        return resp
+    return _json(body, status, warnings, encoded=encoded() if encoded is not None else None)
 
 
 # -- the application ---------------------------------------------------------------------------------------
@@ -168,8 +282,34 @@ def _wants_table(request: web.Request) -> bool:
 
 @dataclass
 class ServerConfig:
-    bookmark_interval: float = 5.0
+    bookmark_interval: float = 60.0
     history_size: int = 10_000
+
+
+def _field_getters(rt: ResourceType) -> dict[str, FieldGetter]:
+    fields = metadata_fields()
+    if rt.key == NS_KEY:
+        fields["status.phase"] = lambda o: str((o.get("status") or {}).get("phase", ""))
+    if rt.is_event:
+        labels = list(B.EVENT_CORE_FIELD_LABELS)
+        for label in labels:
+            fields[label] = (lambda lab: (lambda o: B.event_field(o, lab)))(label)
+        if rt.group == "events.k8s.io":
+            for v1_label, core_label in B.EVENT_FIELD_LABELS.items():
+                fields[v1_label] = (lambda lab: (lambda o: B.event_field(o, lab)))(core_label)
+    return fields
+
+
+def _manager(request: web.Request) -> str:
+    """The field manager of a write: ``fieldManager``, else (not for apply, which requires it) the
+    User-Agent's first segment, as the real server derives it."""
+    explicit = request.query.get("fieldManager")
+    if explicit:
+        return explicit[:128]
+    if request.method == "PATCH" and request.content_type == patches.APPLY:
+        return ""
+    agent = request.headers.get("User-Agent", "")
+    return agent.split("/")[0][:128]
 
 
 class ApiServer:
@@ -183,68 +323,146 @@ class ApiServer:
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
         self.stopping = asyncio.Event()
+        self.committed = asyncio.Event()
+        store.listeners.append(lambda _event: self.committed.set())
 
     # discovery ----------------------------------------------------------------------------------------
 
-    def _groups(self) -> dict[str, list[str]]:
-        groups: dict[str, list[str]] = {}
+    def _groups(self) -> list[tuple[str, list[str]]]:
+        """Served groups (core excluded) in the real server's order: built-in ones, then CRD groups by
+        APIService name (``<version>.<group>``)."""
+        versions: dict[str, list[str]] = {}
         for group, version, _ in self.store.types:
-            versions = groups.setdefault(group, [])
-            if version not in versions:
-                versions.append(version)
-        return groups
+            if group:
+                versions.setdefault(group, [])
+                if version not in versions[group]:
+                    versions[group].append(version)
+        builtin = [g for g in BUILTIN_GROUP_ORDER if g in versions]
+        custom = sorted((g for g in versions if g not in BUILTIN_GROUP_ORDER), key=lambda g: f"{versions[g][0]}.{g}")
+        return [(g, versions[g]) for g in builtin + custom]
 
-    def _group_doc(self, name: str, versions: list[str]) -> JSON:
+    @staticmethod
+    def _group_doc(name: str, versions: list[str]) -> JSON:
         entries = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
         return {"name": name, "versions": entries, "preferredVersion": entries[0]}
 
+    def _types_of(self, group: str, version: str) -> list[ResourceType]:
+        builtin = [
+            rt for rt in self.store.types.values() if rt.group == group and rt.version == version and not rt.custom
+        ]
+        order = {gp: i for i, gp in enumerate(self.store.crd_order)}
+        custom = sorted(
+            (rt for rt in self.store.types.values() if rt.group == group and rt.version == version and rt.custom),
+            key=lambda rt: order.get((rt.group, rt.plural), 0),
+        )
+        return sorted(builtin, key=lambda rt: rt.plural) + custom
+
     def _resource_list(self, group: str, version: str) -> JSON | None:
-        types = [rt for (g, v, _), rt in sorted(self.store.types.items()) if g == group and v == version]
+        types = self._types_of(group, version)
         if not types:
             return None
         resources: list[JSON] = []
         for rt in types:
             resources.extend(rt.discovery())
-        return {
+        doc: JSON = {
             "kind": "APIResourceList",
             "apiVersion": "v1",
             "groupVersion": f"{group}/{version}" if group else version,
             "resources": resources,
         }
+        if not group:
+            del doc["apiVersion"]
+        return doc
 
-    def _openapi_v3(self, gv_path: str) -> web.Response:
-        """Just enough OpenAPI v3 for kubectl: it looks for a ``fieldValidation`` parameter on each kind's
-        PATCH operation and, finding it, leaves validation to the server (``kubectl apply --validate=strict``).
-        No schemas are published: kubectl then computes apply patches from its compiled-in types."""
+    def _aggregated(self, core: bool) -> JSON:
+        groups = (
+            [("", ["v1"])]
+            if core
+            else sorted(
+                self._groups(),
+                key=lambda g: (
+                    g[0] not in BUILTIN_GROUP_ORDER,
+                    BUILTIN_GROUP_ORDER.index(g[0]) if g[0] in BUILTIN_GROUP_ORDER else 0,
+                    g[0],
+                ),
+            )
+        )
+        items = []
+        for name, versions in groups:
+            entries = []
+            for v in versions:
+                resources = sorted(
+                    (rt.aggregated() for rt in self._types_of(name, v)), key=lambda r: str(r["resource"])
+                )
+                entries.append({"version": v, "resources": resources, "freshness": "Current"})
+            items.append({"metadata": {"name": name} if name else {}, "versions": entries})
+        return {"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items}
+
+    def _openapi_v3(self, request: web.Request, gv_path: str) -> web.Response:
+        """The OpenAPI v3 index, and per-group documents with one path per operation kind (collection, item,
+        status, cluster-wide list) and a schema per kind: enough for kubectl's apply and explain."""
         gvs: dict[str, list[ResourceType]] = {}
         for rt in self.store.types.values():
             key = f"apis/{rt.group}/{rt.version}" if rt.group else f"api/{rt.version}"
             gvs.setdefault(key, []).append(rt)
         if not gv_path:
-            paths = {k: {"serverRelativeURL": f"/openapi/v3/{k}?hash={self.store.rv}"} for k in sorted(gvs)}
-            return _json({"paths": paths})
+            paths = {k: {"serverRelativeURL": f"/openapi/v3/{k}?hash={self.store.rv:0128X}"} for k in sorted(gvs)}
+            # The real index handler sets no Content-Type: Go's sniffing labels the JSON text/plain.
+            return _text(json.dumps({"paths": paths}, separators=(",", ":")))
         if gv_path not in gvs:
-            raise _not_found_path()
+            raise PageNotFound()
         doc_paths: JSON = {}
+        schemas: JSON = {}
         for rt in gvs[gv_path]:
-            base = f"/{gv_path}/namespaces/{{namespace}}/{rt.plural}" if rt.namespaced else f"/{gv_path}/{rt.plural}"
+            prefix = f"/{gv_path}"
+            collection = f"{prefix}/namespaces/{{namespace}}/{rt.plural}" if rt.namespaced else f"{prefix}/{rt.plural}"
             gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
             param = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
-            doc_paths[base + "/{name}"] = {
-                "patch": {
-                    "operationId": f"patch{rt.kind}",
-                    "parameters": [param],
-                    "responses": {"200": {"description": "OK"}},
-                    "x-kubernetes-action": "patch",
-                    "x-kubernetes-group-version-kind": gvk,
-                }
+            op = {"responses": {"200": {"description": "OK"}}, "x-kubernetes-group-version-kind": gvk}
+            doc_paths[collection] = {"get": dict(op, operationId=f"list{rt.kind}", **{"x-kubernetes-action": "list"})}
+            doc_paths[collection + "/{name}"] = {
+                "get": dict(op, operationId=f"read{rt.kind}", **{"x-kubernetes-action": "get"}),
+                "patch": dict(
+                    op, operationId=f"patch{rt.kind}", parameters=[param], **{"x-kubernetes-action": "patch"}
+                ),
             }
+            for sub in rt.subresources():
+                doc_paths[collection + "/{name}/" + sub] = {"get": dict(op, operationId=f"read{rt.kind}{sub.title()}")}
+            if rt.namespaced:
+                doc_paths[f"{prefix}/{rt.plural}"] = {"get": dict(op, operationId=f"list{rt.kind}ForAllNamespaces")}
+            name = (
+                ".".join(reversed(rt.group.split("."))) + f".{rt.version}.{rt.kind}"
+                if rt.group
+                else f"io.k8s.api.core.v1.{rt.kind}"
+            )
+            schemas[name] = dict(rt.schema or {"type": "object"}, **{"x-kubernetes-group-version-kind": [gvk]})
         return _json(
             {
                 "openapi": "3.0.0",
-                "info": {"title": "Kubernetes", "version": "v1.32.0"},
+                "info": {"title": "Kubernetes", "version": "v1.36.2"},
                 "paths": doc_paths,
-                "components": {"schemas": {}},
+                "components": {"schemas": schemas},
+            }
+        )
+
+    def _openapi_v2(self) -> web.Response:
+        paths: JSON = {}
+        definitions: JSON = {}
+        for rt in self.store.types.values():
+            base = f"/apis/{rt.group}/{rt.version}" if rt.group else f"/api/{rt.version}"
+            collection = f"{base}/namespaces/{{namespace}}/{rt.plural}" if rt.namespaced else f"{base}/{rt.plural}"
+            paths[collection] = {"get": {"operationId": f"list{rt.kind}"}}
+            paths[collection + "/{name}"] = {"get": {"operationId": f"read{rt.kind}"}}
+            definitions[f"{rt.group or 'core'}.{rt.version}.{rt.kind}"] = rt.schema or {"type": "object"}
+        return _json(
+            {
+                "swagger": "2.0",
+                "info": {"title": "Kubernetes", "version": "v1.36.2"},
+                "paths": paths,
+                "definitions": definitions,
+                "parameters": {},
+                "security": [{"BearerToken": []}],
+                "securityDefinitions": {"BearerToken": {"type": "apiKey", "name": "authorization", "in": "header"}},
             }
         )
 
@@ -258,6 +476,8 @@ class ApiServer:
             return _error(err)
         except SelectorError as exc:
             return _error(bad_request(str(exc)))
+        except PageNotFound:
+            return _text("404 page not found\n", 404)
 
     def _authorize(self, request: web.Request) -> None:
         if self.rbac is None:
@@ -272,18 +492,36 @@ class ApiServer:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
         if not parts:
-            return _json({"paths": ["/api", "/api/v1", "/apis", "/version", "/healthz"]})
+            return _json(
+                {
+                    "paths": [
+                        "/api",
+                        "/api/v1",
+                        "/apis",
+                        "/healthz",
+                        "/livez",
+                        "/openapi/v2",
+                        "/openapi/v3",
+                        "/readyz",
+                        "/version",
+                    ]
+                }
+            )
         head = parts[0]
-        if head == "version":
+        if head == "version" and len(parts) == 1:
             return _json(KUBE_VERSION)
-        if head in ("healthz", "livez", "readyz"):
-            return web.Response(text="ok")
-        if head == "openapi" and len(parts) >= 2 and parts[1] == "v3":
-            return self._openapi_v3("/".join(parts[2:]))
+        if head in ("healthz", "livez", "readyz") and len(parts) == 1:
+            return _text("ok")
+        if head == "openapi" and parts[1:2] == ["v3"]:
+            return self._openapi_v3(request, "/".join(parts[2:]))
+        if head == "openapi" and parts[1:] == ["v2"]:
+            return self._openapi_v2()
         if head == "_admin":
             return await self._admin(request, parts[1:])
         if head == "api":
             if len(parts) == 1:
+                if _negotiate(request, discovery=True) == "aggregated":
+                    return _json(self._aggregated(core=True), content_type=AGGREGATED)
                 return _json(
                     {
                         "kind": "APIVersions",
@@ -293,21 +531,23 @@ class ApiServer:
                 )
             group, version, rest = "", parts[1], parts[2:]
         elif head == "apis":
-            groups = self._groups()
             if len(parts) == 1:
-                docs = [self._group_doc(g, vs) for g, vs in groups.items() if g]
+                if _negotiate(request, discovery=True) == "aggregated":
+                    return _json(self._aggregated(core=False), content_type=AGGREGATED)
+                docs = [self._group_doc(g, vs) for g, vs in self._groups()]
                 return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": docs})
             if len(parts) == 2:
+                groups = dict(self._groups())
                 if parts[1] not in groups:
-                    raise _not_found_path()
+                    raise PageNotFound()
                 return _json({"kind": "APIGroup", "apiVersion": "v1", **self._group_doc(parts[1], groups[parts[1]])})
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
-            raise _not_found_path()
+            raise PageNotFound()
         if not rest:
             doc = self._resource_list(group, version)
             if doc is None:
-                raise _not_found_path()
+                raise PageNotFound()
             return _json(doc)
         return await self._resource(request, group, version, rest)
 
@@ -316,167 +556,365 @@ class ApiServer:
         watch = query.get("watch", "") in ("true", "1")
         if rest[0] == "watch":
             watch, rest = True, rest[1:]
+            if not rest:
+                raise PageNotFound()
         ns: str | None = None
         if len(rest) >= 3 and rest[0] == "namespaces":
             inner = self.store.find(group, version, rest[2])
             if inner is not None and inner.namespaced:
                 ns, rest = rest[1], rest[2:]
         if not rest or len(rest) > 3:
-            raise _not_found_path()
+            raise PageNotFound()
         rt = self.store.find(group, version, rest[0])
         if rt is None:
-            raise _not_found_path()
+            raise PageNotFound()
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
         if (rt.namespaced and name is not None and ns is None) or (not rt.namespaced and ns is not None):
-            raise _not_found_path()
-        if sub is not None and not (sub == "status" and rt.status_subresource):
-            raise _not_found_path()
-        if "dryRun" in query:
-            raise bad_request("dryRun is not supported by the embedded API server")
+            raise PageNotFound()
         method = request.method
         obj_ns = ns or ""
-        strict = query.get("fieldValidation", "") == "Strict"
+        opts = WriteOptions(
+            manager=_manager(request),
+            dry_run=self._dry_run(query.getall("dryRun", [])),
+            validation=query.get("fieldValidation", "Warn") or "Warn",
+            force=query.get("force", "") in ("true", "1"),
+        )
         if name is None:
             if method == "GET":
                 predicate = combine(
-                    parse_label_selector(query.get("labelSelector")), parse_field_selector(query.get("fieldSelector"))
+                    parse_label_selector(query.get("labelSelector")),
+                    parse_field_selector(query.get("fieldSelector"), _field_getters(rt)),
                 )
                 if watch:
                     return await self._watch(request, rt, ns, predicate)
-                return self._list(request, rt, ns, predicate)
+                return await self._list(request, rt, ns, predicate)
             if method == "POST":
                 if ns is None and rt.namespaced:
-                    raise _not_found_path()
-                obj, pruned = self.store.create(rt, obj_ns, await self._body(request), strict)
-                return _json(obj, 201, self._warnings(pruned))
-            if method == "DELETE":
-                predicate = combine(
-                    parse_label_selector(query.get("labelSelector")), parse_field_selector(query.get("fieldSelector"))
-                )
-                options = await self._body(request, optional=True)
-                items = self.store.list_objects(rt, ns, predicate)
-                deleted = [
-                    self.store.delete(rt, o["metadata"].get("namespace", ""), o["metadata"]["name"], options)
-                    for o in items
-                ]
-                return _json(self._list_doc(rt, deleted))
-            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+                    raise PageNotFound()
+                body = await self._body(request, rt, opts)
+                out = self.store.create(rt, obj_ns, body, opts)
+                return self._render_obj(request, rt, out.obj, 201, out.warnings)
+            if method == "DELETE" and "deletecollection" in rt.verbs:
+                return await self._delete_collection(request, rt, ns, opts)
+            raise ApiError(
+                405, "MethodNotAllowed", "the server does not allow this method on the requested resource", details()
+            )
+        if sub is not None and sub not in rt.subresources():
+            raise not_found(rt.group, rt.plural, name)
         if watch:
-            predicate = combine(parse_field_selector(f"metadata.name={name}"))
+            predicate = parse_field_selector(f"metadata.name={name}")
             return await self._watch(request, rt, ns, predicate)
         if method == "GET":
             obj = self.store.get(rt, obj_ns, name)
-            if _wants_table(request):
+            fmt = _negotiate(request)
+            if fmt == "table":
                 return _json(to_table(rt, [obj], obj["metadata"]["resourceVersion"], query.get("includeObject", "")))
-            return _json(obj)
+            if fmt == "partial":
+                return _json(
+                    {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+                )
+            return self._render_obj(request, rt, obj)
+        if method == "POST" and sub is None:  # the real server treats it as a create of the collection
+            body = await self._body(request, rt, opts)
+            out = self.store.create(rt, obj_ns, body, opts)
+            return self._render_obj(request, rt, out.obj, 201, out.warnings)
         if method == "PUT":
-            obj, pruned = self.store.replace(rt, obj_ns, name, await self._body(request), sub, strict)
-            return _json(obj, headers=self._warnings(pruned))
+            body = await self._body(request, rt, opts)
+            out = self.store.replace(rt, obj_ns, name, body, opts, sub)
+            return self._render_obj(request, rt, out.obj, 201 if out.created else 200, out.warnings)
         if method == "PATCH":
-            obj, pruned = self.store.patch(
-                rt, obj_ns, name, request.content_type, await self._body(request), sub, strict
-            )
-            return _json(obj, headers=self._warnings(pruned))
+            content_type = request.content_type
+            body = await self._patch_body(request, content_type)
+            out = self.store.patch(rt, obj_ns, name, content_type, body, opts, sub)
+            return self._render_obj(request, rt, out.obj, 201 if out.created else 200, out.warnings)
         if method == "DELETE" and sub is None:
-            options = await self._body(request, optional=True)
-            if isinstance(options, dict) and "preconditions" not in options:
-                pre = {k: query[k] for k in ("uid", "resourceVersion") if k in query}
-                if pre:
-                    options["preconditions"] = pre
-            obj = self.store.delete(rt, obj_ns, name, options)
-            if rt.custom or obj["metadata"].get("deletionTimestamp"):
-                return _json(obj)
+            options = await self._delete_body(request)
+            if options.get("dryRun"):
+                opts.dry_run = self._dry_run(options["dryRun"])
+            obj, gone = self.store.delete(rt, obj_ns, name, options, opts)
+            if not gone:
+                return self._render_obj(request, rt, obj)
             return _json(
                 {
                     "kind": "Status",
                     "apiVersion": "v1",
                     "metadata": {},
                     "status": "Success",
-                    "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": obj["metadata"]["uid"]},
+                    "details": details(name, rt.group, rt.plural, uid=obj["metadata"]["uid"]),
                 }
             )
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        raise ApiError(
+            405, "MethodNotAllowed", "the server does not allow this method on the requested resource", details()
+        )
+
+    def _render_obj(
+        self, request: web.Request, rt: ResourceType, obj: JSON, status: int = 200, warnings: list[str] | None = None
+    ) -> web.Response:
+        """An object answered; a stored one is encoded once for its answer, its watch event and later reads."""
+        stored = rt.group != "events.k8s.io" and self.store.is_stored(rt, obj)
+        return _render(request, obj, status, warnings, (lambda: self.store.encoded(obj)) if stored else None)
 
     @staticmethod
-    def _warnings(pruned: list[str]) -> dict[str, str] | None:
-        if not pruned:
-            return None
-        return {"Warning": ", ".join(f'299 - "unknown field \\"{p}\\""' for p in pruned)}
+    def _dry_run(values: Any) -> bool:
+        values = list(values) if isinstance(values, list | tuple) else [values]
+        values = [v for v in values if v]
+        if not values:
+            return False
+        bad = [v for v in values if v != "All"]
+        if bad:
+            err = invalid_error(
+                "meta.k8s.io", "CreateOptions", "", [forbidden("dryRun", f"unsupported value {bad[0]!r}")]
+            )
+            raise err
+        return True
 
-    @staticmethod
-    async def _body(request: web.Request, optional: bool = False) -> Any:
+    # bodies ---------------------------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request, rt: ResourceType, opts: WriteOptions) -> Any:
         raw = await request.read()
-        if not raw.strip():
-            if optional:
-                return {}
-            raise bad_request("the body of the request is empty")
-        try:
-            if request.content_type in ("application/yaml", patches.APPLY):
-                return yaml.safe_load(raw)
-            return json.loads(raw)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise bad_request(f"the body of the request could not be decoded: {exc}") from exc
-
-    def _list_doc(self, rt: ResourceType, items: list[JSON], cont: str | None = None, remaining: int = 0) -> JSON:
-        meta: JSON = {"resourceVersion": str(self.store.rv)}
-        if cont:
-            meta["continue"] = cont
-            meta["remainingItemCount"] = remaining
-        return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": items}
-
-    def _list(self, request: web.Request, rt: ResourceType, ns: str | None, predicate: Any) -> web.Response:
-        items = self.store.list_objects(rt, ns, predicate)
-        query = request.query
-        token = query.get("continue")
-        if token:
+        ctype = request.content_type or "application/json"
+        if ctype == "application/vnd.kubernetes.protobuf":
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the embedded API server does not decode protobuf: send application/json or application/yaml "
+                "(kubectl create <kind> sends protobuf; kubectl apply -f sends JSON)",
+            )
+        if ctype not in ("application/json", "application/yaml"):
+            raise unsupported_media_type(BODY_TYPES)
+        if ctype == "application/yaml":
             try:
-                after = tuple(json.loads(base64.urlsafe_b64decode(token.encode())))
-            except (ValueError, TypeError) as exc:
-                raise ApiError(410, "Expired", "the provided continue parameter is too old or invalid") from exc
-            items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > after]
-        cont: str | None = None
-        remaining = 0
-        limit = int(query.get("limit", "0") or 0)
-        if 0 < limit < len(items):
-            remaining = len(items) - limit
-            items = items[:limit]
-            last = items[-1]["metadata"]
-            cont = base64.urlsafe_b64encode(_dumps([last.get("namespace", ""), last["name"]])).decode()
-        if _wants_table(request):
-            return _json(to_table(rt, items, str(self.store.rv), query.get("includeObject", "")))
-        return _json(self._list_doc(rt, items, cont, remaining))
+                data = gojson.normalize_numbers(yaml.safe_load(raw)) if raw.strip() else None
+            except yaml.YAMLError as exc:
+                raise bad_request(f"the object provided is unrecognized (must be of type {rt.kind}): {exc}") from None
+            opts.raw = gojson.dumps(data) if data is not None else b""
+            if data is None:
+                raise bad_request(
+                    f"the object provided is unrecognized (must be of type {rt.kind}): couldn't get version/kind; "
+                    "json parse error: unexpected end of JSON input (<empty>)"
+                )
+            return data
+        opts.raw = raw
+        try:
+            return gojson.loads(raw)
+        except gojson.JSONSyntaxError as exc:
+            text = raw.decode("utf-8", errors="replace")
+            if not text:
+                summary = "<empty>"
+            elif text.startswith("{"):
+                summary = text if len(text) <= 30 else text[:30] + " ..."
+            else:
+                summary = raw[:30].hex() + (" ..." if len(raw) > 30 else "")
+            raise bad_request(
+                f"the object provided is unrecognized (must be of type {rt.kind}): couldn't get version/kind; "
+                f"json parse error: {exc} ({summary})"
+            ) from None
+
+    @staticmethod
+    async def _patch_body(request: web.Request, content_type: str) -> Any:
+        raw = await request.read()
+        if content_type == patches.APPLY:
+            try:
+                return gojson.normalize_numbers(yaml.safe_load(raw))
+            except yaml.YAMLError as exc:
+                raise bad_request(f"error decoding YAML: {exc}") from None
+        if content_type not in (patches.MERGE, patches.JSON_PATCH, patches.STRATEGIC):
+            return None  # the store answers 415
+        try:
+            return gojson.loads(raw)
+        except gojson.JSONSyntaxError as exc:
+            raise bad_request(f"error decoding patch: {exc}") from None
+
+    async def _delete_body(self, request: web.Request) -> JSON:
+        raw = await request.read()
+        options: JSON = {}
+        if raw.strip():
+            try:
+                loaded = gojson.loads(raw)
+            except gojson.JSONSyntaxError as exc:
+                raise bad_request(f"error decoding DeleteOptions: {exc}") from None
+            if isinstance(loaded, dict):
+                options = loaded
+        query = request.query
+        if "propagationPolicy" in query and "propagationPolicy" not in options:
+            options["propagationPolicy"] = query["propagationPolicy"]
+        if "orphanDependents" in query and "orphanDependents" not in options:
+            options["orphanDependents"] = query["orphanDependents"] == "true"
+        if "dryRun" in query and "dryRun" not in options:
+            options["dryRun"] = query.getall("dryRun")
+        pre = {k: query[k] for k in ("uid", "resourceVersion") if k in query}
+        if pre and "preconditions" not in options:
+            options["preconditions"] = pre
+        return options
+
+    # lists ----------------------------------------------------------------------------------------------
+
+    def _list_doc(self, rt: ResourceType, items: list[JSON], rv: int, cont: str = "", remaining: int = 0) -> JSON:
+        meta: JSON = {"resourceVersion": str(rv)}
+        if rt.custom:
+            meta = {"continue": cont, "resourceVersion": str(rv)}
+        elif cont:
+            meta["continue"] = cont
+        if remaining:
+            meta["remainingItemCount"] = remaining
+        if rt.custom:
+            shown = items
+        else:
+            shown = [
+                {k: v for k, v in self.store.view(rt, o).items() if k not in ("apiVersion", "kind")} for o in items
+            ]
+        return {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta, "items": shown}
+
+    def _encode_list(self, doc: JSON) -> bytes:
+        """A list of stored objects, from their cached encodings."""
+        head = gojson.dumps({k: v for k, v in doc.items() if k != "items"})
+        items = b",".join(self.store.encoded(o) for o in doc["items"])
+        return head[:-1] + b',"items":[' + items + b"]}"
+
+    @staticmethod
+    def _parse_rv(value: str, for_watch: bool = False) -> None:
+        try:
+            if int(value) < 0:
+                raise ValueError
+        except ValueError:
+            quoted = gojson.quote(value)
+            detail = f"resourceVersion: Invalid value: {quoted}: strconv.ParseUint: parsing {quoted}: invalid syntax"
+            if for_watch:
+                raise internal(detail) from None
+            raise bad_request(f"invalid resource version: {detail}") from None
+
+    async def _list(self, request: web.Request, rt: ResourceType, ns: str | None, predicate: Any) -> web.Response:
+        query = request.query
+        rv = query.get("resourceVersion")
+        match = query.get("resourceVersionMatch") or None
+        if match and not rv:
+            err = forbidden(
+                "resourceVersionMatch", "resourceVersionMatch is forbidden unless resourceVersion is provided"
+            )
+            raise invalid_error("meta.k8s.io", "ListOptions", "", [err])
+        if match not in (None, "Exact", "NotOlderThan"):
+            raise invalid_error(
+                "meta.k8s.io", "ListOptions", "", [forbidden("resourceVersionMatch", f"unsupported value {match!r}")]
+            )
+        if rv:
+            self._parse_rv(rv)
+        try:
+            limit = int(query.get("limit", "0") or 0)
+        except ValueError:
+            raise bad_request(f"limit: Invalid value: {query.get('limit')!r}") from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LIST_WAIT
+        while True:
+            try:
+                result = self.store.list_page(
+                    rt, ns, predicate, resource_version=rv, match=match, limit=limit, cont=query.get("continue")
+                )
+                break
+            except TooLargeResourceVersion as exc:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise ApiError(
+                        504,
+                        "Timeout",
+                        f"Timeout: Too large resource version: {exc.wanted}, current: {exc.current}",
+                        {
+                            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                            "retryAfterSeconds": 1,
+                        },
+                    ) from None
+                self.committed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.committed.wait(), timeout=min(left, 0.5))
+        fmt = _negotiate(request, listing=True)
+        items = [self.store.view(rt, o) for o in result.items] if rt.group == "events.k8s.io" else result.items
+        if fmt == "table":
+            return _json(to_table(rt, items, str(result.rv), query.get("includeObject", "")))
+        if fmt == "partial":
+            return _json(
+                {
+                    "kind": "PartialObjectMetadataList",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": {"resourceVersion": str(result.rv)},
+                    "items": [
+                        {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}
+                        for o in items
+                    ],
+                }
+            )
+        doc = self._list_doc(rt, result.items, result.rv, result.cont, result.remaining)
+        if not rt.custom or not result.items:
+            return _render(request, doc)
+        at_rest = all(self.store.is_stored(rt, o) for o in result.items)
+        return _render(request, doc, encoded=(lambda: self._encode_list(doc)) if at_rest else None)
+
+    async def _delete_collection(
+        self, request: web.Request, rt: ResourceType, ns: str | None, opts: WriteOptions
+    ) -> web.Response:
+        query = request.query
+        predicate = combine(
+            parse_label_selector(query.get("labelSelector")),
+            parse_field_selector(query.get("fieldSelector"), _field_getters(rt)),
+        )
+        options = await self._delete_body(request)
+        if options.get("dryRun"):
+            opts.dry_run = self._dry_run(options["dryRun"])
+        self.store.delete_options(options)
+        items = self.store.list_objects(rt, ns, predicate)
+        rv = self.store.rv
+        deleted = []
+        for o in items:
+            m = o["metadata"]
+            try:
+                obj, _ = self.store.delete(rt, m.get("namespace", ""), m["name"], options, opts)
+            except ApiError as err:
+                if err.code == 404:
+                    continue
+                raise
+            deleted.append(o if rt.group != "events.k8s.io" else obj)
+        return _render(request, self._list_doc(rt, deleted, rv))
+
+    # watches --------------------------------------------------------------------------------------------
 
     async def _watch(
         self, request: web.Request, rt: ResourceType, ns: str | None, predicate: Any
     ) -> web.StreamResponse:
         query = request.query
+        rv = query.get("resourceVersion")
+        if rv not in (None, ""):
+            self._parse_rv(str(rv), for_watch=True)
         timeout = float(query.get("timeoutSeconds", "0") or 0)
         bookmarks = query.get("allowWatchBookmarks", "") in ("true", "1")
-        watcher = self.store.watch(rt, ns, predicate, query.get("resourceVersion"))
-        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        initial_events = query.get("sendInitialEvents", "") in ("true", "1")
+        watcher, sent_initial = self.store.watch(rt, ns, predicate, rv, initial=True if initial_events else None)
+        if bookmarks and sent_initial and (rv in (None, "") or initial_events):
+            watcher.queue.put_nowait(self._bookmark(rt, {"k8s.io/initial-events-end": "true"}))
+        response = web.StreamResponse(status=200)
+        response.headers["Content-Type"] = "application/json"
         response.enable_chunked_encoding()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout if timeout > 0 else None
+        start = loop.time()
+        deadline = start + timeout if timeout > 0 else None
+        next_mark = start + self.config.bookmark_interval if bookmarks else None
+        pre_timeout = deadline - min(PRE_TIMEOUT_BOOKMARK, timeout / 2) if bookmarks and deadline is not None else None
         try:
             await response.prepare(request)
             while not self.stopping.is_set():
-                wait: float | None = self.config.bookmark_interval if bookmarks else None
-                if deadline is not None:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    wait = left if wait is None else min(wait, left)
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    break
+                due = [t for t in (next_mark, pre_timeout, deadline) if t is not None]
+                wait = max(0.0, min(due) - now) if due else None
                 try:
                     item = await asyncio.wait_for(watcher.queue.get(), wait)
                 except TimeoutError:
-                    if bookmarks and (deadline is None or loop.time() < deadline):
-                        mark = {
-                            "kind": rt.kind,
-                            "apiVersion": rt.api_version,
-                            "metadata": {"resourceVersion": str(self.store.rv)},
-                        }
-                        await response.write(_dumps({"type": "BOOKMARK", "object": mark}) + b"\n")
+                    now = loop.time()
+                    if pre_timeout is not None and now >= pre_timeout:
+                        pre_timeout = None
+                        await response.write(self._bookmark(rt))
+                    elif next_mark is not None and now >= next_mark:
+                        next_mark = now + self.config.bookmark_interval
+                        await response.write(self._bookmark(rt))
                     continue
                 if item is None:
                     break
@@ -495,9 +933,20 @@ class ApiServer:
             self.store.unwatch(watcher)
         return response
 
+    def _bookmark(self, rt: ResourceType, annotations: dict[str, str] | None = None) -> bytes:
+        meta: JSON = {"resourceVersion": str(self.store.rv), "creationTimestamp": None}
+        if annotations:
+            meta["annotations"] = annotations
+        return (
+            gojson.dumps(
+                {"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}}
+            )
+            + b"\n"
+        )
+
     async def _admin(self, request: web.Request, rest: list[str]) -> web.Response:
         if rest == ["fail"] and request.method == "POST":
-            body = await self._body(request)
+            body = json.loads(await request.read())
             self.store.inject_failures(str(body["resource"]), int(body.get("count", 1)), int(body.get("code", 500)))
             return _json({"ok": True})
         if rest == ["close-watches"] and request.method == "POST":
@@ -510,19 +959,30 @@ class ApiServer:
                     "watchers": sum(len(w) for w in self.store.watchers.values()),
                 }
             )
-        raise _not_found_path()
+        raise PageNotFound()
 
 
 def load_crds(store: Store, crd_dir: str | Path | None) -> int:
-    """Create every CustomResourceDefinition found in ``crd_dir/*.yaml`` (sorted by file name)."""
+    """Create and establish every CustomResourceDefinition found in ``crd_dir/*.yaml`` (sorted by file name),
+    as if they had been installed before the server started."""
     if crd_dir is None:
         return 0
+    from controller.apiserver.crd import established_status
+    from controller.apiserver.store import now
+
     crd_type = store.types[CRD_KEY]
     count = 0
     for path in sorted(Path(crd_dir).glob("*.y*ml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
-                store.create(crd_type, "", doc)
+                created = store.create(crd_type, "", gojson.normalize_numbers(doc), WriteOptions("kube-apiserver")).obj
+                store.controller_update(
+                    crd_type,
+                    created,
+                    dict(created, status=established_status(created, now())),
+                    "status",
+                    "kube-apiserver",
+                )
                 count += 1
     return count
 
@@ -594,12 +1054,15 @@ def start_server(
     *,
     host: str = "127.0.0.1",
     kubeconfig_path: str | Path | None = None,
-    bookmark_interval: float = 5.0,
+    bookmark_interval: float = 60.0,
     history_size: int = 10_000,
     rbac: Rbac | None = None,
 ) -> ApiServerHandle:
     """Start the server in a daemon thread; returns once it accepts connections. With ``rbac``, requests
-    bearing one of its service-account tokens are authorized by its rules (:mod:`controller.apiserver.authz`)."""
+    bearing one of its service-account tokens are authorized by its rules (:mod:`controller.apiserver.authz`).
+
+    ``bookmark_interval`` is how often an idle watch with ``allowWatchBookmarks`` gets a BOOKMARK (the real server:
+    about a minute); ``history_size`` is the window of events watches can resume from."""
     result: dict[str, Any] = {}
     started = threading.Event()
     loop = asyncio.new_event_loop()
@@ -608,6 +1071,7 @@ def start_server(
     async def setup() -> None:
         store = Store(history_size=history_size)
         load_crds(store, crd_dir)
+        Controllers(store, asyncio.get_running_loop())
         server = ApiServer(store, config, rbac)
         # handler_cancellation: a watch whose client went away is cancelled at once, so its watcher is dropped.
         runner = web.AppRunner(

@@ -1,116 +1,111 @@
 """The object store: etcd-like versioning, the write semantics of kube-apiserver's generic registry, watches.
 
 Everything here runs on the server's event loop thread, so no locks: a write and the notification of every
-watcher happen synchronously, with no ``await`` in between, which is what makes "list at rv N, then watch
-from N" gap-free. Stored objects are never mutated after a commit (every write builds a new top-level dict
-and a new ``metadata`` dict), so an object can be shared by the store, the history and the watch queues.
+watcher and controller happen synchronously, with no ``await`` in between, which is what makes "list at rv N,
+then watch from N" gap-free. Stored objects are never mutated after a commit (every write builds a new top-level
+dict and a new ``metadata`` dict), so an object can be shared by the store, the history and the watch queues.
 
-Costs: a get/write is a dict lookup plus the validation of the written object; a list scans only its own
-kind; watching from a resourceVersion indexes straight into the history window (one event per rv).
+Versions and compaction are realistic: the resourceVersion counter starts at :data:`RV_BASE`, everything before
+it counts as compacted (a watch from ``1`` gets ``410 Expired``), and only the last ``history_size`` events stay
+in the window that watches resume from and consistent lists (``resourceVersionMatch=Exact``, continue tokens)
+are served from.
+
+A write, as the real registry does it: decode (typed for built-in kinds, pruned and defaulted for custom
+resources), check the preconditions (uid, resourceVersion; a PUT of a kind without unconditional updates must
+carry one), apply the server's rules (server-set metadata, status subresource, generation, finalizers,
+deletion), validate (ObjectMeta, then the kind), record field ownership, commit. ``dryRun`` stops before the
+commit. Costs: a get or write is a dict lookup plus the work proportional to the written object; a list scans
+only its own kind; watching from a resourceVersion indexes straight into the history window.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import copy
 import json
 import random
-import re
+import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
 
-from controller.apiserver import patches
-from controller.apiserver.resources import JSON, ResourceType, builtin_types, from_crd
-from controller.apiserver.schema import FieldError, Schema
+from controller.apiserver import builtins as B
+from controller.apiserver import crd as crds
+from controller.apiserver import gojson, managed, meta, patches
+from controller.apiserver.errors import (
+    ApiError,
+    FieldError,
+    already_exists,
+    bad_request,
+    conflict,
+    details,
+    internal,
+    invalid,
+    invalid_error,
+    not_found,
+    not_supported,
+    required,
+    unsupported_media_type,
+)
+from controller.apiserver.gotypes import OBJECT_META, DecodeError, decode
+from controller.apiserver.resources import CRD_KEY, NS_KEY, ResourceType, builtin_types, from_crd
+from controller.apiserver.schema import BLOCKING, NOT_CHECKED, Schema
 from controller.apiserver.selectors import Predicate
 
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_USER_META = ("name", "generateName", "namespace", "labels", "annotations", "finalizers", "ownerReferences")
+JSON = dict[str, Any]
+RV_BASE = 100_000
+_GEN_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _SERVER_META = (
     "uid",
     "creationTimestamp",
     "deletionTimestamp",
     "deletionGracePeriodSeconds",
     "generation",
-    "namespace",
-    "name",
-    "generateName",
+    "managedFields",
 )
-_GEN_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
-CRD_KEY = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-NS_KEY = ("", "v1", "namespaces")
+_USER_META = ("name", "generateName", "namespace", "labels", "annotations", "finalizers", "ownerReferences")
+CONTROLLER_MANAGER = "kube-controller-manager"
+CUSTOM_PATCH_TYPES = [patches.JSON_PATCH, patches.MERGE, patches.APPLY]
+BUILTIN_PATCH_TYPES = [patches.JSON_PATCH, patches.MERGE, patches.APPLY, patches.STRATEGIC]
+BODY_TYPES = ["application/json", "application/yaml", "application/vnd.kubernetes.protobuf"]
+NS_FINALIZER = "kubernetes"
+CRD_CLEANUP = "customresourcecleanup.apiextensions.k8s.io"
+
+
+_NOW: list[Any] = [0, ""]
 
 
 def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 to the second, as metav1.Time is written (formatted once per second)."""
+    second = int(time.time())
+    if second != _NOW[0]:
+        _NOW[0] = second
+        _NOW[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(_NOW[1])
 
 
-class ApiError(Exception):
-    """An API failure; :meth:`status` is the ``kind: Status`` body the real server would send."""
+@dataclass
+class WriteOptions:
+    """How a write was asked for: its field manager, dryRun, fieldValidation, force (apply), raw body."""
 
-    def __init__(self, code: int, reason: str, message: str, details: JSON | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.details = details
-
-    def status(self) -> JSON:
-        body: JSON = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
-        if self.details is not None:
-            body["details"] = self.details
-        return body
+    manager: str = ""
+    dry_run: bool = False
+    validation: str = "Warn"  # Strict | Warn | Ignore
+    force: bool = False
+    raw: bytes = b""
 
 
-def not_found(rt: ResourceType, name: str) -> ApiError:
-    return ApiError(
-        404,
-        "NotFound",
-        f'{rt.group_resource} "{name}" not found',
-        {"name": name, "group": rt.group, "kind": rt.plural},
-    )
-
-
-def conflict(rt: ResourceType, name: str, message: str | None = None) -> ApiError:
-    text = message or "the object has been modified; please apply your changes to the latest version and try again"
-    return ApiError(
-        409,
-        "Conflict",
-        f'Operation cannot be fulfilled on {rt.group_resource} "{name}": {text}',
-        {"name": name, "group": rt.group, "kind": rt.plural},
-    )
-
-
-def invalid(rt: ResourceType, name: str, errors: list[FieldError]) -> ApiError:
-    bodies = [e.message for e in errors]
-    summary = bodies[0] if len(bodies) == 1 else "[" + ", ".join(bodies) + "]"
-    return ApiError(
-        422,
-        "Invalid",
-        f'{rt.qualified_kind} "{name}" is invalid: {summary}',
-        {
-            "name": name,
-            "group": rt.group,
-            "kind": rt.kind,
-            "causes": [{"reason": e.reason, "message": e.message.split(": ", 1)[-1], "field": e.field} for e in errors],
-        },
-    )
-
-
-def bad_request(message: str) -> ApiError:
-    return ApiError(400, "BadRequest", message)
+@dataclass
+class Outcome:
+    obj: JSON
+    warnings: list[str] = field(default_factory=list)
+    created: bool = False
 
 
 @dataclass
@@ -120,16 +115,29 @@ class Event:
     type: str
     obj: JSON
     old: JSON | None
-    _data: bytes | None = None
+    encoded: bytes | None = None  # the object's JSON, when the store has it already
+    _data: dict[tuple[str, str, str] | None, bytes] = field(default_factory=dict)
 
-    def data(self) -> bytes:
-        if self._data is None:
-            self._data = encode_event(self.type, self.obj)
-        return self._data
+    def data(self, view: ResourceType | None) -> bytes:
+        key = view.key if view is not None and view.group == "events.k8s.io" else None
+        cached = self._data.get(key)
+        if cached is None:
+            if key is None and self.encoded is not None:
+                cached = event_line(self.type, self.encoded)
+            else:
+                obj = B.event_to_v1(self.obj) if key is not None else self.obj
+                cached = encode_event(self.type, obj)
+            self._data[key] = cached
+        return cached
 
 
 def encode_event(kind: str, obj: JSON) -> bytes:
-    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
+    return gojson.dumps({"type": kind, "object": obj}) + b"\n"
+
+
+def event_line(kind: str, encoded: bytes) -> bytes:
+    """A watch event around an object already encoded."""
+    return b'{"type":"' + kind.encode() + b'","object":' + encoded + b"}\n"
 
 
 @dataclass(eq=False)
@@ -139,27 +147,38 @@ class Watcher:
     skey: tuple[str, str]
     namespace: str | None
     predicate: Predicate | None
+    view: ResourceType | None = None
+    min_rv: int = 0
     queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
 
     def offer(self, event: Event) -> None:
+        if event.rv <= self.min_rv:
+            return
         ns = event.obj["metadata"].get("namespace", "")
         if self.namespace is not None and ns != self.namespace:
             return
         if self.predicate is None:
-            self.queue.put_nowait(event.data())
+            self.queue.put_nowait(event.data(self.view))
             return
         now_match = self.predicate(event.obj)
         if event.type == "DELETED":
             if now_match:
-                self.queue.put_nowait(event.data())
+                self.queue.put_nowait(event.data(self.view))
             return
         was_match = event.old is not None and self.predicate(event.old)
         if now_match and was_match:
-            self.queue.put_nowait(event.data())
+            self.queue.put_nowait(event.data(self.view))
         elif now_match:
-            self.queue.put_nowait(encode_event("ADDED", event.obj))
-        elif was_match:
-            self.queue.put_nowait(encode_event("DELETED", event.obj))
+            self.queue.put_nowait(encode_event("ADDED", self._shown(event.obj)))
+        elif was_match and event.old is not None:
+            # Leaving the selection: DELETED with the previous content at the event's resourceVersion (as the
+            # real watch cache does).
+            old = dict(event.old)
+            old["metadata"] = dict(event.old["metadata"], resourceVersion=event.obj["metadata"]["resourceVersion"])
+            self.queue.put_nowait(encode_event("DELETED", self._shown(old)))
+
+    def _shown(self, obj: JSON) -> JSON:
+        return B.event_to_v1(obj) if self.view is not None and self.view.group == "events.k8s.io" else obj
 
 
 @dataclass
@@ -168,65 +187,120 @@ class Fault:
     remaining: int
 
 
+@dataclass
+class ListResult:
+    items: list[JSON]
+    rv: int
+    cont: str = ""
+    remaining: int = 0
+
+
+class TooLargeResourceVersion(Exception):
+    """A list asked for a resourceVersion the store has not reached (the server waits, then answers 504)."""
+
+    def __init__(self, wanted: int, current: int) -> None:
+        super().__init__(f"Too large resource version: {wanted}, current: {current}")
+        self.wanted = wanted
+        self.current = current
+
+
+def _too_old_list() -> ApiError:
+    return ApiError(410, "Expired", "The resourceVersion for the provided list is too old.")
+
+
+_CONTINUE_TOO_OLD = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new list "
+    "without the continue parameter, or use the continue token in this response to retrieve the remainder of the "
+    "results. Continuing with the provided token results in an inconsistent list - objects that were created, "
+    "modified, or deleted between the time the first chunk was returned and now may show up in the list."
+)
+
+
 class Store:
     """All objects of all kinds, the global resourceVersion counter and the bounded event history."""
 
-    def __init__(self, history_size: int = 10_000) -> None:
-        self.rv = 0
+    def __init__(self, history_size: int = 10_000, rv_base: int = RV_BASE) -> None:
+        self.rv = rv_base
         self.types: dict[tuple[str, str, str], ResourceType] = {}
-        self.schemas: dict[tuple[str, str], Schema | None] = {}
+        self.schemas: dict[tuple[str, str, str], Schema | None] = {}
         self.objects: dict[tuple[str, str], dict[tuple[str, str], JSON]] = {}
         self.history: deque[Event] = deque(maxlen=history_size)
-        self.compacted_rv = 0  # events up to this rv have left the window
+        self.compacted_rv = rv_base  # events up to this rv have left the window
         self.watchers: dict[tuple[str, str], set[Watcher]] = {}
+        self.listeners: list[Callable[[Event], None]] = []
         self.faults: dict[str, Fault] = {}
+        self.crd_order: list[tuple[str, str]] = []  # (group, plural) in establishment order
+        #: Field ownership of each object: managedFields entry -> its fieldsV1 trie (see managed.py).
+        self.fields: dict[tuple[tuple[str, str], str, str], dict[tuple[str, str, str], managed.Trie]] = {}
+        #: The JSON of stored objects, encoded once (they never change), by id: answers, watches and lists
+        #: reuse it. Holds only current objects (an entry goes when its object is replaced or deleted).
+        self._encoded: dict[int, tuple[JSON, bytes]] = {}
         for rt in builtin_types():
             self.register(rt)
         ns_type = self.types[NS_KEY]
-        for name in ("default", "kube-system", "kube-public"):
-            self.create(ns_type, "", {"metadata": {"name": name}})
+        for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.create(
+                ns_type,
+                "",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+                WriteOptions("kube-apiserver"),
+            )
 
     # -- kinds -----------------------------------------------------------------------------------------
 
     def register(self, rt: ResourceType) -> None:
         self.types[rt.key] = rt
-        skey = (rt.group, rt.plural)
-        self.schemas[skey] = Schema(rt.schema) if rt.schema else None
-        self.objects.setdefault(skey, {})
+        self.schemas[rt.key] = Schema(rt.schema) if rt.schema else None
+        self.objects.setdefault(rt.storage_key, {})
 
     def find(self, group: str, version: str, plural: str) -> ResourceType | None:
         return self.types.get((group, version, plural))
 
-    def _apply_crd(self, crd: JSON) -> None:
-        for rt in from_crd(crd):
-            self.register(rt)
-
-    def _drop_crd(self, crd: JSON) -> None:
-        spec = crd.get("spec") or {}
-        group, plural = spec.get("group", ""), (spec.get("names") or {}).get("plural", "")
+    def _apply_crd(self, obj: JSON) -> None:
+        if not crds.established(obj):
+            return
+        group, plural = crds.served_names(obj)
         for key in [k for k in self.types if k[0] == group and k[2] == plural]:
             del self.types[key]
+        for rt in from_crd(obj):
+            self.register(rt)
+        if (group, plural) not in self.crd_order:
+            self.crd_order.append((group, plural))
+
+    def _drop_crd(self, obj: JSON) -> None:
+        group, plural = crds.served_names(obj)
+        for key in [k for k in self.types if k[0] == group and k[2] == plural]:
+            del self.types[key]
+            self.schemas.pop(key, None)
         self.objects.pop((group, plural), None)
+        if (group, plural) in self.crd_order:
+            self.crd_order.remove((group, plural))
         for watcher in self.watchers.pop((group, plural), set()):
             watcher.queue.put_nowait(None)
 
     # -- faults ----------------------------------------------------------------------------------------
 
     def inject_failures(self, plural: str, count: int, code: int = 500) -> None:
-        """Make the next ``count`` writes (create/update/patch/delete) to resources named ``plural`` fail."""
-        self.faults[plural] = Fault(code, count)
+        """The next ``count`` writes to ``plural`` fail with ``code`` (test hook; ``count=0`` clears)."""
+        if count <= 0:
+            self.faults.pop(plural, None)
+        else:
+            self.faults[plural] = Fault(code, count)
 
     def _maybe_fail(self, rt: ResourceType, name: str) -> None:
         fault = self.faults.get(rt.plural)
-        if fault is None or fault.remaining <= 0:
+        if fault is None:
             return
         fault.remaining -= 1
-        if fault.code == 409:
-            raise conflict(rt, name)
-        raise ApiError(fault.code, "InternalError", f"Internal error occurred: injected failure on {rt.plural}")
+        if fault.remaining <= 0:
+            del self.faults[rt.plural]
+        reasons = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}
+        raise ApiError(
+            fault.code, reasons.get(fault.code, "InternalError"), f"injected failure for {rt.plural} {name!r}"
+        )
 
     def close_watches(self) -> int:
-        """End every watch stream (as an API server restart would); returns how many were closed."""
+        """End every open watch stream (as an API server restart would); returns how many were closed."""
         count = 0
         for watchers in self.watchers.values():
             for watcher in watchers:
@@ -235,327 +309,602 @@ class Store:
             watchers.clear()
         return count
 
-    # -- reads -----------------------------------------------------------------------------------------
+    # -- views -----------------------------------------------------------------------------------------
 
-    def get(self, rt: ResourceType, ns: str, name: str) -> JSON:
-        obj = self.objects[(rt.group, rt.plural)].get((ns, name))
-        if obj is None:
-            raise not_found(rt, name)
+    def encoded(self, obj: JSON) -> bytes:
+        """The JSON of a stored object (call it for current stored objects only: they are cached)."""
+        hit = self._encoded.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        data = gojson.dumps(obj)
+        self._encoded[id(obj)] = (obj, data)
+        return data
+
+    def is_stored(self, rt: ResourceType, obj: JSON) -> bool:
+        m = obj.get("metadata") or {}
+        return self.objects.get(rt.storage_key, {}).get((m.get("namespace", ""), m.get("name", ""))) is obj
+
+    @staticmethod
+    def view(rt: ResourceType, obj: JSON) -> JSON:
+        """A stored object as ``rt`` presents it (events.k8s.io/v1 Events are stored as core/v1 ones)."""
+        if rt.group == "events.k8s.io":
+            return B.event_to_v1(obj)
         return obj
 
+    # -- reads -----------------------------------------------------------------------------------------
+
+    def _stored(self, rt: ResourceType, ns: str, name: str) -> JSON:
+        obj = self.objects[rt.storage_key].get((ns if rt.namespaced else "", name))
+        if obj is None:
+            raise not_found(rt.group, rt.plural, name)
+        return obj
+
+    def get(self, rt: ResourceType, ns: str, name: str) -> JSON:
+        return self.view(rt, self._stored(rt, ns, name))
+
     def list_objects(self, rt: ResourceType, ns: str | None, predicate: Predicate | None) -> list[JSON]:
-        objs = self.objects[(rt.group, rt.plural)]
+        """Current objects, sorted by (namespace, name), in the storage form."""
+        objs = self.objects[rt.storage_key]
         keys = sorted(objs) if ns is None else sorted(k for k in objs if k[0] == ns)
         items = [objs[k] for k in keys]
         if predicate is not None:
             items = [o for o in items if predicate(o)]
         return items
 
-    # -- writes ----------------------------------------------------------------------------------------
+    def snapshot(self, skey: tuple[str, str], rv: int) -> dict[tuple[str, str], JSON]:
+        """The objects of a kind as they were at ``rv`` (within the history window)."""
+        if rv < self.compacted_rv:
+            raise _too_old_list()
+        current = self.objects.get(skey, {})
+        if rv >= self.rv:
+            return current
+        undo: dict[tuple[str, str], JSON | None] = {}
+        for event in reversed(self.history):
+            if event.rv <= rv:
+                break
+            if event.skey != skey:
+                continue
+            m = event.obj["metadata"]
+            undo[(m.get("namespace", ""), m["name"])] = None if event.type == "ADDED" else event.old
+        if not undo:
+            return current
+        out = dict(current)
+        for key, obj in undo.items():
+            if obj is None:
+                out.pop(key, None)
+            else:
+                out[key] = obj
+        return out
 
-    def _commit(self, rt: ResourceType, kind: str, new: JSON, old: JSON | None) -> JSON:
+    def list_page(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        predicate: Predicate | None,
+        *,
+        resource_version: str | None = None,
+        match: str | None = None,
+        limit: int = 0,
+        cont: str | None = None,
+    ) -> ListResult:
+        """A LIST with the real server's resourceVersion semantics (unset: consistent; ``0``: any, no paging;
+        N: not older than N, or exactly N with ``Exact`` or with a limit); :class:`TooLargeResourceVersion`."""
+        skey = rt.storage_key
+        start_after: tuple[str, ...] | None = None
+        at: int | None = None
+        if cont:
+            at, start_after = self._decode_continue(cont, ns)
+            if at < self.compacted_rv:
+                raise ApiError(410, "Expired", _CONTINUE_TOO_OLD)
+        elif resource_version not in (None, ""):
+            wanted = int(str(resource_version))
+            if wanted > self.rv and wanted != 0:
+                raise TooLargeResourceVersion(wanted, self.rv)
+            if match == "Exact" or (match is None and limit > 0 and wanted != 0):
+                at = wanted
+            if wanted == 0:
+                limit = 0  # served from the watch cache: no paging
+        objs = self.snapshot(skey, at) if at is not None else self.objects[skey]
+        keys = sorted(objs) if ns is None else sorted(k for k in objs if k[0] == ns)
+        if start_after is not None:
+            keys = [k for k in keys if self._continue_key(k, ns) > start_after]
+        items = [objs[k] for k in keys]
+        if predicate is not None:
+            items = [o for o in items if predicate(o)]
+        rv = at if at is not None else self.rv
+        if 0 < limit < len(items):
+            remaining = len(items) - limit
+            items = items[:limit]
+            last = items[-1]["metadata"]
+            key = self._continue_key((last.get("namespace", ""), last["name"]), ns)
+            return ListResult(items, rv, self._encode_continue(rv, key), remaining)
+        return ListResult(items, rv)
+
+    @staticmethod
+    def _continue_key(key: tuple[str, str], ns: str | None) -> tuple[str, ...]:
+        return (key[1],) if ns is not None or not key[0] else key
+
+    @staticmethod
+    def _encode_continue(rv: int, key: tuple[str, ...]) -> str:
+        start = "/" + "/".join(key) + "\u0000"
+        raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}, separators=(",", ":"))
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+    def _decode_continue(self, token: str, ns: str | None) -> tuple[int, tuple[str, ...]]:
+        def bad(why: str) -> ApiError:
+            return bad_request(f"invalid continue token: continue key is not valid: {why}")
+
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        except (binascii.Error, ValueError):
+            raise bad("illegal base64 data at input byte 0") from None
+        try:
+            data = gojson.loads(raw)
+        except gojson.JSONSyntaxError as exc:
+            raise bad(str(exc)) from None
+        if not isinstance(data, dict) or data.get("v") != "meta.k8s.io/v1":
+            raise bad("incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+        rv = data.get("rv")
+        start = data.get("start")
+        if not isinstance(rv, int) or rv <= 0 or not isinstance(start, str):
+            raise bad("incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+        parts = tuple(start.rstrip("\u0000").lstrip("/").split("/"))
+        return rv, parts
+
+    # -- the write path --------------------------------------------------------------------------------
+
+    def _commit(
+        self, rt: ResourceType, kind: str, new: JSON, old: JSON | None, tries: dict[Any, managed.Trie] | None = None
+    ) -> JSON:
         self.rv += 1
         new["metadata"]["resourceVersion"] = str(self.rv)
-        skey = (rt.group, rt.plural)
+        skey = rt.storage_key
         key = (new["metadata"].get("namespace", ""), new["metadata"]["name"])
+        if old is not None:
+            self._encoded.pop(id(old), None)
+        encoded = None
         if kind == "DELETED":
             self.objects[skey].pop(key, None)
+            self.fields.pop((skey, *key), None)
         else:
             self.objects[skey][key] = new
-        event = Event(self.rv, skey, kind, new, old)
+            if tries is not None:
+                self.fields[(skey, *key)] = tries
+            if self.watchers.get(skey):
+                encoded = self.encoded(new)
+        event = Event(self.rv, skey, kind, new, old, encoded)
         if self.history.maxlen is not None and len(self.history) == self.history.maxlen:
             self.compacted_rv = self.history[0].rv
         self.history.append(event)
-        for watcher in self.watchers.get(skey, ()):
+        for watcher in list(self.watchers.get(skey, ())):
             watcher.offer(event)
         if rt.key == CRD_KEY:
             if kind == "DELETED":
                 self._drop_crd(new)
             else:
                 self._apply_crd(new)
+        for listener in self.listeners:
+            listener(event)
         return new
 
-    def _check_namespace(self, rt: ResourceType, ns: str) -> None:
-        if rt.namespaced and ("", ns) not in self.objects[("", "namespaces")]:
-            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
+    def _entries(self, rt: ResourceType, obj: JSON) -> list[JSON]:
+        """An object's managedFields entries with their fieldsV1 (kept beside the object)."""
+        m = obj["metadata"]
+        tries = self.fields.get((rt.storage_key, m.get("namespace", ""), m["name"]), {})
+        return [
+            dict(e, fieldsType="FieldsV1", fieldsV1=tries.get(managed.entry_key(e), {}))
+            for e in m.get("managedFields") or []
+        ]
 
-    def _user_meta(self, meta: Any, rt: ResourceType, name: str) -> JSON:
-        if meta is None:
-            meta = {}
-        if not isinstance(meta, dict):
-            raise bad_request("metadata must be an object")
-        out = {k: meta[k] for k in _USER_META if meta.get(k) is not None}
-        errors: list[FieldError] = []
-        for key, value in (out.get("labels") or {}).items():
-            if not isinstance(value, str):
-                raise bad_request(
-                    f"json: cannot unmarshal {type(value).__name__} into Go struct field "
-                    f"ObjectMeta.metadata.labels of type string"
-                )
-            if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
-                errors.append(
-                    FieldError(
-                        "FieldValueInvalid",
-                        "metadata.labels",
-                        f'metadata.labels: Invalid value: "{value}": a valid label must be an empty string or '
-                        "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-                        "alphanumeric character",
-                    )
-                )
-            if not key or len(key.split("/")[-1]) > 63:
-                errors.append(
-                    FieldError("FieldValueInvalid", "metadata.labels", f'metadata.labels: Invalid value: "{key}"')
-                )
-        for key, value in (out.get("annotations") or {}).items():
-            if not isinstance(value, str):
-                raise bad_request(f"annotation {key} must be a string")
-        finalizers = out.get("finalizers")
-        if finalizers is not None and (
-            not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)
-        ):
-            raise bad_request("metadata.finalizers must be a list of strings")
-        if errors:
-            raise invalid(rt, name, errors)
-        return out
+    @staticmethod
+    def _split(entries: list[JSON]) -> tuple[list[JSON], dict[Any, managed.Trie]]:
+        """(the entries an object shows, without fieldsV1; the tries the store keeps)."""
+        shown: list[JSON] = []
+        tries: dict[Any, managed.Trie] = {}
+        for e in entries:
+            tries[managed.entry_key(e)] = e.get("fieldsV1") or {}
+            shown.append({k: v for k, v in e.items() if k not in ("fieldsV1", "fieldsType")})
+        return shown, tries
 
-    def create(self, rt: ResourceType, ns: str, body: Any, strict: bool = False) -> tuple[JSON, list[str]]:
-        if not isinstance(body, dict):
-            raise bad_request("the body of the request must be a JSON object")
-        meta_in = body.get("metadata") or {}
-        name = meta_in.get("name") if isinstance(meta_in, dict) else None
-        self._maybe_fail(rt, name or "")
-        meta = self._user_meta(meta_in, rt, name or "")
-        body_ns = meta.get("namespace")
-        if rt.namespaced:
-            if body_ns and body_ns != ns:
-                raise bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["namespace"] = ns
-            self._check_namespace(rt, ns)
+    # decoding --------------------------------------------------------------------------------------------
+
+    def _unrecognized(self, rt: ResourceType, why: str, raw: bytes) -> ApiError:
+        text = raw.decode("utf-8", errors="replace")
+        if not text:
+            summary = "<empty>"
+        elif text.startswith("{"):
+            summary = text if len(text) <= 30 else text[:30] + " ..."
         else:
-            meta.pop("namespace", None)
-            ns = ""
-        if not name:
-            prefix = meta.get("generateName")
-            if not prefix:
-                raise invalid(
-                    rt,
-                    "",
-                    [
-                        FieldError(
-                            "FieldValueRequired",
-                            "metadata.name",
-                            "metadata.name: Required value: name or generateName is required",
-                        )
-                    ],
-                )
-            objs = self.objects[(rt.group, rt.plural)]
-            for _ in range(100):
-                name = str(prefix) + "".join(random.choice(_GEN_ALPHABET) for _ in range(5))
-                if (ns, name) not in objs:
-                    break
-            meta["name"] = name
-        assert isinstance(name, str)
-        self._validate_name(rt, name)
-        if (ns, name) in self.objects[(rt.group, rt.plural)]:
-            raise ApiError(
-                409,
-                "AlreadyExists",
-                f'{rt.group_resource} "{name}" already exists',
-                {"name": name, "group": rt.group, "kind": rt.plural},
-            )
-        obj = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "metadata")}
-        obj = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": meta, **obj}
-        if rt.status_subresource:
-            obj.pop("status", None)  # create cannot set status when the status subresource is enabled
-        pruned = self._admit(rt, name, obj, None, strict)
-        meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = now()
-        if rt.generation:
-            meta["generation"] = 1
-        if rt.key == NS_KEY:
-            obj["spec"] = {"finalizers": ["kubernetes"]}
-            obj["status"] = {"phase": "Active"}
-        if rt.key == CRD_KEY:
-            self._admit_crd(rt, obj)
-        return self._commit(rt, "ADDED", obj, None), pruned
+            summary = raw[:30].hex() + (" ..." if len(raw) > 30 else "")
+        return bad_request(f"the object provided is unrecognized (must be of type {rt.kind}): {why} ({summary})")
 
-    def _validate_name(self, rt: ResourceType, name: str) -> None:
-        if rt.plural == "events":
-            ok = bool(name) and len(name) <= 253 and "/" not in name
-        else:
-            ok = len(name) <= 253 and _NAME_RE.match(name) is not None
-        if not ok:
-            raise invalid(
-                rt,
-                name,
-                [
-                    FieldError(
-                        "FieldValueInvalid",
-                        "metadata.name",
-                        f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower '
-                        "case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
-                        "character (e.g. 'example.com', regex used for validation is "
-                        "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-                    )
-                ],
-            )
+    def _cannot_handle(self, rt: ResourceType, why: str) -> ApiError:
+        return bad_request(f"{rt.kind} in version {gojson.quote(rt.version)} cannot be handled as a {rt.kind}: {why}")
 
-    def _admit_crd(self, rt: ResourceType, obj: JSON) -> None:
-        spec = obj.get("spec") or {}
-        names = spec.get("names") or {}
-        expected = f"{names.get('plural', '')}.{spec.get('group', '')}"
-        name = obj["metadata"]["name"]
-        if name != expected:
-            raise invalid(
-                rt,
-                name,
-                [
-                    FieldError(
-                        "FieldValueInvalid",
-                        "metadata.name",
-                        f'metadata.name: Invalid value: "{name}": must be spec.names.plural+"."+spec.group',
-                    )
-                ],
-            )
-        try:
-            from_crd(obj)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise invalid(rt, name, [FieldError("FieldValueInvalid", "spec", f"spec: Invalid value: {exc}")]) from exc
-        obj["status"] = {
-            "acceptedNames": names,
-            "conditions": [
-                {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now()}
-                for t, r, m in (
-                    ("NamesAccepted", "NoConflicts", "no conflicts found"),
-                    ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
-                )
-            ],
-            "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")],
-        }
-
-    def _admit(self, rt: ResourceType, name: str, obj: JSON, old: JSON | None, strict: bool) -> list[str]:
-        """Prune, default and validate ``obj`` in place; returns the pruned (unknown) field paths."""
-        schema = self.schemas.get((rt.group, rt.plural))
-        if schema is None:
-            return []
-        pruned = schema.prune(obj)
-        if strict and pruned:
-            raise bad_request("strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in pruned))
-        schema.default(obj)
-        errors = schema.validate(obj, old)
-        if errors:
-            raise invalid(rt, name, errors)
-        return pruned
-
-    def replace(
-        self, rt: ResourceType, ns: str, name: str, body: Any, subresource: str | None = None, strict: bool = False
+    def decode_body(
+        self, rt: ResourceType, body: Any, opts: WriteOptions, *, check_type: bool = True, old: JSON | None = None
     ) -> tuple[JSON, list[str]]:
+        """A request body as the real decoder takes it: kind and apiVersion checked, the object typed (built-in
+        kinds) or pruned and defaulted (custom resources). Returns the object in storage form and the warnings."""
         if not isinstance(body, dict):
-            raise bad_request("the body of the request must be a JSON object")
-        old = self.get(rt, ns if rt.namespaced else "", name)
-        return self._update(rt, old, body, subresource, strict)
+            raise self._unrecognized(
+                rt,
+                f"couldn't get version/kind; json parse error: json: cannot unmarshal {gojson.json_type(body)} into Go "
+                'value of type struct { APIVersion string "json:\\"apiVersion,omitempty\\""; Kind string '
+                '"json:\\"kind,omitempty\\"" }',
+                opts.raw,
+            )
+        if check_type:
+            kind = body.get("kind")
+            api_version = body.get("apiVersion")
+            if not rt.custom:
+                # A typed (built-in) kind: the decoder defaults what is missing from the endpoint's group, version
+                # and kind. Only custom resources, decoded as unstructured, must carry both.
+                if not kind:
+                    kind = rt.kind
+                    if not api_version:
+                        api_version = rt.api_version
+                elif not api_version:
+                    api_version = rt.api_version
+            if not kind:
+                raw = opts.raw.decode("utf-8", errors="replace") if opts.raw else gojson.dumps(body).decode()
+                raise self._unrecognized(rt, f"Object 'Kind' is missing in '{raw}'", opts.raw or raw.encode())
+            if api_version != rt.api_version:
+                err = bad_request(
+                    f"the API version in the data ({api_version or ''}) does not match the expected API version "
+                    f"({rt.api_version})"
+                )
+                if rt.custom and api_version:
+                    err.warnings = [
+                        f'unknown field "{k}"' for k in sorted(body) if k not in ("apiVersion", "kind", "metadata")
+                    ]
+                raise err
+            if kind != rt.kind:
+                name = (
+                    str((body.get("metadata") or {}).get("name") or "")
+                    if isinstance(body.get("metadata"), dict)
+                    else ""
+                )
+                raise invalid_error(rt.group, str(kind), name, [invalid("kind", kind, f"must be {rt.kind}")])
+        unknown: list[str]
+        if rt.struct is not None:
+            try:
+                obj, unknown = decode(rt.struct, body)
+            except DecodeError as exc:
+                raise self._cannot_handle(rt, str(exc)) from None
+            if rt.group == "events.k8s.io":
+                obj = B.event_to_core(obj)
+        else:
+            obj = dict(body)
+            if old is not None and body.get("metadata") is old["metadata"]:
+                unknown = []  # a patch that left metadata alone: it is the stored, already decoded one
+            else:
+                try:
+                    meta_obj, unknown = decode(OBJECT_META, body.get("metadata") or {})
+                except DecodeError as exc:
+                    raise self._cannot_handle(rt, str(exc)) from None
+                unknown = [f"metadata.{u}" for u in unknown]
+                obj["metadata"] = meta_obj
+            if rt.key == CRD_KEY:
+                obj = copy.deepcopy(obj)
+                crds.default(obj)
+            else:
+                schema = self.schemas.get(rt.key)
+                if schema is not None:
+                    unknown += schema.prune(obj, old)
+                    schema.default(obj, old)
+        obj["apiVersion"] = "v1" if rt.is_event else rt.api_version
+        obj["kind"] = rt.kind
+        warnings: list[str] = []
+        if unknown and opts.validation != "Ignore":
+            unknown = sorted(unknown)
+            if opts.validation == "Strict":
+                raise self._cannot_handle(
+                    rt, "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown)
+                )
+            warnings = [f'unknown field "{u}"' for u in unknown]
+        return obj, warnings
 
-    def patch(
+    # validation --------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _name_func(rt: ResourceType) -> meta.NameFunc:
+        if rt.key == NS_KEY:
+            return meta.dns1123_label
+        if rt.is_event and rt.group == "":
+            return meta.path_segment
+        return meta.dns1123_subdomain
+
+    def _validate(self, rt: ResourceType, obj: JSON, old: JSON | None, sub: str | None) -> list[FieldError]:
+        """ObjectMeta, then the kind; for custom resources the schema, list types and CEL (or the
+        "not checked" error when an earlier one blocks it)."""
+        errors: list[FieldError] = []
+        m = obj["metadata"]
+        legacy_event = rt.is_event and rt.group == ""
+        if old is None:
+            if not legacy_event:
+                errors += meta.validate_create(m, rt.namespaced, self._name_func(rt))
+        elif sub is None:
+            common = meta.validate_create(m, rt.namespaced, meta.path_segment) + meta.validate_update(
+                m, old["metadata"]
+            )
+            errors += common
+            if not legacy_event:
+                errors += meta.validate_update(m, old["metadata"])
+        if rt.custom:
+            schema = self.schemas.get(rt.key)
+            if schema is not None:
+                errors += schema.validate(obj, old, status_only=sub == "status")
+                errors += schema.validate_lists(obj, old)
+                if schema.has_cel:
+                    if any(e.type in BLOCKING for e in errors):
+                        errors.append(NOT_CHECKED)
+                    else:
+                        errors += schema.validate_cel(obj, old)
+        elif rt.key == NS_KEY:
+            errors += B.validate_namespace(obj)
+        elif rt.kind == "ConfigMap":
+            errors += B.validate_configmap(obj, old)
+        elif rt.kind == "Lease":
+            errors += B.validate_lease(obj)
+        elif rt.is_event:
+            errors += B.validate_event(obj, m.get("namespace", ""), strict=rt.group == "events.k8s.io")
+        elif rt.key == CRD_KEY and sub is None:
+            errors += crds.validate(obj)
+        return errors
+
+    def _invalid(self, rt: ResourceType, obj: JSON, errors: list[FieldError]) -> ApiError:
+        group = "" if rt.is_event else rt.group  # Events are validated as the internal (core) kind
+        return invalid_error(group, rt.kind, str(obj["metadata"].get("name") or ""), errors)
+
+    # namespace admission -----------------------------------------------------------------------------------
+
+    def _admit_namespace(self, rt: ResourceType, ns: str, name: str) -> None:
+        if not rt.namespaced:
+            return
+        namespace = self.objects[("", "namespaces")].get(("", ns))
+        if namespace is None:
+            raise ApiError(404, "NotFound", f"namespaces {gojson.quote(ns)} not found", details(ns, "", "namespaces"))
+        if namespace["metadata"].get("deletionTimestamp"):
+            cause = {
+                "reason": "NamespaceTerminating",
+                "message": f"namespace {ns} is being terminated",
+                "field": "metadata.namespace",
+            }
+            raise ApiError(
+                403,
+                "Forbidden",
+                f"{rt.group_resource} {gojson.quote(name)} is forbidden: unable to create new content in namespace "
+                f"{ns} "
+                "because it is being terminated",
+                details(name, rt.group, rt.plural, causes=[cause]),
+            )
+
+    # create ---------------------------------------------------------------------------------------------------
+
+    def create(self, rt: ResourceType, ns: str, body: Any, opts: WriteOptions | None = None) -> Outcome:
+        opts = opts or WriteOptions()
+        obj, warnings = self.decode_body(rt, body, opts)
+        return self._create(rt, ns, obj, warnings, opts)
+
+    def _create(
         self,
         rt: ResourceType,
         ns: str,
-        name: str,
-        content_type: str,
-        patch: Any,
-        subresource: str | None = None,
-        strict: bool = False,
-    ) -> tuple[JSON, list[str]]:
-        old = self.get(rt, ns if rt.namespaced else "", name)
-        try:
-            if content_type == patches.MERGE:
-                candidate = patches.merge_patch(old, patch)
-            elif content_type == patches.JSON_PATCH:
-                candidate = patches.json_patch(old, patch)
-            elif content_type == patches.STRATEGIC:
-                candidate = patches.strategic_merge_patch(old, patch)
-            else:
-                raise ApiError(
-                    415,
-                    "UnsupportedMediaType",
-                    f"the body of the request was in an unknown format - accepted media "
-                    f"types include: {patches.JSON_PATCH}, {patches.MERGE}, {patches.STRATEGIC}",
+        obj: JSON,
+        warnings: list[str],
+        opts: WriteOptions,
+        entries: list[JSON] | None = None,
+    ) -> Outcome:
+        m = obj["metadata"]
+        name = str(m.get("name") or "")
+        self._maybe_fail(rt, name)
+        if rt.namespaced:
+            if m.get("namespace") and m["namespace"] != ns:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
                 )
-        except patches.PatchError as exc:
-            raise ApiError(422, "Invalid", str(exc)) from exc
-        if not isinstance(candidate, dict):
-            raise bad_request("the patched object must be a JSON object")
-        return self._update(rt, old, candidate, subresource, strict)
+            m["namespace"] = ns
+        else:
+            m.pop("namespace", None)
+            ns = ""
+        client_rv = m.pop("resourceVersion", None)
+        for key in (
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "managedFields",
+            "selfLink",
+        ):
+            m.pop(key, None)
+        self._admit_namespace(rt, ns, name or str(m.get("generateName") or ""))
+        objs = self.objects[rt.storage_key]
+        if not name and m.get("generateName"):
+            for _ in range(100):
+                name = str(m["generateName"]) + "".join(random.choice(_GEN_ALPHABET) for _ in range(5))
+                if (ns, name) not in objs:
+                    break
+            m["name"] = name
+        if rt.status_subresource and rt.custom:
+            obj.pop("status", None)  # create cannot set status when the status subresource is enabled
+        stamp = now()
+        m["uid"] = str(uuid.uuid4())
+        m["creationTimestamp"] = stamp
+        if rt.generation:
+            m["generation"] = 1
+        if rt.key == NS_KEY:
+            labels = dict(m.get("labels") or {})
+            labels["kubernetes.io/metadata.name"] = name
+            m["labels"] = labels
+            obj["spec"] = {"finalizers": [NS_FINALIZER]}
+            obj["status"] = {"phase": "Active"}
+        elif rt.key == CRD_KEY:
+            obj["status"] = crds.initial_status(obj)
+        errors = self._validate(rt, obj, None, None)
+        if errors:
+            raise self._invalid(rt, obj, errors)
+        if client_rv:
+            raise internal("resourceVersion should not be set on objects to be created")
+        if (ns, name) in objs:
+            raise already_exists(rt.group, rt.plural, name)
+        warnings = warnings + meta.finalizer_warnings(m.get("finalizers"))
+        status_mode = None if not rt.status_subresource else False
+        if entries is None:
+            owned = managed.owned(managed.project(obj, status_mode))
+            entries = managed.record(None, opts.manager, "Update", "", rt.api_version, owned, {}, stamp)
+        shown, tries = self._split(entries)
+        if shown:
+            m["managedFields"] = shown
+        if opts.dry_run:
+            return Outcome(self.view(rt, obj), warnings, created=True)
+        return Outcome(self.view(rt, self._commit(rt, "ADDED", obj, None, tries)), warnings, created=True)
+
+    # update ---------------------------------------------------------------------------------------------------
+
+    def replace(
+        self, rt: ResourceType, ns: str, name: str, body: Any, opts: WriteOptions | None = None, sub: str | None = None
+    ) -> Outcome:
+        opts = opts or WriteOptions()
+        obj, warnings = self.decode_body(rt, body, opts)
+        m = obj["metadata"]
+        if m.get("name") not in (None, "", name):
+            raise bad_request(f"the name of the object ({m.get('name')}) does not match the name on the URL ({name})")
+        if rt.namespaced and m.get("namespace") not in (None, "", ns):
+            raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        old = self._stored(rt, ns, name)
+        return self._update(rt, old, obj, opts, sub, warnings)
+
+    def _storage_error(self, rt: ResourceType, old: JSON, given_uid: str) -> ApiError:
+        m = old["metadata"]
+        parts = (
+            ["/registry"]
+            + ([rt.group] if rt.group else [])
+            + [rt.plural]
+            + ([m["namespace"]] if m.get("namespace") else [])
+            + [m["name"]]
+        )
+        return conflict(
+            rt.group,
+            rt.plural,
+            m["name"],
+            f"StorageError: invalid object, Code: 4, Key: {'/'.join(parts)}, ResourceVersion: 0, AdditionalErrorMsg: "
+            f"Precondition failed: UID in precondition: {given_uid}, UID in object meta: {m['uid']}",
+        )
 
     def _update(
-        self, rt: ResourceType, old: JSON, candidate: JSON, subresource: str | None, strict: bool
-    ) -> tuple[JSON, list[str]]:
+        self,
+        rt: ResourceType,
+        old: JSON,
+        cand: JSON,
+        opts: WriteOptions,
+        sub: str | None,
+        warnings: list[str],
+        entries: list[JSON] | None = None,
+    ) -> Outcome:
         old_meta = old["metadata"]
         name = old_meta["name"]
         self._maybe_fail(rt, name)
-        cmeta = candidate.get("metadata")
-        if cmeta is not None and not isinstance(cmeta, dict):
-            raise bad_request("metadata must be an object")
-        cmeta = cmeta or {}
-        if cmeta.get("name") not in (None, "", name):
-            raise bad_request(
-                f"the name of the object ({cmeta.get('name')}) does not match the name on the URL ({name})"
-            )
-        if rt.namespaced and cmeta.get("namespace") not in (None, "", old_meta.get("namespace")):
-            raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        cmeta = cand.get("metadata") or {}
+        given_uid = cmeta.get("uid")
+        if given_uid and given_uid != old_meta["uid"]:
+            raise self._storage_error(rt, old, str(given_uid))
         rv = cmeta.get("resourceVersion")
-        if rv not in (None, "") and str(rv) != old_meta["resourceVersion"]:
-            raise conflict(rt, name)
-        if subresource == "status":
+        if not rv:
+            if not rt.unconditional_update:
+                raise invalid_error(
+                    rt.group,
+                    rt.plural,
+                    name,
+                    [invalid("metadata.resourceVersion", 0, "must be specified for an update")],
+                )
+        elif str(rv) != old_meta["resourceVersion"]:
+            raise conflict(rt.group, rt.plural, name)
+        if sub == "status":
             new = dict(old)
             new["metadata"] = dict(old_meta)
-            if candidate.get("status") is not None:
-                new["status"] = candidate["status"]
+            if cand.get("status") is not None:
+                new["status"] = cand["status"]
             else:
                 new.pop("status", None)
+        elif sub == "finalize":
+            new = dict(old)
+            new["metadata"] = dict(old_meta)
+            new["spec"] = dict(old.get("spec") or {}, finalizers=list((cand.get("spec") or {}).get("finalizers") or []))
+            if not new["spec"]["finalizers"]:
+                del new["spec"]["finalizers"]
         else:
-            meta = self._user_meta(cmeta, rt, name)
-            for key in _SERVER_META:
+            m = {k: cmeta[k] for k in _USER_META if cmeta.get(k) not in (None, "", [], {})}
+            for key in ("name", "namespace", *_SERVER_META):
                 if key in old_meta:
-                    meta[key] = old_meta[key]
+                    m[key] = old_meta[key]
                 else:
-                    meta.pop(key, None)
-            meta["resourceVersion"] = old_meta["resourceVersion"]
-            body = {k: v for k, v in candidate.items() if k not in ("apiVersion", "kind", "metadata")}
-            new = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": meta, **body}
+                    m.pop(key, None)
+            m["resourceVersion"] = old_meta["resourceVersion"]
+            body = {k: v for k, v in cand.items() if k != "metadata"}
+            new = {**body, "metadata": m}
             if rt.status_subresource:
                 if "status" in old:
                     new["status"] = old["status"]
                 else:
                     new.pop("status", None)
-            if old_meta.get("deletionTimestamp"):
-                added = [f for f in meta.get("finalizers") or [] if f not in (old_meta.get("finalizers") or [])]
-                if added:
-                    quoted = ", ".join(json.dumps(f) for f in added)
-                    raise invalid(
-                        rt,
-                        name,
-                        [
-                            FieldError(
-                                "FieldValueForbidden",
-                                "metadata.finalizers",
-                                "metadata.finalizers: Forbidden: no new finalizers can be added if the object is "
-                                f"being deleted, found new finalizers []string{{{quoted}}}",
-                            )
-                        ],
-                    )
-        pruned = self._admit(rt, name, new, old, strict)
-        if rt.key == CRD_KEY and subresource != "status":
-            self._admit_crd(rt, new)
+            if rt.key == NS_KEY:
+                m["labels"] = dict(m.get("labels") or {}, **{"kubernetes.io/metadata.name": name})
+                new["spec"] = old.get("spec", {})
+            elif rt.key == CRD_KEY:
+                new["status"] = old.get("status")
+        errors = self._validate(rt, new, old, sub)
+        if errors:
+            raise self._invalid(rt, new, errors)
         new_meta = new["metadata"]
-        if rt.generation and "generation" in old_meta and self._spec_part(rt, new) != self._spec_part(rt, old):
+        if (
+            rt.generation
+            and "generation" in old_meta
+            and sub is None
+            and self._spec_part(rt, new) != self._spec_part(rt, old)
+        ):
             new_meta["generation"] = old_meta["generation"] + 1
+        status_mode = True if sub == "status" else (False if rt.status_subresource else None)
+        tries: dict[Any, managed.Trie] | None = None
+        if entries is None:
+            changed, removed = managed.diff(managed.project(old, status_mode), managed.project(new, status_mode))
+            if changed or removed:
+                kept = self.fields.get((rt.storage_key, old_meta.get("namespace", ""), name), {})
+                new_meta["managedFields"], tries = managed.record_kept(
+                    old_meta.get("managedFields") or [],
+                    kept,
+                    opts.manager,
+                    "Update",
+                    sub or "",
+                    rt.api_version,
+                    changed,
+                    removed,
+                    now(),
+                )
+        else:
+            new_meta["managedFields"], tries = self._split(entries)
+        if not new_meta.get("managedFields"):
+            new_meta.pop("managedFields", None)
         if new == old:
-            return old, pruned  # a no-op write: no new resourceVersion, no event (as the real server)
-        if old_meta.get("deletionTimestamp") and not new_meta.get("finalizers"):
-            return self._commit(rt, "DELETED", new, old), pruned
-        return self._commit(rt, "MODIFIED", new, old), pruned
+            return Outcome(self.view(rt, old), warnings)  # a no-op write: no new resourceVersion, no event
+        if old_meta.get("deletionTimestamp") and not new_meta.get("finalizers") and not self._held(rt, new):
+            # The last finalizer is gone: the object is deleted. As the real registry: the answer is the updated
+            # object with its previous resourceVersion (it is never stored); the DELETED event carries the last
+            # stored state at the deletion's resourceVersion.
+            if not opts.dry_run:
+                gone = dict(old)
+                gone["metadata"] = dict(old_meta)
+                self._commit(rt, "DELETED", gone, old)
+            return Outcome(self.view(rt, new), warnings)
+        if opts.dry_run:
+            return Outcome(self.view(rt, new), warnings)
+        return Outcome(self.view(rt, self._commit(rt, "MODIFIED", new, old, tries)), warnings)
+
+    @staticmethod
+    def _held(rt: ResourceType, obj: JSON) -> bool:
+        """A Namespace stays while ``spec.finalizers`` is not empty."""
+        return rt.key == NS_KEY and bool((obj.get("spec") or {}).get("finalizers"))
 
     @staticmethod
     def _spec_part(rt: ResourceType, obj: JSON) -> JSON:
@@ -566,62 +915,262 @@ class Store:
         )
         return {k: v for k, v in obj.items() if k not in skip}
 
-    def delete(self, rt: ResourceType, ns: str, name: str, options: Any) -> JSON:
-        old = self.get(rt, ns if rt.namespaced else "", name)
+    # patch ----------------------------------------------------------------------------------------------------
+
+    def patch(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        content_type: str,
+        body: Any,
+        opts: WriteOptions | None = None,
+        sub: str | None = None,
+    ) -> Outcome:
+        """PATCH with a JSON merge patch, a JSON patch, a strategic merge patch (built-in kinds only) or a
+        server-side apply configuration (``body`` already decoded from JSON or YAML)."""
+        opts = opts or WriteOptions()
+        allowed = CUSTOM_PATCH_TYPES if rt.custom else BUILTIN_PATCH_TYPES
+        if content_type not in allowed:
+            raise unsupported_media_type(allowed)
+        if content_type == patches.APPLY:
+            return self._apply(rt, ns, name, body, opts, sub)
+        if content_type == patches.JSON_PATCH:
+            if not isinstance(body, list):
+                raise bad_request(
+                    f"error decoding patch: json: cannot unmarshal {gojson.json_type(body)} into Go value of type "
+                    "[]handlers.jsonPatchOp"
+                )
+        elif not isinstance(body, dict):
+            raise bad_request(
+                f"error decoding patch: json: cannot unmarshal {gojson.json_type(body)} into Go value of type "
+                "map[string]interface {}"
+            )
+        old = self._stored(rt, ns, name)
+        current = self.view(rt, old)
+        try:
+            if content_type == patches.MERGE:
+                candidate = patches.merge_patch(current, body)
+            elif content_type == patches.JSON_PATCH:
+                candidate = patches.json_patch(current, body)
+            else:
+                candidate = patches.strategic_merge_patch(current, body)
+        except patches.PatchError:
+            raise ApiError(
+                422, "Invalid", "the server rejected our request due to an error in our request", {}
+            ) from None
+        if not isinstance(candidate, dict):
+            raise bad_request("the patched object must be a JSON object")
+        cmeta: JSON = candidate["metadata"] if isinstance(candidate.get("metadata"), dict) else {}
+        if cmeta.get("name") not in (None, name):
+            raise bad_request(
+                f"the name of the object ({cmeta.get('name')}) does not match the name on the URL ({name})"
+            )
+        obj, warnings = self.decode_body(rt, candidate, opts, check_type=False, old=current)
+        return self._update(rt, old, obj, opts, sub, warnings)
+
+    def _apply(self, rt: ResourceType, ns: str, name: str, config: Any, opts: WriteOptions, sub: str | None) -> Outcome:
+        if not opts.manager:
+            raise ApiError(
+                422,
+                "Invalid",
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+                details(
+                    "",
+                    "meta.k8s.io",
+                    "PatchOptions",
+                    causes=[required("fieldManager", "is required for apply patch").cause()],
+                ),
+            )
+        if not isinstance(config, dict):
+            raise bad_request(f"error decoding YAML: cannot apply a {gojson.json_type(config)}")
+        cfg, warnings = self.decode_body(rt, config, opts)
+        cmeta = cfg["metadata"]
+        if cmeta.get("name") not in (None, "", name):
+            raise bad_request(
+                f"the name of the object ({cmeta.get('name')}) does not match the name on the URL ({name})"
+            )
+        cmeta["name"] = name
+        key = (ns if rt.namespaced else "", name)
+        old = self.objects[rt.storage_key].get(key)
+        status_mode = True if sub == "status" else (False if rt.status_subresource else None)
+        stamp = now()
+        if old is None:
+            if sub is not None:
+                raise not_found(rt.group, rt.plural, name)
+            merged, entries = managed.apply(
+                {}, cfg, None, opts.manager, "", status_mode, opts.force, rt.api_version, stamp
+            )
+            merged.setdefault("metadata", {})["name"] = name
+            merged["apiVersion"], merged["kind"] = cfg["apiVersion"], cfg["kind"]
+            return self._create(rt, ns, merged, warnings, opts, entries)
+        merged, entries = managed.apply(
+            self.view(rt, old),
+            cfg,
+            self._entries(rt, old),
+            opts.manager,
+            sub or "",
+            status_mode,
+            opts.force,
+            rt.api_version,
+            stamp,
+        )
+        if cmeta.get("resourceVersion"):
+            merged["metadata"]["resourceVersion"] = cmeta["resourceVersion"]
+        obj, _ = self.decode_body(rt, merged, WriteOptions(validation="Ignore"), check_type=False)
+        return self._update(rt, old, obj, opts, sub, warnings, entries)
+
+    # delete ---------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def delete_options(options: Any) -> JSON:
+        """Validated DeleteOptions (a 422 for an unknown propagationPolicy)."""
+        if not isinstance(options, dict):
+            options = {}
+        policy = options.get("propagationPolicy")
+        if policy is not None and policy not in ("Foreground", "Background", "Orphan"):
+            err = not_supported("propagationPolicy", policy, ["Foreground", "Background", "Orphan", "nil"])
+            raise invalid_error("meta.k8s.io", "DeleteOptions", "", [err])
+        if policy is not None and options.get("orphanDependents") is not None:
+            err = invalid("propagationPolicy", policy, "orphanDependents and deletionPropagation cannot be both set")
+            raise invalid_error("meta.k8s.io", "DeleteOptions", "", [err])
+        out: JSON = options
+        return out
+
+    def delete(
+        self, rt: ResourceType, ns: str, name: str, options: Any, opts: WriteOptions | None = None
+    ) -> tuple[JSON, bool]:
+        """DELETE: (the object as it is now, True if it is gone). Objects held by finalizers, and Namespaces,
+        get a deletionTimestamp; ``Orphan``/``Foreground`` add the garbage collector's finalizer."""
+        opts = opts or WriteOptions()
+        options = self.delete_options(options)
+        old = self._stored(rt, ns, name)
         self._maybe_fail(rt, name)
-        options = options if isinstance(options, dict) else {}
+        m = old["metadata"]
         pre = options.get("preconditions") or {}
-        meta = old["metadata"]
-        if pre.get("uid") and pre["uid"] != meta["uid"]:
-            raise conflict(
-                rt, name, f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}"
+        if pre.get("uid") and pre["uid"] != m["uid"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Operation cannot be fulfilled on {rt.qualified_kind} {gojson.quote(name)}: the UID in the "
+                "precondition "
+                f"({pre['uid']}) does not match the UID in record ({m['uid']}). The object might have been deleted and "
+                "then recreated",
+                details(name, rt.group, rt.kind),
             )
-        if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
-            raise conflict(
-                rt,
-                name,
-                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
-                f"ResourceVersion in meta: {meta['resourceVersion']}",
+        if pre.get("resourceVersion") and pre["resourceVersion"] != m["resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Operation cannot be fulfilled on {rt.qualified_kind} {gojson.quote(name)}: the ResourceVersion in "
+                "the "
+                f"precondition ({pre['resourceVersion']}) does not match the ResourceVersion in record "
+                f"({m['resourceVersion']}). "
+                "The object might have been modified",
+                details(name, rt.group, rt.kind),
             )
-        new = dict(old)
-        new["metadata"] = new_meta = dict(meta)
-        if meta.get("finalizers"):
-            if meta.get("deletionTimestamp"):
-                return old
+        policy = options.get("propagationPolicy")
+        if policy is None and options.get("orphanDependents") is not None:
+            policy = "Orphan" if options["orphanDependents"] else "Background"
+        finalizers = list(m.get("finalizers") or [])
+        if rt.key == CRD_KEY and CRD_CLEANUP not in finalizers:
+            finalizers.append(CRD_CLEANUP)  # the CRD stays until its custom resources are gone
+        if policy == "Orphan" and meta.ORPHAN not in finalizers:
+            finalizers = [f for f in finalizers if f != meta.FOREGROUND] + [meta.ORPHAN]
+        elif policy == "Foreground" and meta.FOREGROUND not in finalizers:
+            finalizers = [f for f in finalizers if f != meta.ORPHAN] + [meta.FOREGROUND]
+        if m.get("deletionTimestamp"):
+            if finalizers == list(m.get("finalizers") or []):
+                return self.view(rt, old), False
+            new = dict(old)
+            new["metadata"] = dict(m, finalizers=finalizers)
+            if opts.dry_run:
+                return self.view(rt, new), False
+            return self.view(rt, self._commit(rt, "MODIFIED", new, old)), False
+        if rt.key == NS_KEY:
+            new = dict(old)
+            new["metadata"] = dict(m, deletionTimestamp=now())
+            if finalizers:
+                new["metadata"]["finalizers"] = finalizers
+            new["status"] = dict(old.get("status") or {}, phase="Terminating")
+            if opts.dry_run:
+                return self.view(rt, new), False
+            return self.view(rt, self._commit(rt, "MODIFIED", new, old)), False
+        if finalizers:
+            new = dict(old)
+            new_meta = new["metadata"] = dict(m)
             new_meta["deletionTimestamp"] = now()
             new_meta["deletionGracePeriodSeconds"] = 0
-            if rt.generation and "generation" in meta:
-                new_meta["generation"] = meta["generation"] + 1
-            return self._commit(rt, "MODIFIED", new, old)
-        return self._commit(rt, "DELETED", new, old)
+            new_meta["finalizers"] = finalizers
+            if rt.generation and "generation" in m:
+                new_meta["generation"] = m["generation"] + 1
+            if opts.dry_run:
+                return self.view(rt, new), False
+            return self.view(rt, self._commit(rt, "MODIFIED", new, old)), False
+        if opts.dry_run:
+            return self.view(rt, old), True
+        new = dict(old)
+        new["metadata"] = dict(m)
+        return self.view(rt, self._commit(rt, "DELETED", new, old)), True
 
-    # -- watches ---------------------------------------------------------------------------------------
+    # watches ---------------------------------------------------------------------------------------------------
 
-    def watch(self, rt: ResourceType, ns: str | None, predicate: Predicate | None, since: str | None) -> Watcher:
-        """Register a watcher, with its initial events already queued (synchronously: no gap, no duplicate)."""
-        skey = (rt.group, rt.plural)
-        watcher = Watcher(skey, ns, predicate)
-        if since in (None, "", "0"):
+    def watch(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        predicate: Predicate | None,
+        since: str | None,
+        *,
+        initial: bool | None = None,
+    ) -> tuple[Watcher, bool]:
+        """Register a watcher with its initial events already queued (synchronously: no gap, no duplicate).
+
+        ``since`` unset or ``0`` (or ``initial``) sends the current objects as ADDED first; returns (watcher,
+        whether initial events were sent). A compacted ``since`` queues one ERROR 410 and ends the stream."""
+        skey = rt.storage_key
+        watcher = Watcher(skey, ns, predicate, rt if rt.group == "events.k8s.io" else None)
+        send_initial = initial if initial is not None else since in (None, "", "0")
+        if send_initial:
+            events_view = rt.group == "events.k8s.io"
             for obj in self.list_objects(rt, ns, predicate):
-                watcher.queue.put_nowait(encode_event("ADDED", obj))
+                if events_view:
+                    watcher.queue.put_nowait(encode_event("ADDED", self.view(rt, obj)))
+                else:
+                    watcher.queue.put_nowait(event_line("ADDED", self.encoded(obj)))
+            watcher.min_rv = self.rv
         else:
-            try:
-                start = int(str(since))
-            except ValueError as exc:
-                raise bad_request(f"invalid resourceVersion: {since}") from exc
+            start = int(str(since))
             if start < self.compacted_rv:
                 status = ApiError(
                     410, "Expired", f"too old resource version: {start} ({self.compacted_rv + 1})"
                 ).status()
                 watcher.queue.put_nowait(encode_event("ERROR", status))
                 watcher.queue.put_nowait(None)
-                return watcher
+                return watcher, False
+            watcher.min_rv = start
             if start < self.rv:
                 for event in islice(self.history, start - self.compacted_rv, None):
                     if event.skey == skey:
                         watcher.offer(event)
         self.watchers.setdefault(skey, set()).add(watcher)
-        return watcher
+        return watcher, send_initial
 
     def unwatch(self, watcher: Watcher) -> None:
         self.watchers.get(watcher.skey, set()).discard(watcher)
+
+    # helpers for controllers ---------------------------------------------------------------------------------
+
+    def types_by_storage(self) -> dict[tuple[str, str], ResourceType]:
+        """One resource type per storage (the first registered: core Events before events.k8s.io)."""
+        out: dict[tuple[str, str], ResourceType] = {}
+        for rt in self.types.values():
+            out.setdefault(rt.storage_key, rt)
+        return out
+
+    def controller_update(
+        self, rt: ResourceType, old: JSON, new: JSON, sub: str | None, manager: str = CONTROLLER_MANAGER
+    ) -> JSON:
+        """A write by a built-in controller: ``new`` carries ``old``'s resourceVersion."""
+        new.setdefault("metadata", {})["resourceVersion"] = old["metadata"]["resourceVersion"]
+        return self._update(rt, old, new, WriteOptions(manager), sub, []).obj

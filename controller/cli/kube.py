@@ -203,9 +203,15 @@ class Session:
         with self.errors(f"{kind.value} {name!r} in namespace {self.namespace!r}"):
             return await self.client.patch(RESOURCES[kind], self.namespace, name, {"spec": spec})
 
-    async def get_operator(self, name: str) -> JSON:
-        with self.errors(f"SpanOperator {name!r} in namespace {self.namespace!r}"):
-            return await self.client.get(OPERATORS, self.namespace, name)
+    async def read_operator(self, name: str) -> tuple[JSON, str]:
+        """The operator and a resourceVersion to watch it from: the list's, which the server has, not the
+        operator's own, which is as old as its last change and may be compacted away (410 again)."""
+        what = f"SpanOperator {name!r} in namespace {self.namespace!r}"
+        with self.errors(what):
+            items, rv = await self.client.list(OPERATORS, self.namespace, field_selector=f"metadata.name={name}")
+        if not items:
+            raise NotFound(f"{what}: not found")
+        return items[0], rv
 
     async def operator_updates(self, name: str, obj: JSON, label_selector: str) -> AsyncGenerator[JSON, None]:
         """Every version of SpanOperator ``name`` after ``obj`` (its create or last read), from a watch;
@@ -238,8 +244,7 @@ class Session:
                 # Not an expiry: the server is in trouble; do not hammer it with re-watches.
                 delay = min(most, delay * 2 if delay else first)
                 await pause(delay)
-            fresh = await self.get_operator(name)
-            rv = str(fresh.get("metadata", {}).get("resourceVersion", ""))
+            fresh, rv = await self.read_operator(name)
             yield fresh
 
 

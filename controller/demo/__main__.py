@@ -94,14 +94,31 @@ async def apply_file(client: Client, namespace: str, path: Path) -> list[dict[st
     return applied
 
 
-async def ensure_crds(client: Client) -> None:
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+async def ensure_crds(client: Client, timeout: float = 60.0) -> None:  # noqa: ASYNC109 - a budget for the wait
+    """Create the CRDs that are missing, then wait until every one is Established: an API server serves a
+    CRD's resources only from then on (404 before), a moment after the create."""
+    names = []
     for path in sorted((ROOT / "crds").glob("*.yaml")):
         body = yaml.safe_load(path.read_text())
+        names.append(body["metadata"]["name"])
         try:
-            await client.request("create", "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=body)
+            await client.request("create", "POST", CRD_PATH, body=body)
         except ApiError as exc:
             if not exc.already_exists:
                 raise
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            crd = await client.request("get", "GET", f"{CRD_PATH}/{name}")
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not Established after {timeout:.0f}s")
+            await asyncio.sleep(0.2)
 
 
 async def snapshot(client: Client, ns: str) -> dict[Kind, list[dict[str, Any]]]:

@@ -192,9 +192,14 @@ class Client:
     async def get(self, res: Resource, namespace: str, name: str) -> JSON:
         return await self.request("get", "GET", res.path(namespace, name))
 
-    async def list(self, res: Resource, namespace: str, label_selector: str = "") -> tuple[list[JSON], str]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        out = await self.request("list", "GET", res.path(namespace), params=params, timeout=120.0)
+    async def list(
+        self, res: Resource, namespace: str, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[list[JSON], str]:
+        """The objects and the list's resourceVersion (current: the one to watch from, unlike an object's)."""
+        params = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        out = await self.request("list", "GET", res.path(namespace), params=params or None, timeout=120.0)
         return list(out.get("items", [])), str(out.get("metadata", {}).get("resourceVersion", ""))
 
     async def create(self, res: Resource, namespace: str, body: JSON) -> JSON:

@@ -107,6 +107,12 @@ class Kube:
         meta: dict[str, Any] = {"name": name, "labels": labels} if labels else {"name": name}
         return {"apiVersion": GROUP, "kind": "Span", "metadata": meta, "spec": body}
 
+    @staticmethod
+    def obj(kind: str, metadata: dict[str, Any], api_version: str = GROUP, **fields: Any) -> dict[str, Any]:
+        """A request body as a real client sends it: ``apiVersion`` and ``kind`` included (a real server refuses
+        a create or update without them: ``Object 'Kind' is missing``)."""
+        return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
+
 
 def _apply_crds(kube: Kube) -> None:
     for path in sorted(CRD_DIR.glob("*.yaml")):
@@ -158,7 +164,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     namespace = f"cfm-test-{uuid.uuid4().hex[:8]}"
     kube = Kube(host, headers, pool, namespace, kubeconfig_path, handle)
     _apply_crds(kube)
-    kube.ok("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    kube.ok("POST", "/api/v1/namespaces", Kube.obj("Namespace", {"name": namespace}, "v1"))
     try:
         yield kube
     finally:

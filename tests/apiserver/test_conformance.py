@@ -92,6 +92,22 @@ def test_already_exists_and_not_found(kube: Kube, name: str) -> None:
     assert resp.body["details"]["name"] == name + "-missing"
 
 
+def test_type_meta_is_required_for_custom_resources_only(kube: Kube, name: str) -> None:
+    """A custom resource is decoded as unstructured: no kind, no create. A built-in kind's typed decoder takes
+    apiVersion and kind from the URL (Kopf posts its Events that way)."""
+    body = kube.span(name)
+    del body["kind"], body["apiVersion"]
+    resp = kube.req("POST", kube.path("spans"), body)
+    assert resp.status == 400, resp.body
+    assert resp.body["reason"] == "BadRequest"
+    assert "Object 'Kind' is missing" in resp.body["message"]
+    body = kube.span(name)
+    body["apiVersion"] = f"{GROUP.split('/')[0]}/v9"
+    assert kube.req("POST", kube.path("spans"), body).status == 400
+    obj = kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name}, "data": {"a": "1"}})
+    assert (obj["apiVersion"], obj["kind"]) == ("v1", "ConfigMap")
+
+
 def test_create_ignores_status_with_status_subresource(kube: Kube, name: str) -> None:
     body = kube.span(name)
     body["status"] = {"state": "Replicating"}
@@ -110,12 +126,12 @@ def test_pruning_and_defaults(kube: Kube, name: str) -> None:
         "PATCH", kube.path("spans", name) + "/status", {"status": {"state": "Scheduling", "progress": 3}}, ct=MERGE
     )
     assert obj["status"] == {"state": "Scheduling"}  # the undeclared status field vanished
-    cap = kube.ok("POST", kube.path("captures"), {"metadata": {"name": name}})
+    cap = kube.ok("POST", kube.path("captures"), kube.obj("Capture", {"name": name}))
     assert cap["spec"] == {}
 
 
 def test_nested_defaults(kube: Kube, name: str) -> None:
-    obj = kube.ok("POST", kube.path("changefeeds"), {"metadata": {"name": name}, "spec": {}})
+    obj = kube.ok("POST", kube.path("changefeeds"), kube.obj("Changefeed", {"name": name}, spec={}))
     assert obj["spec"]  # nested defaults (scheduler settings) were applied
     assert "400" not in str(obj)
 
@@ -145,7 +161,7 @@ def test_required_and_max_items(kube: Kube, name: str) -> None:
     assert resp.status == 422
     assert "spec.changefeed: Required value" in resp.body["message"]
     spans = [{"startKey": "00", "endKey": "ff", "name": f"s{i}"} for i in range(200)]
-    op = {"metadata": {"name": name}, "spec": {"changefeed": "cf", "type": "Merge", "spans": spans}}
+    op = kube.obj("SpanOperator", {"name": name}, spec={"changefeed": "cf", "type": "Merge", "spans": spans})
     resp = kube.req("POST", kube.path("spanoperators"), op)
     assert resp.status == 422
     assert "spec.spans" in resp.body["message"]
@@ -160,7 +176,7 @@ def test_cel_rules(kube: Kube, name: str) -> None:
     assert resp.status == 422
     assert "tableID is immutable" in resp.body["message"]
     kube.ok("PATCH", kube.path("spans", name), {"spec": {"startTs": 7}}, ct=MERGE)  # a mutable field
-    op = {"metadata": {"name": name}, "spec": {"changefeed": "cf", "type": "Move", "spans": ["a"]}}
+    op = kube.obj("SpanOperator", {"name": name}, spec={"changefeed": "cf", "type": "Move", "spans": ["a"]})
     resp = kube.req("POST", kube.path("spanoperators"), op)
     assert resp.status == 422
     assert "Add and Move need a target capture" in resp.body["message"]
@@ -214,9 +230,19 @@ def test_stale_resource_version_conflicts(kube: Kube, name: str) -> None:
         ct=MERGE,
     )
     assert resp.status == 409
-    del obj["metadata"]["resourceVersion"]  # an unconditional update is allowed
+    # A custom resource (unlike a ConfigMap) has no unconditional update: a PUT must carry a resourceVersion.
+    del obj["metadata"]["resourceVersion"]
     obj["spec"]["startTs"] = 2
-    assert kube.ok("PUT", kube.path("spans", name), obj)["spec"]["startTs"] == 2
+    resp = kube.req("PUT", kube.path("spans", name), obj)
+    assert resp.status == 422, resp.body
+    assert resp.body["details"]["causes"][0]["field"] == "metadata.resourceVersion"
+    assert "must be specified for an update" in resp.body["message"]
+    cm = kube.ok(
+        "POST", kube.path("configmaps", group="v1"), kube.obj("ConfigMap", {"name": name}, "v1", data={"a": "1"})
+    )
+    del cm["metadata"]["resourceVersion"]
+    cm["data"] = {"a": "2"}
+    assert kube.ok("PUT", kube.path("configmaps", name, group="v1"), cm)["data"] == {"a": "2"}
 
 
 def test_json_patch_and_strategic_merge(kube: Kube, name: str) -> None:
@@ -226,7 +252,7 @@ def test_json_patch_and_strategic_merge(kube: Kube, name: str) -> None:
     assert obj["spec"]["startTs"] == 5
     bad = [{"op": "test", "path": "/spec/startTs", "value": 6}]
     assert kube.req("PATCH", kube.path("spans", name), bad, ct="application/json-patch+json").status == 422
-    cm = {"metadata": {"name": name}, "data": {"a": "1", "b": "2"}}
+    cm = kube.obj("ConfigMap", {"name": name}, "v1", data={"a": "1", "b": "2"})
     kube.ok("POST", kube.path("configmaps", group="v1"), cm)
     smp = {"data": {"b": None, "c": "3"}}
     obj = kube.ok("PATCH", kube.path("configmaps", name, group="v1"), smp, ct="application/strategic-merge-patch+json")
@@ -246,7 +272,7 @@ def test_selectors(kube: Kube) -> None:
     run = uuid.uuid4().hex[:8]
     labels = {"a": {"run": run, "tier": "x"}, "b": {"run": run, "tier": "y"}, "c": {"run": run}}
     for suffix, lab in labels.items():
-        body = {"metadata": {"name": f"sel-{run}-{suffix}", "labels": lab}, "data": {}}
+        body = kube.obj("ConfigMap", {"name": f"sel-{run}-{suffix}", "labels": lab}, "v1", data={})
         kube.ok("POST", kube.path("configmaps", group="v1"), body)
 
     def names(selector: str, **kw: Any) -> set[str]:
@@ -345,7 +371,9 @@ def test_watch_initial_state_and_live_events(kube: Kube, name: str) -> None:
 
 def test_watch_label_selector_transitions(kube: Kube, name: str) -> None:
     rv = kube.ok("GET", kube.path("configmaps", group="v1"))["metadata"]["resourceVersion"]
-    kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name, "labels": {"w": name}}})
+    kube.ok(
+        "POST", kube.path("configmaps", group="v1"), kube.obj("ConfigMap", {"name": name, "labels": {"w": name}}, "v1")
+    )
     kube.ok("PATCH", kube.path("configmaps", name, group="v1"), {"data": {"k": "v"}}, ct=MERGE)
     kube.ok("PATCH", kube.path("configmaps", name, group="v1"), {"metadata": {"labels": None}}, ct=MERGE)
     events = kube.watch(kube.path("configmaps", group="v1"), resourceVersion=rv, labelSelector=f"w={name}", until=3)
@@ -374,7 +402,7 @@ def test_watch_timeout_and_bookmarks(kube: Kube) -> None:
 def test_watch_too_old_resource_version_is_gone(kube: Kube, name: str) -> None:
     if kube.embedded is not None:  # push the first resourceVersions out of the (small) history window
         cm = kube.path("configmaps", name, group="v1")
-        kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name}})
+        kube.ok("POST", kube.path("configmaps", group="v1"), kube.obj("ConfigMap", {"name": name}, "v1"))
         current = int(kube.ok("GET", cm)["metadata"]["resourceVersion"])
         for i in range(max(0, HISTORY + 10 - current)):
             kube.ok("PATCH", cm, {"data": {"i": str(i)}}, ct=MERGE)
@@ -392,12 +420,16 @@ def test_watch_too_old_resource_version_is_gone(kube: Kube, name: str) -> None:
 
 def test_leases_configmaps_events(kube: Kube, name: str) -> None:
     leases = kube.path("leases", group="coordination.k8s.io/v1")
-    lease = kube.ok("POST", leases, {"metadata": {"name": name}, "spec": {"holderIdentity": "a"}})
+    lease = kube.ok(
+        "POST", leases, kube.obj("Lease", {"name": name}, "coordination.k8s.io/v1", spec={"holderIdentity": "a"})
+    )
     stale = dict(lease, spec={"holderIdentity": "b"})
     lease["spec"]["holderIdentity"] = "c"
     kube.ok("PUT", f"{leases}/{name}", lease)
     assert kube.req("PUT", f"{leases}/{name}", stale).status == 409
     event = {
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"generateName": "ev-"},
         "involvedObject": {"kind": "Span", "name": name, "namespace": kube.namespace},
         "reason": "Test",
@@ -406,6 +438,8 @@ def test_leases_configmaps_events(kube: Kube, name: str) -> None:
     }
     assert kube.ok("POST", kube.path("events", group="v1"), event)["metadata"]["name"].startswith("ev-")
     ev2 = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
         "metadata": {"name": name},
         "eventTime": "2025-01-01T00:00:00.000000Z",
         "reportingController": "cfm.test/x",
@@ -416,10 +450,12 @@ def test_leases_configmaps_events(kube: Kube, name: str) -> None:
         "regarding": {"kind": "Span", "name": name, "namespace": kube.namespace},
     }
     kube.ok("POST", kube.path("events", group="events.k8s.io/v1"), ev2)
-    kube.ok("POST", kube.path("configmaps", group="v1"), {"metadata": {"name": name}, "data": {"x": "1"}})
+    kube.ok("POST", kube.path("configmaps", group="v1"), kube.obj("ConfigMap", {"name": name}, "v1", data={"x": "1"}))
     assert kube.ok("GET", kube.path("configmaps", name, group="v1"))["data"] == {"x": "1"}
     assert (
-        kube.req("POST", kube.path("configmaps", group="v1", ns="no-such-ns"), {"metadata": {"name": name}}).status
+        kube.req(
+            "POST", kube.path("configmaps", group="v1", ns="no-such-ns"), kube.obj("ConfigMap", {"name": name}, "v1")
+        ).status
         == 404
     )
 
@@ -451,7 +487,7 @@ def test_post_crd(kube: Kube) -> None:
         while kube.req("GET", path).status != 200:
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        obj = kube.ok("POST", path, {"metadata": {"name": "w"}, "spec": {"anything": [1]}})
+        obj = kube.ok("POST", path, kube.obj("Widget", {"name": "w"}, f"{group}/v1", spec={"anything": [1]}))
         assert obj["spec"] == {"anything": [1]}
         assert obj["metadata"]["generation"] == 1
         assert "widgets" in _resources(kube, f"/apis/{group}/v1")
@@ -459,15 +495,49 @@ def test_post_crd(kube: Kube) -> None:
         kube.req("DELETE", f"{CRD_BASE}/widgets.{group}")
 
 
+def test_crd_deletion_waits_for_its_resources(kube: Kube) -> None:
+    """A deleted CRD first deletes its custom resources; one held by a finalizer holds the CRD too."""
+    group = f"t{uuid.uuid4().hex[:6]}.cfm.test"
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"gizmos.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "gizmos", "kind": "Gizmo"},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": schema}],
+        },
+    }
+    kube.ok("POST", CRD_BASE, crd)
+    path = kube.path("gizmos", group=f"{group}/v1")
+    deadline = time.monotonic() + 30
+    while kube.req("GET", path).status != 200:
+        assert time.monotonic() < deadline, "the CRD was not served"
+        time.sleep(0.2)
+    kube.ok("POST", path, kube.obj("Gizmo", {"name": "g", "finalizers": ["cfm.test/hold"]}, f"{group}/v1"))
+    deleting = kube.ok("DELETE", f"{CRD_BASE}/gizmos.{group}")
+    assert deleting["metadata"]["deletionTimestamp"]
+    deadline = time.monotonic() + 30
+    while not kube.ok("GET", f"{path}/g")["metadata"].get("deletionTimestamp"):
+        assert time.monotonic() < deadline, "the custom resource was not deleted"
+        time.sleep(0.2)
+    assert kube.req("GET", f"{CRD_BASE}/gizmos.{group}").status == 200  # held by the resource's finalizer
+    kube.ok("PATCH", f"{path}/g", {"metadata": {"finalizers": None}}, ct=MERGE)
+    deadline = time.monotonic() + 60
+    while kube.req("GET", f"{CRD_BASE}/gizmos.{group}").status != 404:
+        assert time.monotonic() < deadline, "the CRD was not removed"
+        time.sleep(0.2)
+
+
 # -- fault injection (embedded only) ------------------------------------------------------------------------------
 
 
 def test_injected_failures(kube: Kube, embedded: ApiServerHandle, name: str) -> None:
     embedded.inject_failures("dispatchers", 2, 500)
-    body = {
-        "metadata": {"name": name},
-        "spec": {"changefeed": "cf", "capture": "c", "span": "s", "tableID": 1, "startKey": "00", "endKey": "ff"},
-    }
+    spec = {"changefeed": "cf", "capture": "c", "span": "s", "tableID": 1, "startKey": "00", "endKey": "ff"}
+    body = kube.obj("Dispatcher", {"name": name}, spec={**spec, "startTs": 0, "epoch": 1})
     assert kube.req("POST", kube.path("dispatchers"), body).status == 500
     assert kube.req("POST", kube.path("dispatchers"), body).status == 500
     resp = kube.req("POST", kube.path("dispatchers"), body)

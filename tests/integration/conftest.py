@@ -54,7 +54,7 @@ def target() -> Iterator[Target]:
 def api(target: Target) -> Iterator[Api]:
     namespace = f"cfm-it-{uuid.uuid4().hex[:8]}"
     api = target.api(namespace)
-    api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     try:
         yield api
     finally:

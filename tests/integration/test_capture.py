@@ -175,7 +175,9 @@ def server() -> Iterator[ApiServerHandle]:
 @pytest.fixture
 def api(server: ApiServerHandle) -> Iterator[Api]:
     ns = f"cap-{uuid.uuid4().hex[:8]}"
-    status, body = Api(server, ns).req("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    status, body = Api(server, ns).req(
+        "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    )
     assert status == 201, body
     api = Api(server, ns)
     yield api

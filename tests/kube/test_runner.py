@@ -61,7 +61,8 @@ async def until(cond: Callable[[], object], what: str, timeout: float = 30.0) ->
 
 async def setup(client: Client) -> str:
     ns = f"runner-{uuid.uuid4().hex[:6]}"
-    await client.request("create", "POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    await client.request("create", "POST", "/api/v1/namespaces", body=namespace)
     body = {"apiVersion": API_VERSION, "kind": "Changefeed", "metadata": {"name": CF}, "spec": {}}
     await client.create(RESOURCES[Kind.CHANGEFEED], ns, body)
     return ns

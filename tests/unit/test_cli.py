@@ -749,11 +749,16 @@ class FakeClient:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    async def list(self, res: Any, namespace: str, label_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+    async def list(
+        self, res: Any, namespace: str, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
         self.listed.append(res.plural)
         if self.on_list is not None:
             await self.on_list(res.plural)
-        return [dict(o) for o in self.objects.get(res.plural, [])], "1"
+        items = [dict(o) for o in self.objects.get(res.plural, [])]
+        if field_selector.startswith("metadata.name="):
+            items = [o for o in items if o["metadata"]["name"] == field_selector.split("=", 1)[1]]
+        return items, "1"
 
     async def create(self, res: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         self.attempted.append(body["metadata"]["name"])

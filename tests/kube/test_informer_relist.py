@@ -1,0 +1,142 @@
+"""The informers relist when a resumed watch answers 200 with a single ERROR 410 Expired event.
+
+That is how a real API server answers a watch from a compacted resourceVersion (the recorded transcript,
+probes watch-too-old-rv*): no HTTP error, a stream whose first event is the ERROR, then the end of the stream.
+The embedded API behaves the same since it compacts for real; its history window is made small here so that a
+few writes push an informer's resourceVersion out of it while its watches are down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.apiserver import ApiServerHandle, start_server
+from controller.capture.informer import Informer as CaptureInformer
+from controller.kube.client import EVENTS, RESOURCES, Client, Config
+from controller.kube.informer import Informer
+from controller.model.states import API_VERSION, Kind
+
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+HISTORY = 20
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ApiServerHandle]:
+    handle = start_server(CRDS, bookmark_interval=3600, history_size=HISTORY)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+async def until(cond: Callable[[], object], what: str, timeout: float = 20.0) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def namespace(client: Client) -> str:
+    ns = f"relist-{uuid.uuid4().hex[:6]}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    await client.request("create", "POST", "/api/v1/namespaces", body=body)
+    return ns
+
+
+async def compact(client: Client, ns: str) -> None:
+    """Enough writes of a kind the informers do not watch to push their resourceVersions out of the window."""
+    for i in range(HISTORY * 2):
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"filler-{i}"},
+            "involvedObject": {"kind": "Changefeed", "name": "cf", "namespace": ns},
+            "reason": "Filler",
+        }
+        await client.create(EVENTS, ns, event)
+
+
+def span(name: str) -> dict[str, object]:
+    spec = {"changefeed": "cf", "tableID": 1, "startKey": "00", "endKey": "ff"}
+    return {"apiVersion": API_VERSION, "kind": "Span", "metadata": {"name": name}, "spec": spec}
+
+
+def test_maintainer_informer_relists_on_an_expired_watch(server: ApiServerHandle) -> None:
+    async def scenario() -> None:
+        async with Client(Config(url=server.url)) as client:
+            ns = await namespace(client)
+            await client.create(RESOURCES[Kind.SPAN], ns, span("before"))
+            informer = Informer(client, ns)
+            await informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 20)
+                listed = client.requests["list"]
+                await compact(client, ns)
+                assert server.close_watches() >= len(informer.kinds)
+                # Every watch resumes from a compacted resourceVersion, gets the ERROR 410 event, and relists.
+                await until(lambda: client.requests["list"] >= listed + len(informer.kinds), "a relist of every kind")
+                await client.create(RESOURCES[Kind.SPAN], ns, span("after"))
+                await until(lambda: "after" in informer.store.objects.get("Span", {}), "the watch to run again")
+                assert "before" in informer.store.objects["Span"]
+                healthy, why = informer.healthy()
+                assert healthy, why
+            finally:
+                await informer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_capture_informer_relists_on_an_expired_watch(server: ApiServerHandle) -> None:
+    async def scenario() -> None:
+        async with Client(Config(url=server.url)) as client:
+            ns = await namespace(client)
+            await client.create(RESOURCES[Kind.SPAN], ns, span("before"))
+            informer = CaptureInformer(client, RESOURCES[Kind.SPAN], ns, backoff=0.05)
+            task = asyncio.create_task(informer.run())
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 20)
+                assert informer.relists == 1
+                await compact(client, ns)
+                assert server.close_watches() >= 1
+                await until(lambda: informer.relists == 2, "a relist after the ERROR 410 event")
+                await client.create(RESOURCES[Kind.SPAN], ns, span("after"))
+                await until(lambda: "after" in informer.objects, "the watch to run again")
+                assert set(informer.objects) == {"before", "after"}
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(scenario())
+
+
+def test_plugin_operator_watch_resumes_from_a_fresh_read_on_an_expired_watch(server: ApiServerHandle) -> None:
+    """``kubectl changefeed ... --wait`` follows a SpanOperator from the resourceVersion of its create; when that
+    is compacted the watch answers ERROR 410 and the plugin reads the operator afresh and watches on."""
+    from controller.cli.kube import Session
+
+    async def scenario() -> None:
+        async with Client(Config(url=server.url)) as client:
+            ns = await namespace(client)
+            spec = {"changefeed": "cf", "type": "Add", "spans": ["s1"], "target": "c1"}
+            body = {"apiVersion": API_VERSION, "kind": "SpanOperator", "metadata": {"name": "op"}, "spec": spec}
+            created = await client.create(RESOURCES[Kind.OPERATOR], ns, body)
+            await compact(client, ns)
+            updates = Session(client, ns).operator_updates("op", created, "")
+            fresh = await asyncio.wait_for(anext(updates), 10)
+            assert fresh["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+            status = {"status": {"phase": "Running"}}
+            await client.patch(RESOURCES[Kind.OPERATOR], ns, "op", status, sub="status")
+            update = await asyncio.wait_for(anext(updates), 10)
+            assert update["status"]["phase"] == "Running"
+            await updates.aclose()
+
+    asyncio.run(scenario())
