@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
-from controller.model.records import Record
+from controller.model.records import Capture, Record
 from controller.model.states import Kind
 
 KINDS: tuple[Kind, ...] = (
@@ -249,6 +249,19 @@ class Api:
         if cur.deleting:
             raise ApiError(422, "Invalid", f"{kind} {name} is being deleted: no new finalizers")
         return self._put(cur, replace(cur, finalizers=(*cur.finalizers, finalizer)))
+
+    def fence_capture(self, name: str, version: str, faulty: bool = True) -> Record | None:
+        """Take capture ``name``'s Lease (modelled on its Capture record: ``lease_taken``), precondition
+        ``version``. Returns the updated record; None if there is none. Already taken: success."""
+        self._maybe_fail(faulty)
+        cur = self.store[Kind.CAPTURE].get(name)
+        if not isinstance(cur, Capture):
+            return None
+        if cur.lease_taken:
+            return cur
+        if cur.resource_version != version:
+            raise ApiError(409, "Conflict", f"Lease of {name}: version {version} != {cur.resource_version}")
+        return self._put(cur, cur.evolve(lease_taken=True))
 
     def remove_finalizer(self, kind: Kind, name: str, finalizer: str, faulty: bool = True) -> Record | None:
         """Returns the updated object, or None if removing the last finalizer made it vanish."""

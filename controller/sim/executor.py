@@ -144,6 +144,10 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         new = api.add_finalizer(w.kind, w.name, w.finalizer)
         local[(new.kind, new.name)] = new.resource_version
         cache.offer(new)
+    elif isinstance(w, I.FenceCapture):
+        taken = api.fence_capture(w.capture, w.lease_version)
+        if taken is not None:
+            cache.offer(taken)
     elif isinstance(w, I.RemoveFinalizer):
         try:
             left = api.remove_finalizer(w.kind, w.name, w.finalizer)

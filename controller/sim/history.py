@@ -278,7 +278,9 @@ class Sim:
         captures = {}
         for n, c in st[Kind.CAPTURE].items():
             assert isinstance(c, Capture)
-            captures[n] = c.evolve(renew_time=self.captures.leases.get(n), lease_duration=LEASE)
+            captures[n] = c.evolve(
+                renew_time=self.captures.leases.get(n), lease_duration=LEASE, lease_version=c.resource_version
+            )
         return World(
             now=self.ctx.now,
             changefeed=cf,

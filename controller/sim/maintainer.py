@@ -57,7 +57,9 @@ class SimMaintainer:
         captures: dict[str, Capture] = {}
         for name, c in objs[Kind.CAPTURE].items():
             assert isinstance(c, Capture)
-            captures[name] = c.evolve(renew_time=self.leases.get(name), lease_duration=LEASE)
+            captures[name] = c.evolve(
+                renew_time=self.leases.get(name), lease_duration=LEASE, lease_version=c.resource_version
+            )
         return World(
             now=self.ctx.now,
             changefeed=cf,
