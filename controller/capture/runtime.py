@@ -8,7 +8,10 @@ can stop every dispatcher at once from any task without awaiting I/O:
 * ``checkpoint(name)``: all changes up to this ts have been delivered (never decreases);
 * ``write_rate(name)`` / ``region_count(name)``: the upstream rows/s and the regions of the span, for
   the split and merge schedulers (reported in ``Dispatcher.status``);
-* ``close(name)``: stop; returns the final checkpoint (what a successor must start from).
+* ``close(name)``: stop; returns the final checkpoint (what a successor must start from);
+* ``pause(name)`` / ``resume(name)``: stop delivering but keep the position, then go on from it. A
+  capture that cannot renew its Lease pauses everything (another capture may soon own these spans) and
+  resumes in place only if nothing was taken from it meanwhile.
 
 :class:`LogicalClockRuntime`, the default, replicates nothing: its upstream ts follows wall time like
 a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails it by a small lag,
@@ -62,12 +65,21 @@ class DispatcherRuntime(Protocol):
         """Stop it; returns its final checkpoint (``KeyError`` if it does not run)."""
         ...
 
+    def pause(self, name: str) -> int:
+        """Stop delivering at once, keeping the position; returns the checkpoint, which stays put until
+        ``resume`` (``KeyError`` if it does not run). Idempotent."""
+        ...
+
+    def resume(self, name: str) -> None:
+        """Deliver again from where it paused (``KeyError`` if it does not run). Idempotent."""
+
 
 @dataclass
 class _Run:
     dispatcher: Dispatcher
     started: float  # monotonic
     checkpoint: int
+    paused: bool = False
 
 
 class LogicalClockRuntime:
@@ -109,7 +121,7 @@ class LogicalClockRuntime:
 
     def checkpoint(self, name: str) -> int:
         run = self._runs[name]
-        if self.monotonic() - run.started >= self.init_delay:
+        if not run.paused and self.monotonic() - run.started >= self.init_delay:
             target = self.upstream() - tso(self.lag_ms)
             run.checkpoint = max(run.checkpoint, target)
         return run.checkpoint
@@ -131,6 +143,14 @@ class LogicalClockRuntime:
         final = self.checkpoint(name)
         del self._runs[name]
         return final
+
+    def pause(self, name: str) -> int:
+        cp = self.checkpoint(name)
+        self._runs[name].paused = True
+        return cp
+
+    def resume(self, name: str) -> None:
+        self._runs[name].paused = False  # catches up with the upstream at the next checkpoint
 
     def running(self) -> list[str]:
         return sorted(self._runs)
