@@ -43,6 +43,9 @@ MUTANTS = frozenset(
         "teardown-releases-early",  # a deleted Changefeed's finalizer goes while dispatchers still run
         "tables-never-detached",  # a deleted Changefeed's Tables keep the finalizer (teardown and janitor)
         "release-before-fence",  # finalizers of a lapsed capture released without taking its Lease first
+        # Not the engine's: the simulator's capture model and the maintainer's liveness clock.
+        "capture-resumes-after-takeover",  # a paused capture resumes though its Lease was taken meanwhile
+        "outage-counts-as-silence",  # the maintainer counts time its view of Leases was broken as silence
     }
 )
 
