@@ -105,6 +105,7 @@ class Chaos:
         self.thread = threading.Thread(target=self.loop.run_forever, name="chaos-proxies", daemon=True)
         self.thread.start()
         self.proxies: dict[str, Proxy] = {}
+        self.kubeconfigs: dict[str, Path] = {}
 
     def proxy(self, name: str) -> tuple[Proxy, Path]:
         """A proxy for process ``name`` and a kubeconfig that points at it."""
@@ -115,6 +116,7 @@ class Chaos:
             cluster["cluster"]["server"] = proxy.url
         path = self.workdir / f"kubeconfig-{name}"
         path.write_text(yaml.safe_dump(config))
+        self.kubeconfigs[name] = path
         return proxy, path
 
     def cut(self, names: Iterable[str] | None = None) -> None:
@@ -126,9 +128,16 @@ class Chaos:
             self.proxies[name].restore()
 
     def close(self) -> None:
-        for proxy in self.proxies.values():
-            with contextlib.suppress(Exception):
-                proxy._call(proxy._cut())
+        async def shutdown() -> None:
+            for proxy in self.proxies.values():
+                await proxy._cut()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         if not self.thread.is_alive():
