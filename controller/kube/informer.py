@@ -267,9 +267,15 @@ class Informer:
             if close is not None:
                 await close()
 
+    def _failed(self, kind: str, failures: int, error: object, backoff: float) -> None:
+        """The first failure of a run of them, then one in 20: an outage retries every second."""
+        if failures == 1 or failures % 20 == 0:
+            log.warning("watch %s broke (%d attempts): %r; retrying in %.2fs", kind, failures, error, backoff)
+
     async def _run(self, kind: str, res: Resource) -> None:
         rv = ""
         backoff = MIN_BACKOFF
+        failures = 0
         while True:
             try:
                 if not rv:
@@ -277,11 +283,17 @@ class Informer:
                     self.store.replace_all(kind, items)
                     self._listed.add(kind)
                     self._heard(kind)
+                    if failures:
+                        log.info("watch %s back (relisted) after %d failed attempts", kind, failures)
+                        failures = 0
                     self._notify(kind, "")
                     if self._listed >= set(self.kinds):
                         self.synced.set()
                 async for ev in self._events(kind, res, rv):
                     self._heard(kind)
+                    if failures:
+                        log.info("watch %s back after %d failed attempts", kind, failures)
+                        failures = 0
                     typ = ev.get("type")
                     obj = ev.get("object") or {}
                     if typ == "ERROR":
@@ -312,12 +324,14 @@ class Informer:
                 if exc.status == 410:
                     rv = ""
                     continue
-                log.warning("watch %s failed: %s; retrying in %.2fs", kind, exc, backoff)
+                failures += 1
+                self._failed(kind, failures, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
             except Exception as exc:  # connection reset, server restart, an idle stream: resume from rv
                 self._broken(kind)
-                log.warning("watch %s broke: %r; retrying in %.2fs", kind, exc, backoff)
+                failures += 1
+                self._failed(kind, failures, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
 
