@@ -185,7 +185,11 @@ class Agent:
 
     def __post_init__(self) -> None:
         if self.runtime is None:
-            self.runtime = LogicalClockRuntime(init_delay=self.settings.init_delay, rate_of=self._rate_of)
+            self.runtime = LogicalClockRuntime(
+                init_delay=self.settings.init_delay,
+                rate_of=self._rate_of,
+                deliver_until=lambda: self.last_renew + self.settings.renew_deadline,
+            )
         self.rt: DispatcherRuntime = self.runtime
         #: This process's incarnation: the ``acquireTime`` of its Lease. A renewal answered 409 whose Lease
         #: still carries it was our own write (its answer lost); any other means the Lease is not ours.

@@ -88,6 +88,9 @@ class LogicalClockRuntime:
     ``lag_ms``: how far a checkpoint trails the upstream ts. ``init_delay``: seconds before a new
     dispatcher makes its first progress (while Initializing a real dispatcher resolves its span and
     connects to the downstream). ``rate_of``: the write rate and region count of a dispatcher's table.
+    ``deliver_until``: a monotonic deadline past which nothing is delivered (the agent's Lease renewal
+    deadline), checked at every delivery as a real sink would check a fencing deadline before each write:
+    a starved event loop whose watchdog pauses late still delivers nothing late.
     ``clock``/``monotonic`` can be replaced in tests.
     """
 
@@ -97,12 +100,14 @@ class LogicalClockRuntime:
         lag_ms: int = 500,
         init_delay: float = 0.5,
         rate_of: Callable[[Dispatcher], tuple[float, int]] | None = None,
+        deliver_until: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lag_ms = lag_ms
         self.init_delay = init_delay
         self.rate_of = rate_of
+        self.deliver_until = deliver_until
         self.clock = clock
         self.monotonic = monotonic
         self._runs: dict[str, _Run] = {}
@@ -121,7 +126,9 @@ class LogicalClockRuntime:
 
     def checkpoint(self, name: str) -> int:
         run = self._runs[name]
-        if not run.paused and self.monotonic() - run.started >= self.init_delay:
+        now = self.monotonic()
+        late = self.deliver_until is not None and now > self.deliver_until()
+        if not run.paused and not late and now - run.started >= self.init_delay:
             target = self.upstream() - tso(self.lag_ms)
             run.checkpoint = max(run.checkpoint, target)
         return run.checkpoint
