@@ -214,7 +214,7 @@ def test_a_capture_cut_off_alone_is_fenced_and_its_spans_move(api: Api, system: 
         assert paused, f"{victim} did not pause"
         # It stopped delivering before the maintainer could take its Lease: never two captures at once.
         assert wall(paused[0]["ts"]) < taken
-        assert wall(paused[0]["ts"]) - cut < 7.0 + 1.0  # its renew deadline (7 s), measured from the cut
+        assert wall(paused[0]["ts"]) - cut < 7.0 + 3.0  # its renew deadline (7 s) after its last renewal
     left = CUT - (time.time() - cut)
     if left > 0:
         watch.stays(lambda s: True, "the others running while it is cut off", left)
