@@ -7,8 +7,9 @@ Every process (the maintainer, three captures) reaches the embedded API server t
    run it with ``CFM_OUTAGE_SECONDS=60``), with a Move, a Split, a Merge and an Add held in flight:
    no process exits, no dispatcher is started again, every operator finishes with its intent, the
    maintainer keeps its epoch, and the checkpoint moves again within seconds of the API's return.
-2. One capture cut off alone for ``CFM_CUT_SECONDS`` (25 s by default): it pauses, the maintainer takes
-   its Lease only after that, its spans are replicated elsewhere; when it gets through again it finds its
+2. One capture cut off alone until its spans are replicated elsewhere (about 10 s), or for
+   ``CFM_CUT_SECONDS`` if that is longer (60 s for the done-criterion): it pauses, the maintainer takes its
+   Lease only after that, its spans are replicated elsewhere; when it gets through again it finds its
    Lease taken, exits without resuming anything, and a restarted process of it joins again.
 
 The figures (seconds from the API's return to the checkpoint moving, to every operator finished, to a
@@ -35,7 +36,7 @@ from tests.integration.harness import PAUSE_CREATE, Api, Snap, System, Watch, al
 
 CAPTURES = ["c0", "c1", "c2"]
 OUTAGE = float(os.environ.get("CFM_OUTAGE_SECONDS", "30"))
-CUT = float(os.environ.get("CFM_CUT_SECONDS", "25"))
+CUT = float(os.environ.get("CFM_CUT_SECONDS", "0"))
 #: "Within a few seconds": a generous bound for a loaded CI machine (the figure is printed).
 PROMPTLY = 15.0
 
@@ -206,7 +207,7 @@ def test_a_capture_cut_off_alone_is_fenced_and_its_spans_move(api: Api, system: 
                 return f"{n}: {sp.state} on {sp.capture}"
         return True
 
-    moved = watch.until(elsewhere, "its spans replicated elsewhere", CUT + 30)
+    moved = watch.until(elsewhere, "its spans replicated elsewhere", 60)
     taken = time.time()
     print(f"\none capture cut off: its {len(spans)} span(s) replicated elsewhere {taken - cut:.1f}s after the cut")
     with watch.explained(moved):
