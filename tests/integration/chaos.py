@@ -4,7 +4,9 @@ Each process under test gets its own kubeconfig pointing at its own :class:`Prox
 API server. ``cut()`` closes every connection through it at once and closes its listening socket, so new
 connections are refused (what a client sees while a kube-apiserver restarts, or a control plane fails
 over); ``restore()`` listens again on the same port. Cutting every proxy is an outage of the API for
-everyone; cutting one isolates one process (a network partition of one node).
+everyone; cutting one isolates one process (a network partition of one node). ``cut(blackhole=True)``
+is the nastier kind: nothing is closed or refused, bytes just stop flowing, and the connections open
+during the cut stay dead after ``restore()`` (a load balancer that lost its backend); only new ones work.
 
 The proxies run on an event loop in a daemon thread of their own, so a test drives them synchronously.
 """
@@ -33,6 +35,8 @@ class Proxy:
         self.server: asyncio.Server | None = None
         self.conns: set[asyncio.StreamWriter] = set()
         self.cuts = 0
+        self.blackhole = False
+        self.dead: set[asyncio.StreamWriter] = set()  # connections that carry nothing any more
 
     @property
     def url(self) -> str:
@@ -48,6 +52,8 @@ class Proxy:
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.blackhole:
+            self.dead.add(writer)  # accepted, never answered
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -58,6 +64,8 @@ class Proxy:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 while data := await src.read(65536):
+                    if writer in self.dead:
+                        continue  # swallowed
                     dst.write(data)
                     await dst.drain()
             dst.transport.abort()
@@ -75,19 +83,28 @@ class Proxy:
             w.transport.abort()
         self.conns.clear()
 
+    async def _blackhole(self) -> None:
+        self.blackhole = True
+        self.dead |= self.conns
+
+    async def _listen_or_open(self) -> None:
+        self.blackhole = False
+        if self.server is None:
+            await self._listen()
+
     # -- from the test --------------------------------------------------------------------------------
 
     def start(self) -> Proxy:
         self._call(self._listen())
         return self
 
-    def cut(self) -> None:
-        """Drop every connection and refuse new ones."""
+    def cut(self, blackhole: bool = False) -> None:
+        """Drop every connection and refuse new ones; or (``blackhole``) let them all hang."""
         self.cuts += 1
-        self._call(self._cut())
+        self._call(self._blackhole() if blackhole else self._cut())
 
     def restore(self) -> None:
-        self._call(self._listen())
+        self._call(self._listen_or_open())
 
     @property
     def is_cut(self) -> bool:
@@ -119,9 +136,9 @@ class Chaos:
         self.kubeconfigs[name] = path
         return proxy, path
 
-    def cut(self, names: Iterable[str] | None = None) -> None:
+    def cut(self, names: Iterable[str] | None = None, blackhole: bool = False) -> None:
         for name in sorted(self.proxies if names is None else names):
-            self.proxies[name].cut()
+            self.proxies[name].cut(blackhole)
 
     def restore(self, names: Iterable[str] | None = None) -> None:
         for name in sorted(self.proxies if names is None else names):

@@ -36,6 +36,11 @@ from tests.integration.harness import PAUSE_CREATE, Api, Snap, System, Watch, al
 
 CAPTURES = ["c0", "c1", "c2"]
 OUTAGE = float(os.environ.get("CFM_OUTAGE_SECONDS", "30"))
+#: CFM_OUTAGE_BLACKHOLE=1: connections hang instead of being refused, and those open during the outage
+#: stay dead after it (see chaos.py); by hand, not in CI: convergence then waits for the streams' idle
+#: timeouts (a known limitation, see docs/architecture.md), so only the figures are reported.
+BLACKHOLE = os.environ.get("CFM_OUTAGE_BLACKHOLE") == "1"
+CONVERGE = 300.0 if BLACKHOLE else 60.0
 CUT = float(os.environ.get("CFM_CUT_SECONDS", "0"))
 #: "Within a few seconds": a generous bound for a loaded CI machine (the figure is printed).
 PROMPTLY = 15.0
@@ -128,7 +133,7 @@ def test_an_api_outage_costs_no_restart_and_no_failed_operator(api: Api, system:
 
     # The outage: every process cut off. Meanwhile (the test reaches the API directly) the hooks go, so
     # that the operators can finish as soon as the processes get through again.
-    chaos.cut()
+    chaos.cut(blackhole=BLACKHOLE)
     for c in CAPTURES:
         api.patch("captures", c, {"metadata": {"annotations": {PAUSE_CREATE: None}}})
     watch.stays(lambda s: True, "every process running through the outage", OUTAGE)
@@ -140,19 +145,20 @@ def test_an_api_outage_costs_no_restart_and_no_failed_operator(api: Api, system:
         cp = s.changefeed.checkpoint_ts if s.changefeed else 0
         return True if cp > checkpoint else f"checkpoint {cp} <= {checkpoint}"
 
-    watch.until(moved_on, "the checkpoint to move again", 60)
+    watch.until(moved_on, "the checkpoint to move again", CONVERGE)
     to_checkpoint = time.monotonic() - back
 
     def finished(s: Snap) -> object:
         left = [n for n in tracked if n not in s.operators or s.operators[n].in_flight]
         return f"in flight: {left}" if left else True
 
-    watch.until(finished, "every operator to finish", 60)
+    watch.until(finished, "every operator to finish", CONVERGE)
     to_operators = time.monotonic() - back
-    final = watch.until(all_settled, "a settled world", 60)
+    final = watch.until(all_settled, "a settled world", CONVERGE)
     to_settled = time.monotonic() - back
     print(
-        f"\nAPI outage of {OUTAGE:.0f}s: after the API returned, the checkpoint moved in {to_checkpoint:.1f}s, "
+        f"\nAPI outage of {OUTAGE:.0f}s{' (blackhole)' if BLACKHOLE else ''}: after the API returned,"
+        f" the checkpoint moved in {to_checkpoint:.1f}s, "
         f"every operator finished in {to_operators:.1f}s, the world settled in {to_settled:.1f}s"
     )
 
@@ -187,7 +193,8 @@ def test_an_api_outage_costs_no_restart_and_no_failed_operator(api: Api, system:
         # No capture's Lease was taken.
         for c in CAPTURES:
             assert final.lease_holder(f"capture-{c}") == c
-    assert to_checkpoint < PROMPTLY, f"the checkpoint moved again only {to_checkpoint:.1f}s after the API returned"
+    if not BLACKHOLE:
+        assert to_checkpoint < PROMPTLY, f"the checkpoint moved again only {to_checkpoint:.1f}s after the API returned"
 
 
 def test_a_capture_cut_off_alone_is_fenced_and_its_spans_move(api: Api, system: System, chaos: Chaos) -> None:
