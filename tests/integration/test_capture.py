@@ -634,6 +634,23 @@ def test_keeps_trying_when_the_api_server_is_gone(tmp_path: Path) -> None:
         agent.stop()
 
 
+def test_a_second_process_of_the_same_name_takes_over_and_the_first_fences(
+    api: Api, agents: Callable[..., AgentProc]
+) -> None:
+    """The Lease's acquireTime is the process's incarnation: the first process must not mistake the second's
+    renewals for its own lost answers (before, it adopted them and both ran, one capture name, two owners)."""
+    api.changefeed()
+    first = agents("c1")
+    api.dispatcher("d1", "c1")
+    wait_for(working(api, "d1"), what="Working")
+    acquired = api.get("leases", "capture-c1")["spec"]["acquireTime"]
+    second = agents("c1")
+    wait_for(lambda: api.get("leases", "capture-c1")["spec"]["acquireTime"] != acquired, 15.0, "the takeover")
+    assert first.wait(10) == 3
+    assert "another process" in first.said("fenced itself")[0]["reason"]
+    assert second.running()
+
+
 def test_fences_itself_when_another_holder_takes_the_lease(api: Api, agents: Callable[..., AgentProc]) -> None:
     agent = agents("c1")
     lease = wait_for(lambda: api.get("leases", "capture-c1"), what="Lease")
