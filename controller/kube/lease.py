@@ -127,17 +127,23 @@ class LeaderElector:
         return True
 
     async def acquire(self, floor: int = 0) -> int:
+        failures = 0
         while True:
             try:
-                won = await self.try_acquire(floor)
+                # Each attempt bounded (not the client's 30 s): an API that hung is retried soon after it returns.
+                async with asyncio.timeout(max(1.0, 2 * self.retry)):
+                    won = await self.try_acquire(floor)
                 self.on_answer()
+                failures = 0
                 if won:
                     log.info("acquired lease %s as %s, epoch %d", self.name, self.identity, self.epoch)
                     return self.epoch
             except ApiError as exc:
                 log.warning("lease %s: %s", self.name, exc)
-            except Exception as exc:  # API unreachable: keep trying
-                log.warning("lease %s unreachable: %s", self.name, exc)
+            except Exception as exc:  # API unreachable: keep trying (and say so now and then, not every time)
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("lease %s unreachable (%d attempts): %r", self.name, failures, exc)
             await asyncio.sleep(self.retry)
 
     async def hold(self, lost: asyncio.Event) -> None:
