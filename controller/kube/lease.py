@@ -189,6 +189,8 @@ class LeaderElector:
         spec = dict(lease.get("spec", {}))
         lease["spec"] = self._body(int(spec.get("leaseTransitions") or self.epoch), "", holder="", duration=1)
         try:
-            await self.client.replace(LEASES, self.namespace, self.name, lease)
+            # Bounded: a shutdown must not wait on an API that does not answer (the Lease then expires).
+            async with asyncio.timeout(5.0):
+                await self.client.replace(LEASES, self.namespace, self.name, lease)
         except Exception as exc:
-            log.info("lease %s not released: %s", self.name, exc)
+            log.info("lease %s not released: %r", self.name, exc)
