@@ -6,11 +6,19 @@ What it does, and why in this shape:
   Lease ``capture-<name>``, then renews the Lease every ``renew_interval`` with a resourceVersion
   precondition. The maintainer treats the capture as alive while ``renewTime + leaseDurationSeconds``
   is in the future (``Capture.alive``).
-* **Self-fencing.** If it has not renewed for ``renew_deadline`` (< the lease duration), or finds the
-  Lease deleted or held by someone else, it stops every dispatcher at once and exits non-zero. So by
-  the time the maintainer sees the Lease lapse and releases this capture's finalizers to re-place its
-  spans elsewhere, none of them runs here any more: never two owners of a key. The check runs in its
-  own task on a short tick, so a hung API call cannot delay it.
+* **Pause, then resume or fence.** If it has not renewed for ``renew_deadline`` (< the lease duration)
+  it *pauses*: every dispatcher stops delivering at once but stays in memory with its position, and it
+  keeps trying to renew. So by the time the maintainer could call the capture lost, nothing runs here.
+  The check runs in its own task on a short tick, so a hung API call cannot delay it. Each renewal is a
+  compare-and-swap on the Lease's resourceVersion of its previous renewal, and the maintainer takes a
+  lapsed Lease (holder cleared) before it lets anyone else replicate this capture's spans: so a renewal
+  that succeeds proves nothing was taken, and only then does a paused capture read its Dispatchers
+  (strongly) and resume those that still exist, are not being deleted, and whose changefeed has started
+  no maintainer term it did not see. If the Lease was deleted or names someone else (taken), it stops
+  everything and exits non-zero, as a fenced capture. ``acquireTime`` identifies this process's
+  incarnation, so a renewal that timed out but landed is recognised as its own and a restarted process
+  of the same name is not. An outage of the API shorter than the maintainer's patience therefore costs
+  no dispatcher anything but the pause (docs/architecture.md, Fencing).
 * **Level-triggered dispatcher lifecycle.** A list+watch (label ``cdc.maintainer.dev/capture=<name>``)
   keeps the assigned Dispatchers in memory; every loop iteration (about 0.2 s, or at once on a watch
   event) re-derives what to do from that state plus what the runtime really runs. Nothing depends on
@@ -47,6 +55,7 @@ from controller.model.records import Capture, Dispatcher
 from controller.model.resources import (
     InvalidResource,
     dispatcher_from_resource,
+    format_time,
     lease_name,
     lease_resource,
     parse_time,
@@ -75,6 +84,8 @@ TABLES = RESOURCES[Kind.TABLE]
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_FENCED = 3
+#: Seconds between renewal attempts after one failed (an API that comes back is seen at once).
+RETRY_AFTER_FAILURE = 0.5
 
 API_ERRORS = (ApiError, *NETWORK_ERRORS)
 #: How many dispatchers one reconcile pass works on at once (each step is a few API requests).
@@ -160,6 +171,12 @@ class Agent:
     last_renew: float = 0.0
     lease_rv: str = ""
     fence_reason: str = ""
+    #: When it stopped delivering because it could not renew its Lease (monotonic); None while delivering.
+    paused_at: float | None = None
+    #: Per changefeed, the highest epoch a strong read has shown it (a paused dispatcher resumes only if no
+    #: newer one was published meanwhile).
+    epochs_seen: dict[str, int] = field(default_factory=dict)
+    epochs_at: float = -1e9
     hooks: Hooks = field(default_factory=Hooks)
     capture_status: dict[str, Any] = field(default_factory=dict)
     capture_status_at: float = -1e9
@@ -168,8 +185,15 @@ class Agent:
 
     def __post_init__(self) -> None:
         if self.runtime is None:
-            self.runtime = LogicalClockRuntime(init_delay=self.settings.init_delay, rate_of=self._rate_of)
+            self.runtime = LogicalClockRuntime(
+                init_delay=self.settings.init_delay,
+                rate_of=self._rate_of,
+                deliver_until=lambda: self.last_renew + self.settings.renew_deadline,
+            )
         self.rt: DispatcherRuntime = self.runtime
+        #: This process's incarnation: the ``acquireTime`` of its Lease. A renewal answered 409 whose Lease
+        #: still carries it was our own write (its answer lost); any other means the Lease is not ours.
+        self.incarnation = format_time(time.time(), micro=True)
         self.stop = asyncio.Event()
         self.wake = asyncio.Event()
         s = self.settings
@@ -198,6 +222,8 @@ class Agent:
             return False, f"fenced: {self.fence_reason}"
         if not self.lease_rv:
             return False, "registering (Capture and Lease)"
+        if self.paused_at is not None:
+            return False, f"paused for {time.monotonic() - self.paused_at:.0f}s: the Lease cannot be renewed"
         since = time.monotonic() - self.last_renew
         if since >= self.settings.renew_deadline:
             return False, f"Lease not renewed for {since:.0f}s"
@@ -300,6 +326,7 @@ class Agent:
             lease_duration=float(1 if release else s.lease_duration),
         )
         body = lease_resource(capture)
+        body["spec"]["acquireTime"] = self.incarnation
         if release:
             body["spec"]["holderIdentity"] = ""
         if self.lease_rv:
@@ -375,9 +402,12 @@ class Agent:
                 if exc.not_found:
                     raise LeaseLost(f"Lease {name} was deleted") from None
                 raise
-            holder = (current.get("spec") or {}).get("holderIdentity") or ""
+            spec = current.get("spec") or {}
+            holder = spec.get("holderIdentity") or ""
             if holder != s.name:
                 raise LeaseLost(f"Lease {name} is now held by {holder!r}")
+            if spec.get("acquireTime") != self.incarnation:
+                raise LeaseLost(f"Lease {name} was taken over by another process named {s.name!r}")
             # Our own write whose answer we missed (e.g. a timed-out request): adopt it and retry.
             self.lease_rv = current["metadata"]["resourceVersion"]
         raise ApiError(409, "Conflict", f"Lease {name} kept changing")
@@ -389,8 +419,9 @@ class Agent:
     async def _renew_loop(self) -> None:
         s = self.settings
         timeout = min(s.renew_deadline / 2, max(1.0, s.renew_interval))
+        failed = 0
         while True:
-            await asyncio.sleep(s.renew_interval)
+            await asyncio.sleep(min(s.renew_interval, RETRY_AFTER_FAILURE) if failed else s.renew_interval)
             sent = time.monotonic()
             try:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
@@ -398,26 +429,95 @@ class Agent:
                 async with asyncio.timeout(timeout):
                     await self._renew()
                 self.last_renew = sent
+                failed = 0
             except LeaseLost as exc:
                 self._fence(str(exc))
                 return
             except API_ERRORS as exc:
-                log.warning(
-                    "Lease renewal failed",
-                    extra=fields(error=repr(exc), since_renew=round(time.monotonic() - self.last_renew, 3)),
-                )
+                failed += 1
+                if failed == 1 or failed % 20 == 0:  # an outage: say so, not twice a second
+                    log.warning(
+                        "Lease renewal failed",
+                        extra=fields(
+                            error=repr(exc), since_renew=round(time.monotonic() - self.last_renew, 3), attempts=failed
+                        ),
+                    )
+                continue
+            if self.paused_at is not None:
+                try:
+                    async with asyncio.timeout(max(0.1, s.renew_deadline - (time.monotonic() - sent))):
+                        await self._resume()
+                except API_ERRORS as exc:  # stay paused; the next renewal tries again
+                    log.warning("could not check what to resume", extra=fields(error=repr(exc)))
 
     async def _watchdog(self) -> None:
         s = self.settings
         while True:
             late = time.monotonic() - self.last_renew
-            if late > s.renew_deadline:
-                self._fence(
+            if late > s.renew_deadline and self.paused_at is None:
+                self._pause(
                     f"could not renew Lease {lease_name(s.name)} for {late:.1f}s "
                     f"(renew deadline {s.renew_deadline}s, lease duration {s.lease_duration}s)"
                 )
-                return
             await asyncio.sleep(min(0.1, s.tick))
+
+    def _pause(self, reason: str) -> None:
+        """Stop delivering now, synchronously; keep every dispatcher and its position (see the module doc)."""
+        self.paused_at = time.monotonic()
+        at = {name: self.rt.pause(name) for name in sorted(self.runs)}
+        log.warning(
+            "paused: stopped delivering until the Lease is renewed",
+            extra=fields(capture=self.settings.name, reason=reason, dispatchers=at),
+        )
+
+    async def _resume(self) -> None:
+        """A renewal just succeeded while paused: the Lease is still ours, so nothing was re-placed through
+        it. Resume each paused dispatcher whose object still exists (same uid), is not being deleted, and
+        whose changefeed published no epoch this capture had not seen; drop the others."""
+        s = self.settings
+        items, _ = await self.client.list(DISPATCHERS, s.namespace, f"{CAPTURE_LABEL}={s.name}")
+        current = {o["metadata"]["name"]: o for o in items if (o.get("spec") or {}).get("capture") == s.name}
+        published: dict[str, int | None] = {}
+        for cf in sorted({run.record.changefeed for run in self.runs.values()}):
+            published[cf] = await self._read_epoch(cf, remember=False)
+        if self.paused_at is None or self.fence_reason:
+            return
+        if time.monotonic() - self.last_renew >= s.renew_deadline:
+            return  # too late: that renewal no longer vouches for us; wait for the next one
+        resumed: list[str] = []
+        dropped: dict[str, str] = {}
+        for name, run in sorted(self.runs.items()):
+            obj = current.get(name)
+            meta = (obj or {}).get("metadata") or {}
+            epoch = published.get(run.record.changefeed)
+            if obj is None or meta.get("uid") != run.record.uid:
+                dropped[name] = "its Dispatcher is gone"
+            elif meta.get("deletionTimestamp"):
+                continue  # stays paused: the close path closes it, reporting where it stopped
+            elif epoch is None:
+                dropped[name] = "its changefeed is gone"
+            elif epoch > self.epochs_seen.get(run.record.changefeed, 0):
+                dropped[name] = f"changefeed epoch {epoch} was published while it was paused"
+            else:
+                resumed.append(name)
+        for cf, epoch in published.items():
+            if epoch is not None:
+                self.epochs_seen[cf] = max(self.epochs_seen.get(cf, 0), epoch)
+        finals = {name: (self.runs.pop(name), self.rt.close(name)) for name in dropped}
+        for name in resumed:
+            self.rt.resume(name)
+        paused_for = time.monotonic() - self.paused_at
+        self.paused_at = None
+        log.info(
+            "resumed: delivering again",
+            extra=fields(resumed=resumed, dropped=dropped, paused_for=round(paused_for, 3)),
+        )
+        for name, (run, final) in sorted(finals.items()):
+            if name not in current or name in self.closing:
+                continue
+            with contextlib.suppress(*API_ERRORS):  # else reported by the level-triggered loop (_disown)
+                await self._write(run.record, DispatcherState.STOPPED, final, f"not resumed: {dropped[name]}")
+                self.disowned[name] = time.monotonic()
 
     # -- the loop ---------------------------------------------------------------------------------------
 
@@ -434,7 +534,9 @@ class Agent:
         if self.fence_reason:
             raise Fenced(self.fence_reason)
         self._read_hooks()
-        await self._refresh_rates()
+        paused = self.paused_at is not None
+        if not paused:
+            await self._refresh_rates()
         objects = dict(self.dispatchers.objects)
         for name in sorted(set(self.runs) - set(objects)):
             # Deleted outright (e.g. the maintainer released the finalizer of a capture it thought lost).
@@ -448,6 +550,8 @@ class Agent:
         self._noted = {n for n in self._noted if n[0] in objects}
         epochs: Epochs = {}  # strong reads of this pass, shared by its steps
         gate = asyncio.Semaphore(STEP_CONCURRENCY)
+        if not paused:
+            await self._refresh_epochs(epochs)
 
         async def one(name: str) -> None:
             raw = objects[name]
@@ -471,6 +575,8 @@ class Agent:
                     group.create_task(one(name))
         except BaseExceptionGroup as eg:  # e.g. Fenced: raise it as a sequential pass would have
             raise eg.exceptions[0] from None
+        if paused:
+            return
         try:
             await self._report_capture()
         except API_ERRORS as exc:
@@ -479,7 +585,9 @@ class Agent:
     async def _step(self, d: Dispatcher, raw: JSON, epochs: Epochs) -> None:
         name = d.name
         if d.deleting:
-            await self._close(d, raw)
+            await self._close(d, raw)  # closing is always safe, paused or not
+        elif self.paused_at is not None:
+            return  # paused: nothing starts, nothing advances, nothing is reported
         elif name in self.runs:
             await self._advance(self.runs[name], d, epochs)
         elif d.state is DispatcherState.PENDING:
@@ -502,6 +610,8 @@ class Agent:
             return
         if self.fence_reason:
             raise Fenced(self.fence_reason)
+        if self.paused_at is not None:
+            return  # paused while it read the epoch
         self.rt.start(d)
         self.runs[d.name] = Run(d, DispatcherState.INITIALIZING)
         log.info(
@@ -522,6 +632,8 @@ class Agent:
                 log.info("rejected dispatcher", extra=fields(dispatcher=d.name, epoch=d.epoch, current=epoch))
                 await self._write(d, DispatcherState.REJECTED, final, message)
                 return
+            if self.paused_at is not None:
+                return  # paused while it read the epoch
             if epoch is not None:
                 run.state = DispatcherState.WORKING
                 log.info("dispatcher working", extra=fields(dispatcher=d.name, checkpointTs=cp))
@@ -533,6 +645,8 @@ class Agent:
 
     async def _report(self, run: Run, d: Dispatcher) -> None:
         """Write the status of a running dispatcher when due: at once on a state change, else batched."""
+        if self.paused_at is not None:
+            return
         s = self.settings
         now = time.monotonic()
         cp = self.rt.checkpoint(d.name)
@@ -640,14 +754,29 @@ class Agent:
             epochs[changefeed] = asyncio.ensure_future(self._read_epoch(changefeed))
         return await epochs[changefeed]
 
-    async def _read_epoch(self, changefeed: str) -> int | None:
+    async def _read_epoch(self, changefeed: str, remember: bool = True) -> int | None:
         try:
             obj = await self.client.get(CHANGEFEEDS, self.settings.namespace, changefeed)
         except ApiError as exc:
             if not exc.not_found:
                 raise
             return None
-        return int((obj.get("status") or {}).get("epoch") or 0)
+        epoch = int((obj.get("status") or {}).get("epoch") or 0)
+        if remember and self.paused_at is None:
+            self.epochs_seen[changefeed] = max(self.epochs_seen.get(changefeed, 0), epoch)
+        return epoch
+
+    async def _refresh_epochs(self, epochs: Epochs) -> None:
+        """Re-read, now and then, the published epoch of every changefeed it runs dispatchers of: what a paused
+        dispatcher's resume is judged against (a term that began before the pause is no reason to drop it)."""
+        if not self.runs or time.monotonic() - self.epochs_at < self.settings.tables_interval:
+            return
+        self.epochs_at = time.monotonic()
+        for cf in sorted({run.record.changefeed for run in self.runs.values()}):
+            try:
+                await self._epoch(cf, epochs)
+            except API_ERRORS as exc:
+                log.warning("could not read the epoch of changefeed", extra=fields(changefeed=cf, error=repr(exc)))
 
     def _read_hooks(self) -> None:
         obj = self.captures.objects.get(self.settings.name) or {}

@@ -53,6 +53,7 @@ class Informer:
         self.resource_version = ""
         self.synced = asyncio.Event()
         self.relists = 0
+        self.failures = 0  # consecutive failed attempts (logged sparingly)
 
     def _wanted(self, obj: JSON) -> bool:
         return self.keep is None or self.keep(obj)
@@ -60,6 +61,7 @@ class Informer:
     async def run(self) -> None:
         """Forever (until cancelled)."""
         need_list = True
+        self.failures = 0
         while True:
             try:
                 if need_list:
@@ -73,14 +75,26 @@ class Informer:
                 if exc.status == 410:
                     need_list = True
                 else:
-                    log.warning("watch of %s failed", self.resource.plural, extra=fields(error=str(exc)))
+                    self._failed(str(exc))
                     await asyncio.sleep(self.backoff)
             except NETWORK_ERRORS as exc:
-                log.warning("watch of %s failed", self.resource.plural, extra=fields(error=repr(exc)))
+                self._failed(repr(exc))
                 await asyncio.sleep(self.backoff)
+
+    def _failed(self, error: str) -> None:
+        """Log the first failure of a run of them, then one in 20 (an outage retries twice a second)."""
+        self.failures += 1
+        if self.failures == 1 or self.failures % 20 == 0:
+            log.warning("watch of %s failed", self.resource.plural, extra=fields(error=error, attempts=self.failures))
+
+    def _recovered(self) -> None:
+        if self.failures:
+            log.info("watch of %s back", self.resource.plural, extra=fields(failed_attempts=self.failures))
+            self.failures = 0
 
     async def _list(self) -> None:
         items, rv = await self.client.list(self.resource, self.namespace, self.label_selector)
+        self._recovered()
         self.objects = {o["metadata"]["name"]: o for o in items if self._wanted(o)}
         self.resource_version = rv
         self.relists += 1
@@ -96,6 +110,7 @@ class Informer:
             timeout_seconds=self.watch_timeout,
         )
         async for event in stream:
+            self._recovered()
             self._apply(event)
 
     def _apply(self, event: dict[str, Any]) -> None:

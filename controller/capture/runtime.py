@@ -8,7 +8,10 @@ can stop every dispatcher at once from any task without awaiting I/O:
 * ``checkpoint(name)``: all changes up to this ts have been delivered (never decreases);
 * ``write_rate(name)`` / ``region_count(name)``: the upstream rows/s and the regions of the span, for
   the split and merge schedulers (reported in ``Dispatcher.status``);
-* ``close(name)``: stop; returns the final checkpoint (what a successor must start from).
+* ``close(name)``: stop; returns the final checkpoint (what a successor must start from);
+* ``pause(name)`` / ``resume(name)``: stop delivering but keep the position, then go on from it. A
+  capture that cannot renew its Lease pauses everything (another capture may soon own these spans) and
+  resumes in place only if nothing was taken from it meanwhile.
 
 :class:`LogicalClockRuntime`, the default, replicates nothing: its upstream ts follows wall time like
 a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails it by a small lag,
@@ -62,12 +65,21 @@ class DispatcherRuntime(Protocol):
         """Stop it; returns its final checkpoint (``KeyError`` if it does not run)."""
         ...
 
+    def pause(self, name: str) -> int:
+        """Stop delivering at once, keeping the position; returns the checkpoint, which stays put until
+        ``resume`` (``KeyError`` if it does not run). Idempotent."""
+        ...
+
+    def resume(self, name: str) -> None:
+        """Deliver again from where it paused (``KeyError`` if it does not run). Idempotent."""
+
 
 @dataclass
 class _Run:
     dispatcher: Dispatcher
     started: float  # monotonic
     checkpoint: int
+    paused: bool = False
 
 
 class LogicalClockRuntime:
@@ -76,6 +88,9 @@ class LogicalClockRuntime:
     ``lag_ms``: how far a checkpoint trails the upstream ts. ``init_delay``: seconds before a new
     dispatcher makes its first progress (while Initializing a real dispatcher resolves its span and
     connects to the downstream). ``rate_of``: the write rate and region count of a dispatcher's table.
+    ``deliver_until``: a monotonic deadline past which nothing is delivered (the agent's Lease renewal
+    deadline), checked at every delivery as a real sink would check a fencing deadline before each write:
+    a starved event loop whose watchdog pauses late still delivers nothing late.
     ``clock``/``monotonic`` can be replaced in tests.
     """
 
@@ -85,12 +100,14 @@ class LogicalClockRuntime:
         lag_ms: int = 500,
         init_delay: float = 0.5,
         rate_of: Callable[[Dispatcher], tuple[float, int]] | None = None,
+        deliver_until: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lag_ms = lag_ms
         self.init_delay = init_delay
         self.rate_of = rate_of
+        self.deliver_until = deliver_until
         self.clock = clock
         self.monotonic = monotonic
         self._runs: dict[str, _Run] = {}
@@ -109,7 +126,9 @@ class LogicalClockRuntime:
 
     def checkpoint(self, name: str) -> int:
         run = self._runs[name]
-        if self.monotonic() - run.started >= self.init_delay:
+        now = self.monotonic()
+        late = self.deliver_until is not None and now > self.deliver_until()
+        if not run.paused and not late and now - run.started >= self.init_delay:
             target = self.upstream() - tso(self.lag_ms)
             run.checkpoint = max(run.checkpoint, target)
         return run.checkpoint
@@ -131,6 +150,14 @@ class LogicalClockRuntime:
         final = self.checkpoint(name)
         del self._runs[name]
         return final
+
+    def pause(self, name: str) -> int:
+        cp = self.checkpoint(name)
+        self._runs[name].paused = True
+        return cp
+
+    def resume(self, name: str) -> None:
+        self._runs[name].paused = False  # catches up with the upstream at the next checkpoint
 
     def running(self) -> list[str]:
         return sorted(self._runs)

@@ -20,6 +20,9 @@ Every write is idempotent when re-issued from the same or a later snapshot:
   write fails as a conflict (it would otherwise land, unconditioned, on an object this chain did not
   make, e.g. a concurrent maintainer's operator of the same deterministic name).
 - ``AddFinalizer`` / ``RemoveFinalizer``: no-ops when already in the wanted state.
+- ``FenceCapture``: takes a lapsed capture's Lease with the version the decision judged as its
+  precondition; success if the Lease already does not name the capture (or is gone); a conflict (the
+  capture renewed since) fails the chain.
 - ``Event``: best effort, never fails a chain.
 """
 
@@ -80,6 +83,23 @@ class RemoveFinalizer:
 
 
 @dataclass(frozen=True, slots=True)
+class FenceCapture:
+    """Take the Lease ``capture-<capture>`` (holder cleared), precondition ``lease_version``.
+
+    The durable token of the capture fencing argument (docs/architecture.md, Fencing): a capture renews
+    its Lease by compare-and-swap and resumes its paused dispatchers only after such a renewal, so once
+    this write lands nothing that capture process holds can run again, and only then does the engine
+    release its dispatchers' finalizers. Issued only for a Lease that has not been renewed for a lease
+    duration of the maintainer's current view (the capture stopped delivering by then)."""
+
+    capture: str
+    lease_version: str
+
+    def describe(self) -> str:
+        return f"take the Lease of capture {self.capture}"
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """A Kubernetes Event on an object: only for what a person should know or act on."""
 
@@ -93,7 +113,7 @@ class Event:
         return f"event {self.reason} on {self.kind} {self.name}"
 
 
-Write = Create | WriteStatus | Delete | AddFinalizer | RemoveFinalizer | Event
+Write = Create | WriteStatus | Delete | AddFinalizer | RemoveFinalizer | FenceCapture | Event
 
 
 @dataclass(frozen=True, slots=True)

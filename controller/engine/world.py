@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from controller.engine.intents import Chain, Create, Delete, Event, RemoveFinalizer, WriteStatus
+from controller.engine.intents import Chain, Create, Delete, Event, FenceCapture, RemoveFinalizer, WriteStatus
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
 from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
@@ -44,6 +44,10 @@ MUTANTS = frozenset(
         "tables-never-detached",  # a deleted Changefeed's Tables keep the finalizer (teardown and janitor)
         "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)
         "reshape-without-capture-skips-new-spans",  # no capture at CreateSpans: Succeeded, new spans never made
+        "release-before-fence",  # finalizers of a lapsed capture released without taking its Lease first
+        # Not the engine's: the simulator's capture model and the maintainer's liveness clock.
+        "capture-resumes-after-takeover",  # a paused capture resumes though its Lease was taken meanwhile
+        "outage-counts-as-silence",  # the maintainer counts time its view of Leases was broken as silence
     }
 )
 
@@ -80,6 +84,7 @@ class Tick:
         self._created: defaultdict[tuple[int, Mode], list[str]] = defaultdict(list)
         self.repairs: list[str] = []
         self.alive = {n for n, c in world.captures.items() if c.alive(world.now)}
+        self._fencing: set[str] = set()  # captures whose Lease this decision takes
         self.first_tick = False  # set by the maintainer on the first decision of a term
         # Running operators and the spans they own, kept current as operators change in this tick.
         self.owner: dict[str, str] = {}
@@ -111,6 +116,11 @@ class Tick:
 
     def capture_alive(self, name: str) -> bool:
         return name in self.alive
+
+    def capture_fenced(self, name: str) -> bool:
+        """Nothing the capture runs can resume: its Lease does not name it (or there is no Lease at all)."""
+        capture = self.world.captures.get(name)
+        return capture is None or capture.lease_taken
 
     def schedulable_captures(self) -> list[str]:
         caps = self.world.captures
@@ -261,10 +271,15 @@ class Tick:
         return Create(obj)
 
     def close_dispatcher(self, d: Dispatcher) -> list[Delete | RemoveFinalizer]:
-        """Delete ``d``; if its capture is lost (it fenced itself), also release its finalizer.
+        """Delete ``d``; if its capture is lost and fenced, also release its finalizer.
 
-        A live capture closes the dispatcher, reports its final checkpoint and releases the
-        finalizer itself; a capture whose Lease lapsed cannot, so the maintainer does.
+        A live capture closes the dispatcher, reports its final checkpoint and releases the finalizer
+        itself; a lost one cannot, so the maintainer does, but only once the capture's Lease no longer
+        names it: a capture whose Lease merely lapsed has stopped delivering, yet would resume its
+        dispatchers in place if it reached the API again. For such a capture this decision takes the
+        Lease (one chain of its own, :meth:`fence_capture`); the release follows in a later decision,
+        from a snapshot that shows the Lease taken. A capture that is not alive for another reason (its
+        Capture object deleted while its Lease is current) closes the dispatcher itself.
         """
         writes: list[Delete | RemoveFinalizer] = []
         if not d.deleting:
@@ -274,12 +289,23 @@ class Tick:
             and DISPATCHER_FINALIZER in d.finalizers
             and not self.mutant("remove-forgets-finalizer-of-lost-capture")
         ):
-            writes.append(RemoveFinalizer(Kind.DISPATCHER, d.name, DISPATCHER_FINALIZER))
+            if self.capture_fenced(d.capture) or self.mutant("release-before-fence"):
+                writes.append(RemoveFinalizer(Kind.DISPATCHER, d.name, DISPATCHER_FINALIZER))
+            else:
+                self.fence_capture(d.capture)
         if writes:
             self.touched.add((Kind.DISPATCHER, d.name))
             if not d.deleting:
                 self.dispatchers[d.name] = replace(d, deleting=True)
         return writes
+
+    def fence_capture(self, name: str) -> None:
+        """Take the Lease of capture ``name`` if it lapsed (once per decision; a chain of its own)."""
+        capture = self.world.captures.get(name)
+        if capture is None or name in self._fencing or not capture.expired(self.now):
+            return
+        self._fencing.add(name)
+        self.emit(f"capture {name} lost: take its Lease", [FenceCapture(name, capture.lease_version)])
 
     def event(self, obj: Record, reason: str, message: str, warning: bool = False) -> Event:
         return Event(obj.kind, obj.name, reason, message, warning)

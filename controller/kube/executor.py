@@ -27,8 +27,8 @@ import aiohttp
 
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision
-from controller.kube.client import EVENTS, RESOURCES, ApiError, BadResponse, Client
-from controller.kube.informer import Informer
+from controller.kube.client import EVENTS, LEASES, RESOURCES, ApiError, BadResponse, Client
+from controller.kube.informer import LEASE, Informer
 from controller.model import resources as conv
 from controller.model.states import API_VERSION
 
@@ -176,8 +176,44 @@ class Executor:
                 self.informer.forget(w.kind.value, w.name)
         elif isinstance(w, I.AddFinalizer | I.RemoveFinalizer):
             await self._finalizer(w, local)
+        elif isinstance(w, I.FenceCapture):
+            await self._fence(w)
         elif isinstance(w, I.Event):
             await self._event(w)
+
+    async def _fence(self, w: I.FenceCapture) -> None:
+        """Take a lapsed capture's Lease: holder cleared, with the version the decision judged as precondition.
+
+        From then on the capture's renewals (compare-and-swaps on its own last version) fail, so whatever
+        it paused can never resume. Success when the Lease is gone or already names someone else; a
+        conflict means the capture renewed since the decision: the chain fails and the next one re-judges."""
+        name = conv.lease_name(w.capture)
+        current = self.informer.store.objects.get(LEASE, {}).get(name)
+        if current is None or (current.get("spec") or {}).get("holderIdentity") != w.capture:
+            return
+        if current.get("metadata", {}).get("resourceVersion") != w.lease_version:
+            raise ApiError(409, "Conflict", f"Lease {name} changed since the decision")
+        body = {**current, "spec": {**current["spec"], "holderIdentity": ""}}
+        try:
+            taken = await self.client.replace(LEASES, self.namespace, name, body)
+        except ApiError as exc:
+            if exc.not_found:
+                return
+            if not exc.conflict:
+                raise
+            # A renewal landed first, or someone else took it: look again.
+            try:
+                latest = await self.client.get(LEASES, self.namespace, name)
+            except ApiError as again:
+                if again.not_found:
+                    return
+                raise
+            self.informer.offer(LEASE, latest)
+            if (latest.get("spec") or {}).get("holderIdentity") != w.capture:
+                return
+            raise
+        log.info("took the Lease %s of a lapsed capture", name)
+        self.informer.offer(LEASE, taken)
 
     async def _finalizer(self, w: I.AddFinalizer | I.RemoveFinalizer, local: dict[tuple[str, str], str]) -> None:
         current = self.informer.store.objects.get(w.kind.value, {}).get(w.name)

@@ -7,7 +7,13 @@
 - The epoch of a term is the Lease's ``leaseTransitions`` after our acquisition; we set it to at least
   one more than the epoch the changefeed already published, so it grows even if the Lease was deleted.
 - Renew every ``retry`` seconds; if no renewal succeeded for ``renew_deadline`` (< duration) the
-  leadership is lost and the caller must stop writing at once.
+  leadership is lost and the caller must stop writing at once. Each renewal attempt is bounded by what
+  is left of the deadline, so a request that hangs (an API that went silent) cannot stretch the term.
+- Resume a lapsed term: a candidate that finds the Lease still naming itself with its own term's
+  ``leaseTransitions`` (nobody acquired it since: every acquisition raises it) renews it and keeps its
+  epoch. This is what an API outage longer than the renew deadline looks like from the leader's side: it
+  stopped writing at the deadline, and on the API's return nothing happened under another epoch, so
+  the captures keep the dispatchers they paused (a new epoch would make them start afresh).
 - Release on graceful shutdown: holder cleared and duration 1 s, so a successor takes over quickly.
 """
 
@@ -50,6 +56,9 @@ class LeaderElector:
         self.retry = retry
         self.lease: JSON | None = None
         self.epoch = 0
+        #: When the last successful write of the Lease was sent (monotonic): the term lasts until
+        #: ``renewed + renew_deadline`` unless renewed again.
+        self.renewed = 0.0
         self._observed: tuple[str, str, float] | None = None  # (holder, renewTime, when we saw it change)
         #: Called after every bid the API answered (won, or lost to a holder): the maintainer's readiness.
         self.on_answer: Callable[[], None] = lambda: None
@@ -88,6 +97,7 @@ class LeaderElector:
                     return False
                 raise
             self.epoch = floor + 1
+            self.renewed = time.monotonic()
             return True
         spec = lease.get("spec", {})
         holder = spec.get("holderIdentity") or ""
@@ -99,8 +109,13 @@ class LeaderElector:
         expired = not holder or now - self._observed[2] >= duration
         if holder != self.identity and not expired:
             return False
-        transitions = max(int(spec.get("leaseTransitions") or 0), floor) + 1
-        lease["spec"] = self._body(transitions, "")
+        current = int(spec.get("leaseTransitions") or 0)
+        if holder == self.identity and self.epoch and current == self.epoch and self.epoch >= floor:
+            transitions, acquired = self.epoch, str(spec.get("acquireTime") or "")  # our term, resumed
+        else:
+            transitions, acquired = max(current, floor) + 1, ""
+        lease["spec"] = self._body(transitions, acquired)
+        sent = time.monotonic()
         try:
             self.lease = await self.client.replace(LEASES, self.namespace, self.name, lease)
         except ApiError as exc:
@@ -108,34 +123,44 @@ class LeaderElector:
                 return False
             raise
         self.epoch = transitions
+        self.renewed = sent
         return True
 
     async def acquire(self, floor: int = 0) -> int:
+        failures = 0
         while True:
             try:
-                won = await self.try_acquire(floor)
+                # Each attempt bounded (not the client's 30 s): an API that hung is retried soon after it returns.
+                async with asyncio.timeout(max(1.0, 2 * self.retry)):
+                    won = await self.try_acquire(floor)
                 self.on_answer()
+                failures = 0
                 if won:
                     log.info("acquired lease %s as %s, epoch %d", self.name, self.identity, self.epoch)
                     return self.epoch
             except ApiError as exc:
                 log.warning("lease %s: %s", self.name, exc)
-            except Exception as exc:  # API unreachable: keep trying
-                log.warning("lease %s unreachable: %s", self.name, exc)
+            except Exception as exc:  # API unreachable: keep trying (and say so now and then, not every time)
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("lease %s unreachable (%d attempts): %r", self.name, failures, exc)
             await asyncio.sleep(self.retry)
 
     async def hold(self, lost: asyncio.Event) -> None:
         """Renew until a renewal fails for ``renew_deadline`` or someone else holds it; then set ``lost``."""
-        last_ok = time.monotonic()
+        last_ok = self.renewed or time.monotonic()
         while True:
-            await asyncio.sleep(self.retry)
+            await asyncio.sleep(max(0.0, min(self.retry, last_ok + self.renew_deadline - time.monotonic())))
+            sent = time.monotonic()
             try:
                 assert self.lease is not None
                 lease = dict(self.lease)
                 spec = dict(lease.get("spec", {}))
                 lease["spec"] = self._body(int(spec.get("leaseTransitions") or self.epoch), spec.get("acquireTime", ""))
-                self.lease = await self.client.replace(LEASES, self.namespace, self.name, lease)
-                last_ok = time.monotonic()
+                # Never past the deadline: a hung request must not keep us leading.
+                async with asyncio.timeout(max(0.05, last_ok + self.renew_deadline - sent)):
+                    self.lease = await self.client.replace(LEASES, self.namespace, self.name, lease)
+                last_ok = self.renewed = sent
                 continue
             except ApiError as exc:
                 if exc.status == 409:
@@ -164,6 +189,8 @@ class LeaderElector:
         spec = dict(lease.get("spec", {}))
         lease["spec"] = self._body(int(spec.get("leaseTransitions") or self.epoch), "", holder="", duration=1)
         try:
-            await self.client.replace(LEASES, self.namespace, self.name, lease)
+            # Bounded: a shutdown must not wait on an API that does not answer (the Lease then expires).
+            async with asyncio.timeout(5.0):
+                await self.client.replace(LEASES, self.namespace, self.name, lease)
         except Exception as exc:
-            log.info("lease %s not released: %s", self.name, exc)
+            log.info("lease %s not released: %r", self.name, exc)

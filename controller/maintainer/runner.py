@@ -23,10 +23,10 @@ from controller.engine.maintainer import Decision, Memory, decide
 from controller.engine.world import World
 from controller.kube.client import Client, sleep_or
 from controller.kube.executor import Executor, changefeed_owner
-from controller.kube.informer import Informer
+from controller.kube.informer import LEASE_FRESH, Informer
 from controller.kube.lease import LeaderElector
 from controller.maintainer.metrics import MaintainerMetrics
-from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
+from controller.model.records import Changefeed, Dispatcher, Span, SpanOperator, Table
 from controller.model.states import Kind
 
 log = logging.getLogger("controller.maintainer")
@@ -76,7 +76,10 @@ class Maintainer:
         #: The memory of the last decision of each changefeed's current term (read by the metrics).
         self.memories: dict[str, Memory] = {}
         self.metrics = MaintainerMetrics(self)
-        self.informer = Informer(client, settings.namespace, on_change=self._changed)
+        # The Lease stream counts as current while something arrives at least this often: our own Lease
+        # renewals (every ``retry``) and the captures' keep it busy while we lead.
+        lease_fresh = max(LEASE_FRESH, 2.5 * settings.retry)
+        self.informer = Informer(client, settings.namespace, on_change=self._changed, lease_fresh=lease_fresh)
         self.executor = Executor(
             client, self.informer, settings.namespace, settings.concurrency, on_error=self.metrics.write_error
         )
@@ -186,7 +189,7 @@ class Maintainer:
             spans={n: r for n, r in mine(Kind.SPAN).items() if isinstance(r, Span)},
             dispatchers={n: r for n, r in mine(Kind.DISPATCHER).items() if isinstance(r, Dispatcher)},
             operators={n: r for n, r in mine(Kind.OPERATOR).items() if isinstance(r, SpanOperator)},
-            captures={n: r for n, r in store.all(Kind.CAPTURE).items() if isinstance(r, Capture)},
+            captures=store.captures(),
         )
 
     async def _changefeed(self, name: str) -> None:
@@ -247,7 +250,13 @@ class Maintainer:
 
     async def _lead(self, name: str, epoch: int, lost: asyncio.Event) -> None:
         await self.informer.synced.wait()
-        memory = Memory(epoch=epoch, identity=self.settings.identity)
+        memory = self.memories.get(name)
+        if memory is None or memory.epoch != epoch or memory.identity != self.settings.identity:
+            memory = Memory(epoch=epoch, identity=self.settings.identity)
+        else:
+            # The same term resumed (the Lease was still ours after we could not renew it for a while, an
+            # API outage): nothing happened under another epoch, so what this term learnt still holds.
+            log.info("changefeed %s: leadership resumed at epoch %d", name, epoch)
         self.memories[name] = memory
         began = time.monotonic()
         wakeup = self._wakeups.setdefault(name, asyncio.Event())

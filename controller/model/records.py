@@ -410,15 +410,36 @@ class SpanOperator(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Capture(Record):
-    """A worker, with its Lease folded in: alive while ``now < renew_time + lease_duration``."""
+    """A worker, with its Lease folded in: alive while ``now < renew_time + lease_duration`` and the Lease
+    still names it.
+
+    ``lease_taken``: the Lease ``capture-<name>`` does not name this capture as its holder (there is none,
+    the capture released it at shutdown, or a maintainer took it after it lapsed). Nothing the process
+    that held it runs can resume then (its renewals are compare-and-swaps on the Lease), so the maintainer
+    may release its dispatchers' finalizers; a lapsed Lease that still names the capture must be taken
+    first (``intents.FenceCapture``, with ``lease_version`` as the precondition). See docs/architecture.md,
+    Fencing.
+    """
 
     KIND: ClassVar[Kind] = Kind.CAPTURE
     SPEC_FIELDS: ClassVar[tuple[str, ...]] = ("draining",)
-    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("renew_time", "lease_duration")
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("renew_time", "lease_duration", "lease_taken")
 
     draining: bool = False
-    renew_time: float | None = None  # from the capture's Lease; None: no Lease
+    renew_time: float | None = None  # from the capture's Lease; None: no Lease (or no renewal in it)
     lease_duration: float = 15.0
+    lease_taken: bool = False
+    lease_version: str = ""  # the Lease's resourceVersion as observed ("" if unknown)
 
     def alive(self, now: float) -> bool:
-        return not self.deleting and self.renew_time is not None and now < self.renew_time + self.lease_duration
+        return (
+            not self.deleting
+            and not self.lease_taken
+            and self.renew_time is not None
+            and now < self.renew_time + self.lease_duration
+        )
+
+    def expired(self, now: float) -> bool:
+        """Its Lease still names it but has not been renewed for a lease duration (as the caller counts
+        time): the capture has stopped delivering by now, but it could resume until the Lease is taken."""
+        return not self.lease_taken and (self.renew_time is None or now >= self.renew_time + self.lease_duration)

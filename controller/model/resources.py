@@ -500,15 +500,14 @@ def lease_resource(capture: Capture) -> Obj:
             "spec.leaseDurationSeconds",
             f"{capture.lease_duration!r} is not a whole number of seconds",
         )
-    spec: Obj = {"holderIdentity": capture.name, "leaseDurationSeconds": int(capture.lease_duration)}
+    holder = "" if capture.lease_taken else capture.name
+    spec: Obj = {"holderIdentity": holder, "leaseDurationSeconds": int(capture.lease_duration)}
     if capture.renew_time is not None:
         spec["renewTime"] = format_time(capture.renew_time, micro=True)
-    return {
-        "apiVersion": LEASE_API_VERSION,
-        "kind": "Lease",
-        "metadata": {"name": lease_name(capture.name), "namespace": capture.namespace},
-        "spec": spec,
-    }
+    meta: Obj = {"name": lease_name(capture.name), "namespace": capture.namespace}
+    if capture.lease_version:
+        meta["resourceVersion"] = capture.lease_version
+    return {"apiVersion": LEASE_API_VERSION, "kind": "Lease", "metadata": meta, "spec": spec}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -882,6 +881,7 @@ def capture_from_resources(obj: Mapping[str, Any], lease: Mapping[str, Any] | No
     reader, common, spec, _status = _start(obj, Kind.CAPTURE)
     renew_time: float | None = None
     lease_duration = Capture(name=common["name"]).lease_duration
+    taken, version = True, ""  # no Lease: nothing of the capture can run
     if lease is not None:
         expected = lease_name(common["name"])
         if not isinstance(lease, Mapping):
@@ -905,11 +905,15 @@ def capture_from_resources(obj: Mapping[str, Any], lease: Mapping[str, Any] | No
                 maximum=MAX_INT32,
             )
         )
+        taken = lease_spec.get("holderIdentity") != common["name"]
+        version = str((meta or {}).get("resourceVersion") or "")
     return Capture(
         **common,
         draining=reader.bool_(spec, "draining", "spec.draining"),
         renew_time=renew_time,
         lease_duration=lease_duration,
+        lease_taken=taken,
+        lease_version=version,
     )
 
 

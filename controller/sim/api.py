@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
-from controller.model.records import Record
+from controller.model.records import Capture, Record
 from controller.model.states import Kind
 
 KINDS: tuple[Kind, ...] = (
@@ -31,7 +31,8 @@ KINDS: tuple[Kind, ...] = (
 
 
 class ApiError(Exception):
-    """An API failure: ``code`` 404 NotFound, 409 Conflict/AlreadyExists, 422 Invalid, 500 transient."""
+    """An API failure: ``code`` 404 NotFound, 409 Conflict/AlreadyExists, 422 Invalid, 500 transient,
+    0 no connection (the client is cut off from the API)."""
 
     def __init__(self, code: int, reason: str, message: str = "") -> None:
         super().__init__(f"{code} {reason}: {message}")
@@ -115,8 +116,26 @@ class Api:
         self.uids = 0
         self.watchers: list[Watcher] = []
         self.faults = Faults()
+        #: An outage of the API: until then, no client gets through (requests fail, watches deliver nothing).
+        self.outage_until = 0.0
+        #: Clients cut off alone (a network partition of one process), until when.
+        self.cut_until: dict[str, float] = {}
         #: Called with (old, new) after every successful change (new None: deleted).
         self.observers: list[Callable[[Record | None, Record | None], None]] = []
+
+    # -- reachability ------------------------------------------------------------------------------
+
+    def outage(self) -> bool:
+        return self.clock() < self.outage_until
+
+    def reachable(self, client: str) -> bool:
+        now = self.clock()
+        return now >= self.outage_until and now >= self.cut_until.get(client, 0.0)
+
+    def connect(self, client: str) -> None:
+        """Raise what a client gets from an API it cannot reach."""
+        if not self.reachable(client):
+            raise ApiError(0, "Unreachable", f"{client} cannot reach the API server")
 
     # -- reads (strong) ----------------------------------------------------------------------------
 
@@ -249,6 +268,19 @@ class Api:
         if cur.deleting:
             raise ApiError(422, "Invalid", f"{kind} {name} is being deleted: no new finalizers")
         return self._put(cur, replace(cur, finalizers=(*cur.finalizers, finalizer)))
+
+    def fence_capture(self, name: str, version: str, faulty: bool = True) -> Record | None:
+        """Take capture ``name``'s Lease (modelled on its Capture record: ``lease_taken``), precondition
+        ``version``. Returns the updated record; None if there is none. Already taken: success."""
+        self._maybe_fail(faulty)
+        cur = self.store[Kind.CAPTURE].get(name)
+        if not isinstance(cur, Capture):
+            return None
+        if cur.lease_taken:
+            return cur
+        if cur.resource_version != version:
+            raise ApiError(409, "Conflict", f"Lease of {name}: version {version} != {cur.resource_version}")
+        return self._put(cur, cur.evolve(lease_taken=True))
 
     def remove_finalizer(self, kind: Kind, name: str, finalizer: str, faulty: bool = True) -> Record | None:
         """Returns the updated object, or None if removing the last finalizer made it vanish."""

@@ -11,8 +11,20 @@ refuses a stale epoch (Rejected) or starts (Initializing); Initializing -> Worki
 (epoch re-checked); Working advances its checkpoint towards the upstream clock and reports it now
 and then; a deleting dispatcher (unless "hold close") is stopped, reported Stopped with its final
 checkpoint, and then its finalizer is released: two writes, with a chance to crash between them.
-A capture that has not renewed its Lease for ``RENEW_DEADLINE`` (< ``LEASE``) stops everything: by
-the time the maintainer sees the Lease lapsed, none of its dispatchers run.
+
+The Lease, as agent.py keeps it. It is modelled on the Capture record (``renew_time``, ``lease_taken``;
+its resourceVersion is the Lease's): a renewal is a compare-and-swap on the version of the capture's
+previous renewal (now and then the answer is lost, and the next renewal adopts the version it finds if
+the Lease is still its own); the maintainer takes a lapsed Lease by the same kind of write. A capture
+that has not renewed for ``RENEW_DEADLINE`` (< ``LEASE``) *pauses*: its dispatchers stop delivering but
+stay, with their positions. It keeps trying; when a renewal succeeds, it resumes those whose Dispatcher
+still exists (same uid), is not being deleted, and whose changefeed published no epoch it had not seen,
+and drops the others. A renewal that finds the Lease taken makes it fence itself: it stops everything
+(a crash, for the simulation). While the API is unreachable for it (an outage, or a cut of this capture
+alone) nothing of it gets through: no renewal, no watch event, no write.
+
+Ground truth checked here: a dispatcher resumed after a pause must not find that another dispatcher
+delivered its keys meanwhile (that is two owners, one after the other, with no hand-over).
 """
 
 from __future__ import annotations
@@ -27,6 +39,8 @@ from controller.sim.executor import Cache
 
 LEASE = 10.0
 RENEW_DEADLINE = 7.0
+#: Chance that a successful renewal's answer is lost (the next renewal then finds a newer version).
+LOST_ANSWER = 0.03
 
 LIVE = (DispatcherState.INITIALIZING, DispatcherState.WORKING)
 
@@ -48,6 +62,9 @@ class Run:
     state: DispatcherState
     cp: int
     next_at: float  # when the next transition / report is due
+    paused: bool = False  # not delivering (its capture could not renew its Lease); position kept
+    #: The highest checkpoint delivered on any of its keys when it paused (by anyone).
+    frontier_at_pause: int = 0
 
 
 @dataclass
@@ -59,6 +76,12 @@ class SimCapture:
     renew_ok: bool = True
     last_renew: float = 0.0
     next_renew: float = 0.0
+    lease_rv: str = ""  # the version of its last renewal, as it knows it
+    paused_at: float | None = None
+    epoch_seen: int = 0  # the highest published epoch it read before pausing
+    #: A fault of its own ever hit it (crash, cut off alone, renewals failing): the maintainer may then
+    #: take its Lease. Without one, only API outages silenced it, and taking its Lease is a violation.
+    own_fault: bool = False
     runs: dict[str, Run] = field(default_factory=dict)
     pending_since: dict[str, float] = field(default_factory=dict)
     #: Dispatchers being closed: final checkpoint, and whether Stopped was written.
@@ -75,12 +98,13 @@ class SimCapture:
 
 
 class Captures:
-    def __init__(self, ctx: Ctx, changefeed: str) -> None:
+    def __init__(self, ctx: Ctx, changefeed: str, mutants: frozenset[str] = frozenset()) -> None:
         self.ctx = ctx
         self.changefeed = changefeed
         self.all: dict[str, SimCapture] = {}
-        self.leases: dict[str, float] = {}  # the coordination.k8s.io Leases: renew time
         self.joined = 0
+        #: Mutant: a paused capture that resumes everything, even after its Lease was taken (it re-takes it).
+        self.resumes_blindly = "capture-resumes-after-takeover" in mutants
 
     # -- membership --------------------------------------------------------------------------------
 
@@ -96,8 +120,10 @@ class Captures:
         cap = SimCapture(name=name, watcher=watcher, last_renew=ctx.now, next_renew=ctx.now + 1.0)
         cap.cache = Cache()
         self.all[name] = cap
-        self.leases[name] = ctx.now
-        ctx.api.create_with_status(Capture(name=name, renew_time=ctx.now, lease_duration=LEASE))
+        made = ctx.api.create_with_status(Capture(name=name, renew_time=ctx.now, lease_duration=LEASE))
+        cap.lease_rv = made.resource_version
+        cf = self._published()
+        cap.epoch_seen = cf.epoch if cf is not None else 0
         ctx.trace.add(f"  capture {name} joined")
         return name
 
@@ -106,6 +132,7 @@ class Captures:
         if not cap.alive:
             return
         cap.alive = False
+        cap.own_fault = True
         cap.runs.clear()
         self.ctx.api.unwatch(cap.watcher)
         self.ctx.trace.add(f"  capture {name} {why}")
@@ -114,8 +141,94 @@ class Captures:
         return sorted(n for n, c in self.all.items() if c.alive)
 
     def running(self) -> list[Dispatcher]:
-        """Ground truth for the single-owner check: what the captures really run."""
-        return [r.d for n in sorted(self.all) for _, r in sorted(self.all[n].runs.items())]
+        """Ground truth for the single-owner check: what the captures really run (deliver: not paused)."""
+        return [r.d for n in sorted(self.all) for _, r in sorted(self.all[n].runs.items()) if not r.paused]
+
+    # -- the Lease ---------------------------------------------------------------------------------
+
+    def _renew(self, cap: SimCapture) -> None:
+        """One renewal attempt (a compare-and-swap on ``cap.lease_rv``); may pause-resume or fence."""
+        ctx, api = self.ctx, self.ctx.api
+        cap.next_renew = ctx.now + ctx.rng.uniform(1.0, 2.0)
+        if not cap.renew_ok or not api.reachable(cap.name):
+            if cap.paused_at is not None:
+                cap.next_renew = ctx.now + ctx.rng.uniform(0.5, 2.0)  # retrying
+            return
+        renewal = Capture(name=cap.name, renew_time=ctx.now, lease_duration=LEASE)
+        new = None
+        for _ in range(2):
+            try:
+                new = api.write_status(renewal, cap.lease_rv, faulty=False)
+                break
+            except ApiError as e:
+                if e.code != 409:
+                    raise
+            cur = api.get(Kind.CAPTURE, cap.name)
+            if not isinstance(cur, Capture) or cur.lease_taken:
+                if self.resumes_blindly and isinstance(cur, Capture):
+                    cap.lease_rv = cur.resource_version  # the mutant: takes its Lease back and carries on
+                    continue
+                self.crash(cap.name, "fenced itself: its Lease was taken (it stops everything)")
+                ctx.bump("capture fenced")
+                return
+            cap.lease_rv = cur.resource_version  # our own renewal whose answer was lost, or a spec change
+        if new is None:
+            return
+        if ctx.rng.random() < LOST_ANSWER:
+            return  # the renewal landed but its answer was lost: the capture does not know it renewed
+        cap.lease_rv = new.resource_version
+        cap.last_renew = ctx.now
+        if cap.paused_at is not None:
+            self._resume(cap)
+
+    def _pause(self, cap: SimCapture) -> None:
+        ctx = self.ctx
+        cap.paused_at = ctx.now
+        for run in cap.runs.values():
+            run.paused = True
+            fr = self.frontier(run.d.table_id, run.d.mode)
+            run.frontier_at_pause = fr.high(run.d.key_range) if fr is not None else 0
+        ctx.bump("capture paused")
+        ctx.trace.add(
+            f"  {cap.name}: paused (no Lease renewal for {ctx.now - cap.last_renew:.1f}s), keeps {sorted(cap.runs)}"
+        )
+
+    def _resume(self, cap: SimCapture) -> None:
+        """After a renewal that succeeded while paused: resume what is still ours, drop the rest."""
+        ctx, api = self.ctx, self.ctx.api
+        cf = self._published()
+        resumed, dropped = [], []
+        for name in sorted(cap.runs):
+            run = cap.runs[name]
+            d = api.get(Kind.DISPATCHER, name)  # a strong read
+            if not self.resumes_blindly:
+                if not isinstance(d, Dispatcher) or d.uid != run.d.uid:
+                    del cap.runs[name]
+                    dropped.append(name)
+                    continue
+                if d.deleting:
+                    continue  # stays paused: the close path closes it where it stopped
+                if cf is None or cf.epoch > cap.epoch_seen:
+                    del cap.runs[name]
+                    dropped.append(name)
+                    self._status(cap, d, DispatcherState.STOPPED, run.cp, "not resumed: a new epoch")
+                    continue
+            fr = self.frontier(run.d.table_id, run.d.mode)
+            if fr is not None and fr.high(run.d.key_range) > max(run.cp, run.frontier_at_pause):
+                ctx.fail(
+                    f"single owner (2): {cap.name} resumed {name} at {run.cp} but its keys {run.d.key_range} were "
+                    f"delivered up to {fr.high(run.d.key_range)} by another dispatcher while it was paused"
+                )
+            run.paused = False
+            run.next_at = ctx.now + ctx.rng.uniform(0.2, 1.5)
+            resumed.append(name)
+        if cf is not None:
+            cap.epoch_seen = max(cap.epoch_seen, cf.epoch)
+        ctx.trace.add(
+            f"  {cap.name}: resumed {resumed} after {ctx.now - (cap.paused_at or ctx.now):.1f}s, dropped {dropped}"
+        )
+        ctx.bump("capture resumed")
+        cap.paused_at = None
 
     # -- one step ----------------------------------------------------------------------------------
 
@@ -127,13 +240,18 @@ class Captures:
 
     def _step_one(self, cap: SimCapture) -> None:
         ctx = self.ctx
-        if cap.renew_ok and ctx.now >= cap.next_renew:
-            self.leases[cap.name] = ctx.now
-            cap.last_renew = ctx.now
-            cap.next_renew = ctx.now + ctx.rng.uniform(1.0, 2.0)
-        if ctx.now - cap.last_renew > RENEW_DEADLINE:
-            self.crash(cap.name, f"fenced itself (no Lease renewal for {ctx.now - cap.last_renew:.1f}s)")
-            return
+        if ctx.now >= cap.next_renew:
+            self._renew(cap)
+            if not cap.alive:
+                return
+        if cap.paused_at is None and ctx.now - cap.last_renew > RENEW_DEADLINE:
+            self._pause(cap)
+        if not ctx.api.reachable(cap.name):
+            return  # nothing gets through: no watch events, no writes
+        if cap.paused_at is None:
+            cf = self._published()  # the agent re-reads the epochs of its changefeeds every few seconds
+            if cf is not None:
+                cap.epoch_seen = max(cap.epoch_seen, cf.epoch)
         for ev in cap.watcher.due(ctx.now):
             cap.cache.apply(ev)
         mine = cap.cache.objects[Kind.DISPATCHER]
@@ -155,6 +273,8 @@ class Captures:
             assert isinstance(obj, Dispatcher)
             if obj.deleting:
                 self._close(cap, obj)
+            elif cap.paused_at is not None:
+                continue  # paused: nothing starts, advances or is reported
             elif name in cap.runs:
                 self._advance(cap, cap.runs[name], obj)
             elif obj.state is DispatcherState.PENDING and name not in cap.closing:
@@ -240,7 +360,7 @@ class Captures:
 
     def _advance(self, cap: SimCapture, run: Run, d: Dispatcher) -> None:
         ctx = self.ctx
-        if ctx.now < run.next_at:
+        if ctx.now < run.next_at or run.paused:
             return
         if run.state is DispatcherState.INITIALIZING:
             cf = self._published()

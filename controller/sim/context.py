@@ -57,6 +57,10 @@ class Frontier:
             if self.values[i] < ts:
                 self.values[i] = ts
 
+    def high(self, rng: KeyRange) -> int:
+        """The highest checkpoint any dispatcher reached on some key of ``rng``."""
+        return max((self.values[i] for i in self._indices(rng)), default=0)
+
     def low(self, rng: KeyRange | None = None) -> int:
         idx = self._indices(rng) if rng is not None else range(len(self.values))
         return min((self.values[i] for i in idx), default=0)

@@ -79,8 +79,13 @@ def apply(
     kill: Callable[[], bool],
     events: list[str] | None = None,
     log: Callable[[str], None] | None = None,
+    client: str = "",
+    guard: Callable[[I.Write], None] | None = None,
 ) -> Outcome:
-    """Apply ``decision``'s chains in order. Stops everything once ``kill()`` says the process died."""
+    """Apply ``decision``'s chains in order. Stops everything once ``kill()`` says the process died.
+
+    ``client``: who writes (a write fails when it cannot reach the API); ``guard``: called before each
+    write that reaches the API (the simulator's checks of what may be written)."""
     out = Outcome()
     note = log or out.log.append
     for chain in decision.chains:
@@ -98,6 +103,9 @@ def apply(
                 note(f"  KILLED before write {done + 1}/{len(chain.writes)} of [{chain.why}]")
                 return out
             try:
+                api.connect(client)
+                if guard is not None:
+                    guard(w)
                 _one(api, cache, w, local)
             except ApiError as e:
                 error = f"{w.describe()} -> {e.code} {e.reason}"
@@ -144,6 +152,10 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         new = api.add_finalizer(w.kind, w.name, w.finalizer)
         local[(new.kind, new.name)] = new.resource_version
         cache.offer(new)
+    elif isinstance(w, I.FenceCapture):
+        taken = api.fence_capture(w.capture, w.lease_version)
+        if taken is not None:
+            cache.offer(taken)
     elif isinstance(w, I.RemoveFinalizer):
         try:
             left = api.remove_finalizer(w.kind, w.name, w.finalizer)

@@ -5,8 +5,14 @@ Why the checks live next to the loop: they are only meaningful at step boundarie
 truth only the simulator has: which dispatchers really run, what was really delivered per key.
 
 A history: setup (changefeed, tables, three captures, a maintainer), ``steps`` random steps of
-``DT`` seconds, then the quiet phase (faults stop, hooks released, a capture alive, one maintainer)
-until the world is settled or ``QUIET_STEPS`` pass; then ``invariants.settled`` must hold.
+``DT`` seconds, then the quiet phase (faults stop, hooks released, a capture alive, one maintainer; an
+API outage under way runs to its end) until the world is settled or ``QUIET_STEPS`` pass; then
+``invariants.settled`` must hold.
+
+Besides the safety checks, one availability check: a capture whose only silence came from API outages
+(no crash, no cut of its own, no failing renewals) must never have its Lease taken. That is what "an
+outage of the API costs no restart" means here: the maintainer does not count time it could not see
+as the captures' silence, and the captures resume what they paused.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ DT = 0.5
 QUIET_STEPS = 600
 DEFAULT_STEPS = 60
 MAINTAINER_RENEW_DEADLINE = 10.0
+MAINTAINER_LEASE = 15.0
 #: Share of histories whose Changefeed is deleted as the quiet phase begins (besides the workload's
 #: "changefeed delete" events): the teardown must then finish on its own.
 QUIET_DELETE = 0.05
@@ -61,12 +68,15 @@ class Sim:
         self.ctx = Ctx(seed=seed, rng=rng, api=api, trace=Trace(verbose=verbose))
         holder.append(self.ctx)
         self.options = options
-        self.captures = Captures(self.ctx, CF)
+        self.captures = Captures(self.ctx, CF, options.mutants)
         self.maintainers: list[SimMaintainer] = []
         self.current: SimMaintainer | None = None
         self.epochs = 0
         self.restart_at: float | None = None
         self.kill_at: tuple[float, int] | None = None
+        #: A maintainer cut off alone for longer than its Lease: (it, when it stops at its renew deadline,
+        #: when another replica takes the Lease over).
+        self.partitioned: tuple[SimMaintainer, float, float] | None = None
         self.workload = Workload(self)
         self.prev_checkpoint = 0
         self.step_no = 0
@@ -79,8 +89,11 @@ class Sim:
         if not isinstance(cf, Changefeed):
             self.restart_at = None  # the changefeed is gone: nothing to maintain
             return
+        if self.ctx.api.outage():
+            self.restart_at = self.ctx.now + DT  # it cannot list, nor win the Lease, before the API returns
+            return
         self.epochs = max(self.epochs, cf.epoch) + 1
-        m = SimMaintainer(self.ctx, CF, self.epochs, self.options, self.captures.leases)
+        m = SimMaintainer(self.ctx, CF, self.epochs, self.options)
         self.maintainers.append(m)
         self.current = m
         self.restart_at = None
@@ -92,7 +105,7 @@ class Sim:
 
     def failover(self) -> None:
         """A new maintainer takes over while the old one keeps acting on its stale cache."""
-        if self.current is None or not self.current.alive or self.ctx.quiet:
+        if self.current is None or not self.current.alive or self.ctx.quiet or self.ctx.api.outage():
             return
         self.current.zombie = True
         # Its Lease is lost: it stops writing at its renew deadline at the latest (client-go's 10 s),
@@ -102,8 +115,31 @@ class Sim:
         self.ctx.trace.add(f"  failover: {self.current.identity} keeps running as a zombie")
         self.start_maintainer()
 
+    def partition_maintainer(self, seconds: float) -> None:
+        """The current maintainer alone is cut off from the API for ``seconds``. Past its renew deadline it
+        stops leading; past the Lease duration another replica takes over (a new epoch). Shorter, it goes on
+        with its epoch when it gets through again."""
+        m = self.current
+        if m is None or not m.alive or self.ctx.quiet:
+            return
+        self.ctx.api.cut_until[m.identity] = self.ctx.now + seconds
+        self.ctx.bump("maintainer cut off")
+        self.ctx.trace.add(f"  {m.identity} cut off from the API for {seconds:.1f}s")
+        if seconds > MAINTAINER_LEASE:
+            now = self.ctx.now
+            self.partitioned = (m, now + MAINTAINER_RENEW_DEADLINE, now + MAINTAINER_LEASE)
+
     def _maintainers_step(self) -> None:
         ctx = self.ctx
+        if self.partitioned is not None and ctx.now >= self.partitioned[1]:
+            m, _, takeover = self.partitioned
+            self.partitioned = None
+            if m.alive:
+                m.stop()  # still cut off, it never writes again
+                ctx.trace.add(f"  {m.identity} reached its renew deadline cut off: stops; another replica takes over")
+                if m is self.current:
+                    self.current = None
+                    self.restart_at = takeover
         if self.kill_at is not None and ctx.now >= self.kill_at[0] and self.current is not None:
             if self.current.kill_after is None:
                 self.current.kill_after = self.kill_at[1]
@@ -147,6 +183,7 @@ class Sim:
         api = ctx.api
         api.faults.p500 = api.faults.p409 = 0.0
         api.faults.watch_delay = 0.5
+        api.cut_until.clear()  # partitions heal; an outage of the whole API runs to its end
         self.kill_at = None
         for name in self.captures.alive_names():
             cap = self.captures.all[name]
@@ -252,7 +289,7 @@ class Sim:
         """The maintainer process's rule over Tables whose changefeed is gone (``teardown.detach_orphans``),
         from a fresh listing (the process's informer), with the API's faults."""
         api = self.ctx.api
-        if CF in api.store[Kind.CHANGEFEED]:
+        if CF in api.store[Kind.CHANGEFEED] or api.outage():
             return
         cache = Cache.listed(api)
         tables = [t for t in cache.objects[Kind.TABLE].values() if isinstance(t, Table)]
@@ -265,7 +302,7 @@ class Sim:
         """Kubernetes' garbage collector: once the Changefeed is gone, what it owned (ownerReferences set
         by the executor) is deleted. Only a zombie's late creates are left for it after a teardown."""
         api = self.ctx.api
-        if CF in api.store[Kind.CHANGEFEED]:
+        if CF in api.store[Kind.CHANGEFEED] or api.outage():
             return
         for kind in (Kind.SPAN, Kind.OPERATOR, Kind.DISPATCHER):
             for name, obj in sorted(api.store[kind].items()):
@@ -281,7 +318,7 @@ class Sim:
         captures = {}
         for n, c in st[Kind.CAPTURE].items():
             assert isinstance(c, Capture)
-            captures[n] = c.evolve(renew_time=self.captures.leases.get(n), lease_duration=LEASE)
+            captures[n] = c.evolve(lease_duration=LEASE, lease_version=c.resource_version)
         return World(
             now=self.ctx.now,
             changefeed=cf,
@@ -360,6 +397,14 @@ class Sim:
         return tainted
 
     def _observe(self, old: Record | None, new: Record | None) -> None:
+        if isinstance(new, Capture) and new.lease_taken and isinstance(old, Capture) and not old.lease_taken:
+            cap = self.captures.all.get(new.name)
+            if cap is not None and cap.alive and not cap.own_fault:
+                self.ctx.fail(
+                    f"availability: the Lease of {new.name} was taken though only API outages silenced it "
+                    "(an outage must cost no capture its dispatchers)"
+                )
+            self.ctx.bump("capture lease taken")
         if isinstance(new, Span) and new.state not in (None, SpanState.INVALID):
             self._init_frontier(new)
         was_done = isinstance(old, SpanOperator) and old.phase is OpPhase.SUCCEEDED

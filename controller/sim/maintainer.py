@@ -2,9 +2,14 @@
 
 Why a process model around ``decide``: the engine is pure, so everything that can go wrong in
 production lives in how it is driven: a cache that lags behind the API (watch delays, interleaved
-kinds), a process killed between two writes of a chain, a restart with empty memory, and a stale
-process that keeps acting for a moment after a new one took over. This module reproduces exactly
-those, and calls the production ``decide`` (never a copy) with the production intents.
+kinds), a process killed between two writes of a chain, a restart with empty memory, a stale
+process that keeps acting for a moment after a new one took over, and a process cut off from the API
+(its writes fail, its watch delivers nothing; it decides on what it last saw). This module reproduces
+exactly those, and calls the production ``decide`` (never a copy) with the production intents.
+
+Captures' liveness is judged as the production informer judges it (``engine.liveness``): a capture's
+silence is the time its Lease's renewTime stayed unchanged in this process's view, counted only while
+that view was current (it could reach the API). The mutant ``outage-counts-as-silence`` counts all of it.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+from controller.engine import intents as I
 from controller.engine.intents import Create, WriteStatus
+from controller.engine.liveness import Silence, ViewClock
 from controller.engine.maintainer import Memory, decide
 from controller.engine.world import Options, World
 from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
@@ -23,18 +30,24 @@ from controller.sim.captures import LEASE
 from controller.sim.context import Ctx
 from controller.sim.executor import Cache
 
+#: The view of Leases counts as current this long after the last step that reached the API.
+VIEW_FRESH = 0.5
+
 
 class SimMaintainer:
-    def __init__(self, ctx: Ctx, changefeed: str, epoch: int, options: Options, leases: dict[str, float]) -> None:
+    def __init__(self, ctx: Ctx, changefeed: str, epoch: int, options: Options) -> None:
         self.ctx = ctx
         self.changefeed = changefeed
         self.options = options
-        self.leases = leases
+        self.view = ViewClock(fresh=VIEW_FRESH, count_all="outage-counts-as-silence" in options.mutants)
+        self.silence = Silence(self.view)
         self.identity = f"maintainer-{epoch}"
         self.memory = Memory(epoch=epoch, identity=self.identity)
         # Watch first, then LIST: nothing written in between can be missed.
         self.watcher: Watcher = ctx.api.watch(self.identity)
         self.cache = Cache.listed(ctx.api)
+        self.view.heard(ctx.now)
+        self._observe_leases()
         self.alive = True
         self.zombie = False
         self.zombie_until = 0.0
@@ -47,17 +60,31 @@ class SimMaintainer:
         self.ctx.api.unwatch(self.watcher)
 
     def sync(self) -> None:
-        for ev in self.watcher.due(self.ctx.now):
+        now = self.ctx.now
+        if not self.ctx.api.reachable(self.identity):
+            self.view.broken(now)  # its watch is broken: what it shows is stale, and nobody's silence
+            return
+        self.view.heard(now)
+        for ev in self.watcher.due(now):
             self.cache.apply(ev)
+        self._observe_leases()
+
+    def _observe_leases(self) -> None:
+        for name, c in self.cache.objects[Kind.CAPTURE].items():
+            assert isinstance(c, Capture)
+            self.silence.observe(name, c.renew_time, self.ctx.now)
 
     def world(self) -> World:
         objs = self.cache.objects
         cf = objs[Kind.CHANGEFEED][self.changefeed]
         assert isinstance(cf, Changefeed)
+        now = self.ctx.now
         captures: dict[str, Capture] = {}
         for name, c in objs[Kind.CAPTURE].items():
             assert isinstance(c, Capture)
-            captures[name] = c.evolve(renew_time=self.leases.get(name), lease_duration=LEASE)
+            silent = self.silence.of(name, now)
+            renew = None if c.renew_time is None else now - (silent or 0.0)
+            captures[name] = c.evolve(renew_time=renew, lease_duration=LEASE, lease_version=c.resource_version)
         return World(
             now=self.ctx.now,
             changefeed=cf,
@@ -105,11 +132,28 @@ class SimMaintainer:
                 o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING
             )
             ctx.zombie_written_ops.update(o.name for o in started if isinstance(o, SpanOperator))
-        out = executor.apply(ctx.api, self.cache, decision, kill, self.events, ctx.trace.add)
+        out = executor.apply(
+            ctx.api, self.cache, decision, kill, self.events, ctx.trace.add, client=self.identity, guard=self._guard
+        )
         ctx.bump("writes", out.writes)
         if out.killed:
             self.stop()
             ctx.trace.add(f"  {who} KILLED mid-decision")
+
+    def _guard(self, w: I.Write) -> None:
+        """The fencing rule, on the ground truth: a dispatcher's finalizer is released by a maintainer only
+        once its capture's Lease no longer names the capture (else the capture could resume it)."""
+        if not (isinstance(w, I.RemoveFinalizer) and w.kind is Kind.DISPATCHER):
+            return
+        d = self.ctx.api.get(Kind.DISPATCHER, w.name)
+        if not isinstance(d, Dispatcher):
+            return
+        c = self.ctx.api.get(Kind.CAPTURE, d.capture)
+        if isinstance(c, Capture) and not c.lease_taken:
+            self.ctx.fail(
+                f"fencing: {self.identity} released the finalizer of {d.name} while {d.capture}'s Lease still "
+                "names it (the capture could resume it)"
+            )
 
     def _kill_check(self) -> bool:
         if self.kill_after is None:

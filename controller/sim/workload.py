@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 CF = "cf"
 #: What users no longer do for a changefeed they deleted.
 CHANGEFEED_EVENTS = ("table add", "user op", "user span", "pause")
+#: What still happens while the API is out: nothing that needs it (processes die, networks fail).
+DURING_OUTAGE = ("capture crash", "lease fail", "maintainer kill", "watch burst", "write faults", "capture cut off")
 
 
 @dataclass(frozen=True)
@@ -117,10 +119,15 @@ class Workload:
             (0.02, "table traffic"),
             (0.006, "pause"),
             (0.003, "changefeed delete"),
+            (0.012, "api outage"),
+            (0.008, "capture cut off"),
+            (0.005, "maintainer cut off"),
         ]
         if ctx.cf_deleted_at is not None:
             # Deleted: users stop writing for it (creates naming it would be the user's own leftovers).
             table = [(p, w) for p, w in table if w not in CHANGEFEED_EVENTS]
+        if api.outage():
+            table = [(p, w) for p, w in table if w in DURING_OUTAGE]
         for p, what in table:
             if r < p:
                 self.do(what)
@@ -174,6 +181,7 @@ class Workload:
             if len(alive) > 1:
                 name = rng.choice(alive)
                 caps.all[name].renew_ok = False
+                caps.all[name].own_fault = True
                 ctx.bump("lease fail")
                 ctx.trace.add(f"  capture {name}: Lease renewals start failing")
         elif what == "hook":
@@ -197,6 +205,24 @@ class Workload:
                 ctx.trace.add(f"  table {t.name}: writeRate={rate:g} regionCount={regions}")
         elif what == "changefeed delete":
             self.delete_changefeed()
+        elif what == "api outage":
+            # Every client cut off: seconds (nobody notices), past the captures' renew deadline (they pause),
+            # or past their Lease and the maintainer's (nothing may be judged lost because of it).
+            seconds = rng.choice([rng.uniform(1.0, 6.0), rng.uniform(6.0, 12.0), rng.uniform(12.0, 40.0)])
+            api.outage_until = max(api.outage_until, ctx.now + seconds)
+            ctx.bump("api outage")
+            ctx.trace.add(f"  API OUTAGE: every client cut off for {seconds:.1f}s")
+        elif what == "capture cut off":
+            alive = caps.alive_names()
+            if alive:
+                name = rng.choice(alive)
+                seconds = rng.uniform(2.0, 30.0)
+                api.cut_until[name] = max(api.cut_until.get(name, 0.0), ctx.now + seconds)
+                caps.all[name].own_fault = True
+                ctx.bump("capture cut off")
+                ctx.trace.add(f"  capture {name} cut off from the API for {seconds:.1f}s")
+        elif what == "maintainer cut off":
+            self.sim.partition_maintainer(rng.uniform(2.0, 30.0))
         elif what == "pause":
             cf = api.get(Kind.CHANGEFEED, CF)
             assert isinstance(cf, Changefeed)

@@ -259,22 +259,26 @@ class System:
         self.procs[name] = proc
         return proc
 
-    def maintainer(self, identity: str, *extra: str) -> Proc:
+    def maintainer(
+        self, identity: str, *extra: str, kubeconfig: Path | None = None, flags: list[str] | None = None
+    ) -> Proc:
+        """A maintainer process; ``flags`` replace the short timings (``[]``: the defaults, no metrics port)."""
         args = [
             "-m",
             "controller.maintainer",
             "--namespace",
             self.api.namespace,
             "--kubeconfig",
-            str(self.api.kubeconfig),
+            str(kubeconfig or self.api.kubeconfig),
             "--identity",
             identity,
-            *MAINTAINER_FLAGS,
+            *(MAINTAINER_FLAGS if flags is None else [*flags, "--metrics-port", "0"]),
             *extra,
         ]
         return self._spawn(identity, args)
 
-    def capture(self, name: str) -> Proc:
+    def capture(self, name: str, *, kubeconfig: Path | None = None, flags: list[str] | None = None) -> Proc:
+        """A capture agent process; ``flags`` replace the short timings (``[]``: the defaults)."""
         args = [
             "-m",
             "controller.capture",
@@ -283,8 +287,8 @@ class System:
             "--namespace",
             self.api.namespace,
             "--kubeconfig",
-            str(self.api.kubeconfig),
-            *CAPTURE_FLAGS,
+            str(kubeconfig or self.api.kubeconfig),
+            *(CAPTURE_FLAGS if flags is None else flags),
         ]
         return self._spawn(name, args)
 

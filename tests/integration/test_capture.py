@@ -31,6 +31,7 @@ from controller.kube.client import JSON, RESOURCES, ApiError, Client, Resource
 from controller.model.keys import KeyRange
 from controller.model.records import Dispatcher
 from controller.model.states import Kind
+from tests.integration.chaos import Chaos
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "cdc.maintainer.dev/v1alpha1"
@@ -123,16 +124,42 @@ class Api:
 
 
 class AgentProc:
-    def __init__(self, api: Api, name: str, log_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        api: Api,
+        name: str,
+        log_path: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.name = name
         self.log_path = log_path
+        self._resumes = 0
         args = [sys.executable, "-m", "controller.capture", "--name", name, "--namespace", api.ns]
-        args += ["--kubeconfig", str(api.handle.kubeconfig_path), *FAST, *extra]
+        args += ["--kubeconfig", str(kubeconfig or api.handle.kubeconfig_path), *FAST, *extra]
         with log_path.open("ab") as err:
             self.proc = subprocess.Popen(args, cwd=ROOT, stderr=err, env={**os.environ, **(env or {})})
 
     def logs(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+    def said(self, msg: str) -> list[dict[str, Any]]:
+        """Log lines whose message starts with ``msg``."""
+        return [line for line in self.logs() if line["msg"].startswith(msg)]
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def next_pause(self, timeout: float = 5.0) -> dict[str, Any]:
+        """Wait for a pause logged after the ones already there (a loaded machine may have caused others)."""
+        seen = len(self.said("paused"))
+        self._resumes = len(self.said("resumed"))
+        return wait_for(lambda: self.said("paused")[seen:], timeout, "paused")[0]
+
+    def last_resume(self) -> dict[str, Any]:
+        """The first resume after the pause ``next_pause`` returned."""
+        return self.said("resumed")[self._resumes]
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
@@ -189,14 +216,22 @@ def api(server: ApiServerHandle) -> Iterator[Api]:
 def agents(api: Api, tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
     started: list[AgentProc] = []
 
-    def start(name: str, *extra: str, env: dict[str, str] | None = None) -> AgentProc:
-        proc = AgentProc(api, name, tmp_path / f"{name}-{len(started)}.log", *extra, env=env)
+    def start(name: str, *extra: str, env: dict[str, str] | None = None, kubeconfig: Path | None = None) -> AgentProc:
+        proc = AgentProc(api, name, tmp_path / f"{name}-{len(started)}.log", *extra, env=env, kubeconfig=kubeconfig)
         started.append(proc)
         return proc
 
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def chaos(server: ApiServerHandle, tmp_path: Path) -> Iterator[Chaos]:
+    """Proxies between agents and the API server, to cut them off (tests/integration/chaos.py)."""
+    c = Chaos(server.url, server.kubeconfig_path, tmp_path)
+    yield c
+    c.close()
 
 
 def working(api: Api, name: str) -> Callable[[], bool]:
@@ -247,7 +282,25 @@ def test_logical_clock_runtime() -> None:
     rt.start(future)
     mono[0] = 5.0
     assert rt.checkpoint("f") == future.start_ts  # never below startTs
-    assert rt.close("d") >= cp
+    paused = rt.pause("d")  # stops delivering: the checkpoint stays where it is
+    now[0] += 30
+    assert rt.checkpoint("d") == paused
+    rt.resume("d")  # delivers again from there (the logical clock catches up with the upstream)
+    assert physical_ms(rt.checkpoint("d")) == int(now[0] * 1000) - 500
+    again = rt.pause("d")
+    now[0] += 10
+    assert rt.close("d") == again  # closed while paused: the final checkpoint is where it stopped
+    # Past its delivery deadline (the Lease renewal deadline) nothing is delivered, paused or not.
+    deadline = [mono[0] + 1.0]
+    fenced = LogicalClockRuntime(init_delay=0.0, clock=lambda: now[0], monotonic=lambda: mono[0],
+                                 deliver_until=lambda: deadline[0])  # fmt: skip
+    fenced.start(d)
+    before = fenced.checkpoint("d")
+    mono[0] += 2.0
+    now[0] += 2.0
+    assert fenced.checkpoint("d") == before
+    deadline[0] = mono[0] + 1.0  # renewed
+    assert fenced.checkpoint("d") > before
     with pytest.raises(KeyError):
         rt.checkpoint("d")
 
@@ -322,7 +375,7 @@ def test_registers_renews_and_lease_lapses_after_sigkill(api: Api, agents: Calla
 
     # A restarted agent reuses its Capture and takes its own Lease back.
     again = agents("c1")
-    wait_for(lambda: api.get("leases", "capture-c1")["spec"]["renewTime"] != last, 3.0, "renewal after restart")
+    wait_for(lambda: api.get("leases", "capture-c1")["spec"]["renewTime"] != last, 15.0, "renewal after restart")
     assert not any(line["level"] == "error" for line in again.logs())
 
 
@@ -432,21 +485,172 @@ def test_sigterm_stops_dispatchers_and_releases_lease(api: Api, agents: Callable
     assert spec["leaseDurationSeconds"] == 1
 
 
-def test_fences_itself_when_the_lease_cannot_be_renewed(
+def test_pauses_when_its_lease_cannot_be_renewed_and_resumes_in_place(
     api: Api, agents: Callable[..., AgentProc], server: ApiServerHandle
 ) -> None:
+    """Renewals fail (the rest of the API works): it stops delivering within the renew deadline, keeps its
+    dispatchers, and once a renewal gets through (nobody took the Lease) goes on from where it stopped."""
     api.changefeed()
     agent = agents("c1")
     api.dispatcher("d1", "c1")
     wait_for(working(api, "d1"), what="Working")
     server.inject_failures("leases", 10_000)
     started = time.monotonic()
-    assert agent.wait(5) == 3
+    paused = agent.next_pause()
     assert time.monotonic() - started < 3.0  # well inside the 3 s lease
-    fenced = [line for line in agent.logs() if line["msg"].startswith("fenced itself")]
-    assert fenced
-    assert "could not renew" in fenced[0]["reason"]
-    assert "d1" in fenced[0]["stopped"]
+    assert "could not renew" in paused["reason"]
+    at = paused["dispatchers"]["d1"]
+    time.sleep(1.0)
+    assert agent.running()
+    assert checkpoint(api, "d1") <= at  # nothing reported past where it paused
+    server.inject_failures("leases", 0)
+    wait_for(lambda: checkpoint(api, "d1") > at, 5.0, "d1 delivering again")
+    assert agent.running()
+    assert agent.last_resume()["resumed"] == ["d1"]
+    assert len([x for x in agent.said("started dispatcher") if x["dispatcher"] == "d1"]) == 1
+
+
+def test_cut_off_it_keeps_its_dispatchers_and_resumes_them(
+    api: Api, agents: Callable[..., AgentProc], chaos: Chaos
+) -> None:
+    """The API unreachable for longer than the lease: no exit, no restart of anything; then it resumes."""
+    api.changefeed()
+    _, kubeconfig = chaos.proxy("c1")
+    agent = agents("c1", kubeconfig=kubeconfig)
+    api.dispatcher("d1", "c1")
+    api.dispatcher("d2", "c1", table_id=2)
+    wait_for(lambda: working(api, "d1")() and working(api, "d2")(), what="Working")
+    chaos.cut(["c1"])
+    at = agent.next_pause()["dispatchers"]
+    time.sleep(4.0)  # past the 3 s lease: an agent that fenced itself would have exited by now
+    assert agent.running()
+    chaos.restore(["c1"])
+    wait_for(lambda: all(checkpoint(api, d) > at[d] for d in ("d1", "d2")), 5.0, "delivering again")
+    assert agent.running()
+    assert sorted(agent.last_resume()["resumed"]) == ["d1", "d2"]
+    assert len(agent.said("started dispatcher")) == 2
+    assert agent.said("registered")[0] == agent.said("registered")[-1]
+
+
+def test_resumes_only_what_was_not_taken(api: Api, agents: Callable[..., AgentProc], chaos: Chaos) -> None:
+    """While it is cut off, one dispatcher is removed outright and one is deleted: on its return it resumes the
+    third, drops the first, and closes the second reporting where it stopped."""
+    api.changefeed()
+    _, kubeconfig = chaos.proxy("c1")
+    agent = agents("c1", kubeconfig=kubeconfig)
+    api.dispatcher("keep", "c1")
+    api.dispatcher("gone", "c1", table_id=2)
+    api.dispatcher("closing", "c1", table_id=3, extra="test/keep")
+    wait_for(lambda: all(working(api, d)() for d in ("keep", "gone", "closing")), what="Working")
+    chaos.cut(["c1"])
+    at = agent.next_pause()["dispatchers"]
+    api.delete("dispatchers", "gone")
+    api.patch("dispatchers", "gone", {"metadata": {"finalizers": None}})
+    api.delete("dispatchers", "closing")
+    chaos.restore(["c1"])
+    closed = wait_for(
+        lambda: (o := api.get("dispatchers", "closing")) and o["metadata"]["finalizers"] == ["test/keep"] and o,
+        5.0,
+        "closing closed",
+    )
+    assert closed["status"]["state"] == "Stopped"
+    assert closed["status"]["checkpointTs"] == at["closing"]  # it delivered nothing after it paused
+    wait_for(lambda: checkpoint(api, "keep") > at["keep"], 5.0, "keep delivering again")
+    resumed = agent.last_resume()
+    assert resumed["resumed"] == ["keep"]
+    # Dropped by the resume check, or already when its watch reconnected and showed it gone.
+    assert "gone" in resumed["dropped"] or [x for x in agent.said("dispatcher vanished") if x["dispatcher"] == "gone"]
+    api.patch("dispatchers", "closing", {"metadata": {"finalizers": None}})
+
+
+def test_a_new_maintainer_term_while_paused_starts_its_dispatchers_afresh(
+    api: Api, agents: Callable[..., AgentProc], chaos: Chaos
+) -> None:
+    """A newer epoch was published while it could not see: it does not resume; it reports them Stopped (the
+    maintainer places them again from their checkpoints)."""
+    api.changefeed(epoch=1)
+    _, kubeconfig = chaos.proxy("c1")
+    agent = agents("c1", kubeconfig=kubeconfig)
+    api.dispatcher("d1", "c1")
+    wait_for(working(api, "d1"), what="Working")
+    chaos.cut(["c1"])
+    at = agent.next_pause()["dispatchers"]
+    api.patch("changefeeds", "cf", {"status": {"epoch": 2}}, sub="status")
+    chaos.restore(["c1"])
+    wait_for(lambda: api.state("d1") == "Stopped", 5.0, "d1 Stopped")
+    status = api.get("dispatchers", "d1")["status"]
+    assert status["checkpointTs"] == at["d1"]
+    assert "epoch" in status["message"]
+    assert agent.running()
+    assert agent.last_resume()["resumed"] == []
+
+
+def test_a_paused_capture_whose_lease_was_taken_fences_itself(
+    api: Api, agents: Callable[..., AgentProc], chaos: Chaos
+) -> None:
+    """The maintainer took its lapsed Lease (as it does before re-placing a lost capture's spans): on its
+    return the renewal fails, and it stops everything and exits without resuming anything."""
+    api.changefeed()
+    _, kubeconfig = chaos.proxy("c1")
+    agent = agents("c1", kubeconfig=kubeconfig)
+    api.dispatcher("d1", "c1")
+    wait_for(working(api, "d1"), what="Working")
+    chaos.cut(["c1"])
+    agent.next_pause()
+    resumes = len(agent.said("resumed"))
+    lease = api.get("leases", "capture-c1")
+    lease["spec"]["holderIdentity"] = ""
+    status, body = api.req("PUT", api.path("leases", "capture-c1"), lease)
+    assert status == 200, body
+    before = api.get("dispatchers", "d1")["status"]
+    chaos.restore(["c1"])
+    assert agent.wait(5) == 3
+    assert len(agent.said("resumed")) == resumes
+    assert "Lease" in agent.said("fenced itself")[0]["reason"]
+    assert api.get("dispatchers", "d1")["status"] == before  # nothing written after the pause
+
+
+def test_keeps_trying_when_the_api_server_is_gone(tmp_path: Path) -> None:
+    """Connection refused (not an API error status) pauses it too; it does not exit."""
+    handle = start_server(ROOT / "crds", bookmark_interval=0.5)
+    try:
+        api = Api(handle, "default")
+        api.changefeed()
+        agent = AgentProc(api, "c1", tmp_path / "c1.log")
+        try:
+            api.dispatcher("d1", "c1")
+            wait_for(working(api, "d1"), what="Working")
+        except BaseException:
+            agent.stop()
+            raise
+    finally:
+        handle.stop()
+    try:
+        paused = wait_for(lambda: agent.said("paused"), 5.0, "paused")
+        assert "d1" in paused[-1]["dispatchers"]
+        time.sleep(3.0)  # the whole lease: still there, still trying
+        assert agent.running()
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.wait(10) == 0
+    finally:
+        agent.stop()
+
+
+def test_a_second_process_of_the_same_name_takes_over_and_the_first_fences(
+    api: Api, agents: Callable[..., AgentProc]
+) -> None:
+    """The Lease's acquireTime is the process's incarnation: the first process must not mistake the second's
+    renewals for its own lost answers (before, it adopted them and both ran, one capture name, two owners)."""
+    api.changefeed()
+    first = agents("c1")
+    api.dispatcher("d1", "c1")
+    wait_for(working(api, "d1"), what="Working")
+    acquired = api.get("leases", "capture-c1")["spec"]["acquireTime"]
+    second = agents("c1")
+    wait_for(lambda: api.get("leases", "capture-c1")["spec"]["acquireTime"] != acquired, 15.0, "the takeover")
+    assert first.wait(10) == 3
+    assert "another process" in first.said("fenced itself")[0]["reason"]
+    assert second.running()
 
 
 def test_fences_itself_when_another_holder_takes_the_lease(api: Api, agents: Callable[..., AgentProc]) -> None:
@@ -463,27 +667,3 @@ def test_fences_itself_when_another_holder_takes_the_lease(api: Api, agents: Cal
     fenced = [line for line in agent.logs() if line["msg"].startswith("fenced itself")]
     assert fenced
     assert "intruder" in fenced[0]["reason"]
-
-
-def test_fences_itself_when_the_api_server_is_gone(tmp_path: Path) -> None:
-    """Connection refused (not an API error status) counts as a failed renewal too."""
-    handle = start_server(ROOT / "crds", bookmark_interval=0.5)
-    try:
-        api = Api(handle, "default")
-        api.changefeed()
-        agent = AgentProc(api, "c1", tmp_path / "c1.log")
-        try:
-            api.dispatcher("d1", "c1")
-            wait_for(working(api, "d1"), what="Working")
-        except BaseException:
-            agent.stop()
-            raise
-    finally:
-        handle.stop()
-    try:
-        assert agent.wait(5) == 3
-    finally:
-        agent.stop()
-    fenced = [line for line in agent.logs() if line["msg"].startswith("fenced itself")]
-    assert fenced
-    assert "d1" in fenced[0]["stopped"]

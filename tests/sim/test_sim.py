@@ -65,3 +65,18 @@ def test_violation_reports_seed_and_replay_line() -> None:
     assert "step " in r.trace
     again = run_history(r.seed, mutant)  # the replay reproduces it exactly
     assert (again.ok, again.violation, again.digest) == (False, r.violation, r.digest)
+
+
+def test_histories_go_through_outages_pauses_and_resumes() -> None:
+    """The sweep's outages really happen: captures pause through them and resume what they paused, and the
+    maintainer takes the Leases of captures silenced by faults of their own (never by an outage alone:
+    that is the availability check)."""
+    totals: dict[str, int] = {}
+    for seed in range(20):
+        r = run_history(seed)
+        assert r.ok, r.violation
+        for k, v in r.counts.items():
+            totals[k] = totals.get(k, 0) + v
+    for what in ("api outage", "capture cut off", "maintainer cut off", "capture paused", "capture resumed"):
+        assert totals.get(what, 0) > 0, (what, totals)
+    assert totals.get("capture lease taken", 0) > 0

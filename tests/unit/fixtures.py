@@ -91,7 +91,9 @@ def memory(epoch: int = EPOCH, identity: str = IDENTITY, bootstrapped: bool = Tr
     return Memory(epoch=epoch, identity=identity, bootstrapped=bootstrapped)
 
 
-def capture(name: str, alive: bool = True, draining: bool = False) -> Capture:
+def capture(name: str, alive: bool = True, draining: bool = False, taken: bool | None = None) -> Capture:
+    """A capture; a lost one (``alive=False``) has had its Lease taken unless ``taken=False`` (it lapsed,
+    still naming the capture: the maintainer must take it before releasing anything)."""
     return Capture(
         name=name,
         uid=f"uid-{name}",
@@ -99,6 +101,8 @@ def capture(name: str, alive: bool = True, draining: bool = False) -> Capture:
         draining=draining,
         renew_time=NOW if alive else NOW - 1000.0,
         lease_duration=15.0,
+        lease_taken=(not alive) if taken is None else taken,
+        lease_version=f"lease-{name}-1",
     )
 
 
@@ -263,6 +267,8 @@ def describe(w: I.Write) -> tuple[str, ...]:
         return ("unfinalize", w.kind.value, w.name)
     if isinstance(w, I.AddFinalizer):
         return ("finalize", w.kind.value, w.name)
+    if isinstance(w, I.FenceCapture):
+        return ("fence", "Capture", w.capture)
     return ("event", w.kind.value, w.name, w.reason)
 
 
@@ -400,6 +406,14 @@ class Store:
                 cur = self.get(w.kind, w.name)
                 if cur is not None and w.finalizer not in cur.finalizers:
                     self.put(replace(cur, finalizers=(*cur.finalizers, w.finalizer)))
+            elif isinstance(w, I.FenceCapture):
+                cur = self.get(Kind.CAPTURE, w.capture)
+                if cur is None or not isinstance(cur, Capture) or cur.lease_taken:
+                    continue
+                if cur.lease_version != w.lease_version:
+                    self.aborted += 1
+                    return made  # the capture renewed since: 409 aborts the chain
+                self.put(replace(cur, lease_taken=True))
             elif isinstance(w, I.Event):
                 self.events.append((w.name, w.reason, w.message))
         return made
@@ -409,7 +423,8 @@ class Store:
         epoch = self.changefeed.epoch
         for (k, n), c in list(self.objects.items()):
             if k is Kind.CAPTURE and n not in self.lost:
-                self.objects[(k, n)] = replace(c, renew_time=self.now)  # type: ignore[call-arg]
+                renewed = replace(c, renew_time=self.now, lease_version=f"lease-{n}-{self.now}")  # type: ignore[call-arg]
+                self.objects[(k, n)] = renewed
         for (k, n), d in list(self.objects.items()):
             if k is not Kind.DISPATCHER:
                 continue

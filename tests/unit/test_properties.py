@@ -121,7 +121,8 @@ class Harness:
         elif kind == "join":
             self.st.lost.discard(ev[1])
             c = self.st.get(Kind.CAPTURE, ev[1])
-            self.st.put(replace(c, renew_time=self.st.now))  # type: ignore[type-var]
+            # A new incarnation of the capture takes its Lease back (a taken one included).
+            self.st.put(replace(c, renew_time=self.st.now, lease_taken=False))  # type: ignore[type-var]
         elif kind == "restart":
             if ev[1] is not None:  # killed in the middle of applying a decision
                 dec = decide(self.st.world(), self.mem)

@@ -304,7 +304,9 @@ def test_capture_round_trip_with_lease(capture: Capture) -> None:
     lease = wire(lease_resource(capture))
     assert capture_from_resources(wire(to_resource(capture)), lease) == capture
     # Without its Lease a capture is not alive: the lease fields take their defaults.
-    assert from_resource(to_resource(capture)) == replace(capture, renew_time=None, lease_duration=15.0)
+    assert from_resource(to_resource(capture)) == replace(
+        capture, renew_time=None, lease_duration=15.0, lease_taken=True, lease_version=""
+    )
 
 
 @given(RECORDS)
@@ -666,7 +668,8 @@ def test_minimal_objects_take_model_defaults() -> None:
     assert span.mode is Mode.DEFAULT
 
     assert from_resource({"kind": "Changefeed", "metadata": {"name": "demo"}}) == Changefeed(name="demo")
-    assert from_resource({"kind": "Capture", "metadata": {"name": "c0"}}) == Capture(name="c0")
+    # Without its Lease a capture counts as fenced: nothing of it can run.
+    assert from_resource({"kind": "Capture", "metadata": {"name": "c0"}}) == Capture(name="c0", lease_taken=True)
     assert from_resource(
         {"kind": "Table", "metadata": {"name": "t"}, "spec": {"changefeed": "c", "tableID": 0}}
     ) == Table(name="t", changefeed="c", table_id=0)
@@ -980,9 +983,15 @@ def test_lease_strictness() -> None:
     lease = {"kind": "Lease", "metadata": {"name": "capture-c0"}, "spec": {"leaseDurationSeconds": 0}}
     with pytest.raises(InvalidResource, match=r"^Lease capture-c0: spec.leaseDurationSeconds: 0 is out of range 1\.\."):
         capture_from_resources(cap, lease)
-    # A Lease with no renewTime yet: present but not alive.
+    # A Lease with no renewTime yet: present but not alive; naming no holder, it is not the capture's.
     lease = {"kind": "Lease", "metadata": {"name": "capture-c0"}, "spec": {"leaseDurationSeconds": 40}}
-    assert capture_from_resources(cap, lease) == Capture(name="c0", renew_time=None, lease_duration=40.0)
+    assert capture_from_resources(cap, lease) == Capture(
+        name="c0", renew_time=None, lease_duration=40.0, lease_taken=True
+    )
+    lease["spec"]["holderIdentity"] = "c0"
+    lease["metadata"]["resourceVersion"] = "7"
+    held = capture_from_resources(cap, lease)
+    assert (held.lease_taken, held.lease_version, held.alive(0.0), held.expired(0.0)) == (False, "7", False, True)
 
 
 def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
