@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from controller.engine.intents import Chain, Create, Delete, Event, RemoveFinalizer, WriteStatus
+from controller.model import progress
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
 from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
@@ -42,6 +43,8 @@ MUTANTS = frozenset(
         "remove-forgets-finalizer-of-lost-capture",  # dispatchers of a lost capture are never released
         "teardown-releases-early",  # a deleted Changefeed's finalizer goes while dispatchers still run
         "tables-never-detached",  # a deleted Changefeed's Tables keep the finalizer (teardown and janitor)
+        "progress-used-beyond-coverage",  # a capture's minimum used for Working dispatchers it did not cover
+        *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process
     }
 )
 

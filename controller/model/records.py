@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, TypeVar
 
 from controller.model.keys import KeyRange
+from controller.model.progress import Progress
 from controller.model.states import (
     DispatcherState,
     Kind,
@@ -404,15 +405,20 @@ class SpanOperator(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Capture(Record):
-    """A worker, with its Lease folded in: alive while ``now < renew_time + lease_duration``."""
+    """A worker, with its Lease folded in: alive while ``now < renew_time + lease_duration``.
+
+    ``progress`` is the report its Lease carries (how far its dispatchers got, see
+    ``controller.model.progress``); None when it carries none (or one that does not parse).
+    """
 
     KIND: ClassVar[Kind] = Kind.CAPTURE
     SPEC_FIELDS: ClassVar[tuple[str, ...]] = ("draining",)
-    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("renew_time", "lease_duration")
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("renew_time", "lease_duration", "progress")
 
     draining: bool = False
     renew_time: float | None = None  # from the capture's Lease; None: no Lease
     lease_duration: float = 15.0
+    progress: Progress | None = None  # from the capture's Lease (annotation cdc.maintainer.dev/progress)
 
     def alive(self, now: float) -> bool:
         return not self.deleting and self.renew_time is not None and now < self.renew_time + self.lease_duration
