@@ -8,13 +8,17 @@ can stop every dispatcher at once from any task without awaiting I/O:
 * ``checkpoint(name)``: all changes up to this ts have been delivered (never decreases);
 * ``write_rate(name)`` / ``region_count(name)``: the upstream rows/s and the regions of the span, for
   the split and merge schedulers (reported in ``Dispatcher.status``);
-* ``close(name)``: stop; returns the final checkpoint (what a successor must start from).
+* ``close(name)``: stop; returns the final checkpoint (what a successor must start from);
+* ``flush()``: make every checkpoint returned so far durable downstream; the agent calls it before it
+  claims a checkpoint to anyone (a status write, the progress report on its Lease).
 
 :class:`LogicalClockRuntime`, the default, replicates nothing: its upstream ts follows wall time like
 a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails it by a small lag,
 never below the dispatcher's startTs. A span's write rate and region count are its share (by key
 space) of the Table's ``spec.writeRate`` and ``spec.regionCount``, looked up through a callable the
-agent supplies (the runtime does no API I/O of its own).
+agent supplies (the runtime does no API I/O of its own). With a ``sink``
+(:class:`controller.capture.ledger.Ledger`), what it delivers is recorded there: a dispatcher that
+reached checkpoint ``cp`` from ``start_ts`` has delivered (start_ts, cp] of its key range.
 """
 
 from __future__ import annotations
@@ -62,6 +66,19 @@ class DispatcherRuntime(Protocol):
         """Stop it; returns its final checkpoint (``KeyError`` if it does not run)."""
         ...
 
+    def flush(self) -> None:
+        """Make every checkpoint returned so far durable downstream (before it is claimed to anyone)."""
+
+
+class DeliverySink(Protocol):
+    """Where the default runtime records what it delivered (:class:`controller.capture.ledger.Ledger`)."""
+
+    def delivered(self, d: Dispatcher, to_ts: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def forget(self, uid: str) -> None: ...
+
 
 @dataclass
 class _Run:
@@ -87,12 +104,14 @@ class LogicalClockRuntime:
         rate_of: Callable[[Dispatcher], tuple[float, int]] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        sink: DeliverySink | None = None,
     ) -> None:
         self.lag_ms = lag_ms
         self.init_delay = init_delay
         self.rate_of = rate_of
         self.clock = clock
         self.monotonic = monotonic
+        self.sink = sink
         self._runs: dict[str, _Run] = {}
         self._last_upstream = 0
 
@@ -111,7 +130,10 @@ class LogicalClockRuntime:
         run = self._runs[name]
         if self.monotonic() - run.started >= self.init_delay:
             target = self.upstream() - tso(self.lag_ms)
-            run.checkpoint = max(run.checkpoint, target)
+            if target > run.checkpoint:
+                run.checkpoint = target
+                if self.sink is not None:
+                    self.sink.delivered(run.dispatcher, target)
         return run.checkpoint
 
     def _share(self, name: str) -> tuple[float, int, float]:
@@ -129,8 +151,15 @@ class LogicalClockRuntime:
 
     def close(self, name: str) -> int:
         final = self.checkpoint(name)
-        del self._runs[name]
+        run = self._runs.pop(name)
+        if self.sink is not None:
+            self.sink.flush()  # the final checkpoint is claimed next (Stopped): it must be downstream first
+            self.sink.forget(run.dispatcher.uid)
         return final
+
+    def flush(self) -> None:
+        if self.sink is not None:
+            self.sink.flush()
 
     def running(self) -> list[str]:
         return sorted(self._runs)
