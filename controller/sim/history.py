@@ -58,7 +58,7 @@ class Sim:
         self.ctx = Ctx(seed=seed, rng=rng, api=api, trace=Trace(verbose=verbose))
         holder.append(self.ctx)
         self.options = options
-        self.captures = Captures(self.ctx, CF)
+        self.captures = Captures(self.ctx, CF, options.mutants)
         self.maintainers: list[SimMaintainer] = []
         self.current: SimMaintainer | None = None
         self.epochs = 0
