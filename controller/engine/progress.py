@@ -16,9 +16,10 @@ whether one member belongs to it; and the count is checked first because it is f
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 
-from controller.engine.world import Tick
-from controller.model.progress import digest
+from controller.engine.world import Tick, World
+from controller.model.progress import ProgressEntry, digest
 from controller.model.records import Dispatcher
 from controller.model.states import DispatcherState, Mode
 
@@ -26,27 +27,45 @@ from controller.model.states import DispatcherState, Mode
 MUTANT_BEYOND_COVERAGE = "progress-used-beyond-coverage"
 
 
-def believed(tick: Tick) -> dict[tuple[str, Mode], list[Dispatcher]]:
-    """Per (capture, mode): the dispatchers of this changefeed the maintainer sees Working there."""
+def believed(world: World) -> dict[tuple[str, Mode], list[Dispatcher]]:
+    """Per (capture, mode): the dispatchers of the changefeed the maintainer sees Working there."""
     groups: defaultdict[tuple[str, Mode], list[Dispatcher]] = defaultdict(list)
-    cf = tick.changefeed.name
-    for d in tick.world.dispatchers.values():
+    cf = world.changefeed.name
+    for d in world.dispatchers.values():
         if d.state is DispatcherState.WORKING and d.changefeed == cf:
             groups[(d.capture, d.mode)].append(d)
     return groups
+
+
+def entries(world: World) -> Iterator[tuple[str, ProgressEntry, bool]]:
+    """(capture, its report's entry for this changefeed, whether it covers exactly the believed set)."""
+    cf = world.changefeed.name
+    groups = believed(world)
+    for name in sorted(world.captures):
+        cap = world.captures[name]
+        if cap.progress is None:
+            continue
+        for entry in cap.progress.entries:
+            if entry.changefeed == cf:
+                ds = groups.get((name, entry.mode), [])
+                yield name, entry, bool(ds) and exact(entry, ds)
+
+
+def exact(entry: ProgressEntry, ds: list[Dispatcher]) -> bool:
+    """The entry covers exactly ``ds`` (the count first: it is free)."""
+    return entry.dispatchers == len(ds) and entry.digest == digest(d.uid for d in ds)
 
 
 def covered(tick: Tick) -> dict[str, int]:
     """Dispatcher name -> the checkpoint its capture's report proves it has delivered."""
     out: dict[str, int] = {}
     cf = tick.changefeed.name
-    for (capture, mode), ds in believed(tick).items():
+    for (capture, mode), ds in believed(tick.world).items():
         cap = tick.world.captures.get(capture)
         entry = cap.progress.entry(cf, mode) if cap is not None and cap.progress is not None else None
         if entry is None:
             continue
-        exact = entry.dispatchers == len(ds) and entry.digest == digest(d.uid for d in ds)
-        if exact or tick.mutant(MUTANT_BEYOND_COVERAGE):
+        if exact(entry, ds) or tick.mutant(MUTANT_BEYOND_COVERAGE):
             for d in ds:
                 out[d.name] = entry.checkpoint_ts
     return out
