@@ -88,6 +88,8 @@ EXIT_ERROR = 1
 EXIT_FENCED = 3
 
 API_ERRORS = (ApiError, *NETWORK_ERRORS)
+#: Seconds between rewrites of an unchanged Capture status.
+CAPTURE_STATUS_REFRESH = 300.0
 #: How many dispatchers one reconcile pass works on at once (each step is a few API requests).
 STEP_CONCURRENCY = 16
 #: Per reconcile pass: changefeed name -> the strong read of its published epoch.
@@ -493,16 +495,33 @@ class Agent:
         # Steps of different dispatchers are independent; their writes go out concurrently (a capture
         # with thousands of dispatchers must not report them one request at a time). A TaskGroup: if one
         # step finds the capture fenced, the others are cancelled at once.
+        now = time.monotonic()
         try:
             async with asyncio.TaskGroup() as group:
                 for name in sorted(objects):
-                    group.create_task(one(name))
+                    run = self.runs.get(name)
+                    if run is None or not self._quiet(run, objects[name], now):
+                        group.create_task(one(name))
         except BaseExceptionGroup as eg:  # e.g. Fenced: raise it as a sequential pass would have
             raise eg.exceptions[0] from None
         try:
             await self._report_capture()
         except API_ERRORS as exc:
             log.warning("Capture status write failed", extra=fields(error=repr(exc)))
+
+    def _quiet(self, run: Run, raw: JSON, now: float) -> bool:
+        """A Working dispatcher with nothing to write this pass (the common case at rest): skipped
+        without a task or a conversion of its object, so that a pass over thousands stays cheap."""
+        if run.state is not DispatcherState.WORKING or run.written_state is not DispatcherState.WORKING:
+            return False
+        if (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        if (raw.get("status") or {}).get("state") != DispatcherState.WORKING.value:
+            return False  # the API does not show what we wrote: _advance decides when to write again
+        if now - run.traffic_at < self.settings.report_interval:
+            return True
+        run.traffic_at = now
+        return not progress.traffic_changed(run.written_traffic, self._traffic(run.record.name))
 
     async def _step(self, d: Dispatcher, raw: JSON, epochs: Epochs) -> None:
         name = d.name
@@ -564,10 +583,7 @@ class Agent:
 
         Not when only its checkpoint moved: that goes in the progress report on the Lease."""
         now = time.monotonic()
-        due = run.written_state is not run.state
-        if not due and now - run.traffic_at >= self.settings.report_interval:
-            run.traffic_at = now
-            due = progress.traffic_changed(run.written_traffic, self._traffic(d.name))
+        due = run.written_state is not run.state or progress.traffic_changed(run.written_traffic, self._traffic(d.name))
         if not due:
             return
         state = run.state
@@ -728,11 +744,12 @@ class Agent:
         self.rates = rates
 
     async def _report_capture(self) -> None:
-        """The Capture's status, for humans (liveness is the Lease): when it changes, or every 30 s."""
+        """The Capture's status, for humans (liveness is the Lease): when it changes, or every
+        ``CAPTURE_STATUS_REFRESH`` seconds (in case someone overwrote it; rarely: it is a write at rest)."""
         s = self.settings
         status = {"dispatchers": len(self.runs), "pod": s.pod or None, "address": s.address or None}
         now = time.monotonic()
-        if status == self.capture_status and now - self.capture_status_at < 30.0:
+        if status == self.capture_status and now - self.capture_status_at < CAPTURE_STATUS_REFRESH:
             return
         try:
             await self.client.patch(CAPTURES, s.namespace, s.name, {"status": status}, sub="status")
