@@ -37,11 +37,12 @@ from controller.model.records import Changefeed, Condition, SchedulerStatus, Spa
 from controller.model.states import SpanState
 
 BOOTSTRAPPED = "Bootstrapped"
-#: At rest the checkpoint moves with every capture report (one per capture per renew interval); a status
-#: write whose only change is the checkpoint waits until this many seconds passed since the last one, so
-#: a changefeed costs one write per this interval, however many captures report. (A lower published
-#: checkpoint is always safe: it only bounds from below where new dispatchers start.)
-CHECKPOINT_INTERVAL = 1.0
+#: At rest the checkpoint moves only when a capture's report arrives (one per capture per renew interval),
+#: so it is written at most once per report; and a status write whose only change is the checkpoint waits
+#: until this many seconds passed since the last one, so that many captures still cost a changefeed at
+#: most 1/CHECKPOINT_INTERVAL writes per second. (A lower published checkpoint is always safe: it only
+#: bounds from below where new dispatchers start.) The wait adds at most this much to the lag.
+CHECKPOINT_INTERVAL = 0.5
 #: Condition of a Changefeed being deleted: what its teardown still has to remove.
 DELETING = "Deleting"
 
