@@ -2,7 +2,7 @@
 
 No maintainer exists here: each test plays the maintainer by writing Changefeed, Table and Dispatcher
 objects directly and reads back what the agent wrote. Intervals are shortened through the CLI flags
-(lease 3 s, renew every 0.3 s, fence after 1.5 s, report every 0.3 s, loop tick 0.1 s).
+(lease 3 s, renew (and report progress) every 0.3 s, fence after 1.5 s, re-send every 0.3 s, loop tick 0.1 s).
 """
 
 from __future__ import annotations

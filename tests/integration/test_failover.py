@@ -8,8 +8,9 @@ from the resources. Every poll also checks single ownership (at most one Initial
 per key per mode among live captures) and that no overlap of spans lacks an operator to explain it.
 
 Timings are short (maintainer Lease 3 s, renew deadline 2 s, retry 0.5 s, tick 0.2 s; capture Lease 4 s,
-renewals every 0.5 s, fencing after 3 s, reports every 0.5 s). Runs against the embedded API server, or
-against a real cluster when ``CFM_TEST_KUBECONFIG`` names a kubeconfig (see conftest.py).
+renewals, which carry the progress reports, every 0.5 s, fencing after 3 s). Every test ends with the
+delivery ledger's no-gap check (``harness.no_gap``). Runs against the embedded API server, or against a
+real cluster when ``CFM_TEST_KUBECONFIG`` names a kubeconfig (see conftest.py).
 """
 
 from __future__ import annotations
