@@ -250,7 +250,8 @@ def _status(
         conditions=conditions,
         observed_generation=cf.generation,
     )
-    if new.checkpoint_ts != cf.checkpoint_ts and tick.now - checkpoint_at < CHECKPOINT_INTERVAL:
+    # (A wall clock stepped back makes the difference negative: write then, rather than stall until it catches up.)
+    if new.checkpoint_ts != cf.checkpoint_ts and 0 <= tick.now - checkpoint_at < CHECKPOINT_INTERVAL:
         unmoved = replace(new, checkpoint_ts=cf.checkpoint_ts)
         if unmoved.status_equal(cf):
             new = unmoved  # only the checkpoint moved, and it was written less than an interval ago: later

@@ -193,3 +193,15 @@ def test_another_status_change_carries_the_new_checkpoint_at_once() -> None:
     w = world(table(1), *caps, A, B, C, DA, DB, DC, cf=cf, now=NOW)
     mem = replace(memory(), checkpoint_at=NOW - 0.1)
     assert last_status(decide(w, mem), Kind.CHANGEFEED, "cf").checkpoint_ts == 470
+
+
+def test_a_wall_clock_stepping_back_does_not_stall_the_checkpoint() -> None:
+    caps = (reporting("c0", report(500, DA, DB)), reporting("c1", report(450, DC)))
+    first = decide(world(table(1), *caps, A, B, C, DA, DB, DC), memory())
+    cf = last_status(first, Kind.CHANGEFEED, "cf")
+    # The last write was stamped an hour "later" than now (NTP stepped the clock back): write anyway.
+    caps2 = (reporting("c0", report(520, DA, DB)), reporting("c1", report(470, DC)))
+    back = replace(first.memory, checkpoint_at=NOW + 3600)
+    decision = decide(world(table(1), *caps2, A, B, C, DA, DB, DC, cf=cf, now=NOW + 1), back)
+    assert last_status(decision, Kind.CHANGEFEED, "cf").checkpoint_ts == 470
+    assert decision.memory.checkpoint_at == NOW + 1
