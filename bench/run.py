@@ -84,11 +84,11 @@ class Worker:
         self.lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, kubeconfig: str, identity: str, log_dir: Path, lease: float) -> Worker:
+    async def start(cls, kubeconfig: str, identity: str, log_dir: Path, lease: float, retry: float) -> Worker:
         spawned = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(WORKER), "--kubeconfig", kubeconfig, "--namespace", NS, "--identity", identity,
-            "--lease-duration", str(lease),
+            "--lease-duration", str(lease), "--retry", str(retry),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=open(log_dir / f"{identity}.log", "ab"),  # noqa: SIM115, ASYNC230 - lives as long as the process
             cwd=ROOT, start_new_session=True, limit=2**28,
@@ -523,7 +523,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     worker.sigkill()
     await worker.proc.wait()
     log(f"phase 3: SIGKILLed {worker.identity} with {st['ops']}")
-    new = await Worker.start(system.kubeconfig, "maintainer-2", system.log_dir, system.a.lease)
+    new = await Worker.start(system.kubeconfig, "maintainer-2", system.log_dir, system.a.lease, system.a.retry)
     system.worker = new
 
     def booted(st: dict[str, Any]) -> bool:
@@ -633,6 +633,7 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         "ops_k": a.ops,
         "inflight_k": a.inflight,
         "renew_interval": a.renew_interval,
+        "maintainer_lease": [a.lease, a.retry],
     }
     system = System(a, n)
     try:
@@ -649,7 +650,7 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         system.start_captures()
         while len((await system.client.list(RESOURCES[Kind.CAPTURE], NS))[0]) < a.captures:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
-        system.worker = await Worker.start(system.kubeconfig, "maintainer-1", system.log_dir, a.lease)
+        system.worker = await Worker.start(system.kubeconfig, "maintainer-1", system.log_dir, a.lease, a.retry)
         ok, _, _ = await wait_for(system.worker, "", lambda st: st["bootstrapped"], 60, "first bootstrap")
         if not ok:
             raise RuntimeError("the first maintainer did not bootstrap within 60 s")
@@ -772,7 +773,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inflight", type=int, default=500, help="Moves held in flight at the SIGKILL (default 500)")
     p.add_argument("--ops", type=int, default=100, help="operators of each type in phase 2 (default 100)")
     p.add_argument("--captures", type=int, default=3)
-    p.add_argument("--lease", type=float, default=3.0, help="maintainer Lease duration, s (default 3)")
+    p.add_argument("--lease", type=float, help="maintainer Lease duration, s (default 3; 15 with --rest-only)")
+    p.add_argument("--retry", type=float,
+                   help="maintainer Lease retry (renewal) period, s (default 0.5; 2 with --rest-only)")
     p.add_argument("--report-interval", type=float, default=2.0,
                    help="captures' --report-interval (re-sends, traffic checks), s (default 2)")
     p.add_argument("--renew-interval", type=float, default=2.0,
@@ -796,6 +799,10 @@ def main(argv: list[str] | None = None) -> int:
         a.rest, a.rest_settle = 10.0, 5.0
     if a.rest_only:
         a.ops, a.inflight, a.drain = 0, 0, False
+    # Short maintainer Lease timings make phase 3's failover fast; without it, client-go's defaults (15 s /
+    # 2 s), so that phase 0 sees the maintainer's Lease renewals at their production rate.
+    a.lease = a.lease or (15.0 if a.rest_only else 3.0)
+    a.retry = a.retry or (2.0 if a.rest_only else 0.5)
     sizes = [int(x) for x in a.spans.split(",") if x.strip()]
     results = []
     started = time.monotonic()
