@@ -10,7 +10,8 @@ The maintainer code is not changed; it is only observed:
   counter at the exact decision that completes bootstrap (before its writes are applied).
 
 Commands (one per line on stdin, one JSON reply per line on stdout): ``state PREFIX``, ``spans``,
-``stats``, ``profile SECONDS``. EOF on stdin: graceful stop (Lease released).
+``stats``, ``checkpoint`` (the lag of the changefeed's published checkpoint, as the cache holds it),
+``profile SECONDS``. EOF on stdin: graceful stop (Lease released).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from collections import Counter  # noqa: E402
 from typing import Any  # noqa: E402
 
 import controller.maintainer.runner as runner  # noqa: E402
+from controller.capture.runtime import physical_ms  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
-from controller.model.records import Span, SpanOperator  # noqa: E402
+from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
 from controller.model.states import Kind  # noqa: E402
 
 STATE: dict[str, Any] = {"t_process": T_PROCESS, "decide_n": 0, "decide_s": 0.0, "snapshot_s": 0.0}
@@ -132,6 +134,7 @@ def state(m: runner.Maintainer, prefix: str) -> dict[str, Any]:
         "spans": dict(spans),
         "span_total": sum(spans.values()),
         "in_flight": in_flight,
+        "operators": sum(1 for op in store.all(Kind.OPERATOR).values() if isinstance(op, SpanOperator)),
         "ops": dict(phases),
         "synced": m.informer.synced.is_set(),
         "bootstrapped": "t_bootstrapped" in STATE,
@@ -151,6 +154,16 @@ def spans(m: runner.Maintainer) -> list[dict[str, Any]]:
         for s in m.informer.store.all(Kind.SPAN).values()
         if isinstance(s, Span)
     ]
+
+
+def checkpoint(m: runner.Maintainer) -> dict[str, Any]:
+    """The published checkpoint of every changefeed (the cache has our own writes: what the API holds)."""
+    now = time.time()
+    out = {}
+    for name, cf in m.informer.store.all(Kind.CHANGEFEED).items():
+        if isinstance(cf, Changefeed) and cf.checkpoint_ts > 0:
+            out[name] = {"checkpoint": cf.checkpoint_ts, "lag": now - physical_ms(cf.checkpoint_ts) / 1000.0}
+    return out
 
 
 def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
@@ -215,6 +228,8 @@ async def main(a: argparse.Namespace) -> None:
                 reply(spans(m))
             elif cmd == "stats":
                 reply(stats(m, client))
+            elif cmd == "checkpoint":
+                reply(checkpoint(m))
             elif cmd == "profile":
                 reply(await profile(float(arg or 10)))
             else:

@@ -6,6 +6,8 @@ a subprocess running ``controller.maintainer.runner.Maintainer`` with asyncio; i
 request counts over a pipe), then measures:
 
 1. scale-up: Tables with ``preSplit.spans`` summing to N applied -> all N spans Replicating;
+0. at rest (right after 1): API writes per second by verb and resource as the API server counts them
+   (every client), CPU of every process, and the changefeed's checkpoint lag;
 2. API requests by verb, overall and per user operator (Move, Split, Merge, Remove);
 3. failover: K Moves held in RemoveOrigin by the ``hold-close`` hook, the maintainer SIGKILLed
    (a real SIGKILL: no Lease release), a new one started: Lease wait, bootstrap time, bootstrap
@@ -48,6 +50,8 @@ HOLD_CLOSE = f"{GROUP}/hold-close"
 API_VERSION = f"{GROUP}/v1alpha1"
 TERMINAL = ("Succeeded", "Failed", "Canceled")
 WORKER = ROOT / "bench" / "maintainer_worker.py"
+COUNTING_SERVER = ROOT / "bench" / "apiserver_counting.py"
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 MAX_PRESPLIT = 1000  # the Table CRD caps preSplit.spans at 1024 (the engine at 4096)
 
 
@@ -80,11 +84,11 @@ class Worker:
         self.lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, kubeconfig: str, identity: str, log_dir: Path, lease: float) -> Worker:
+    async def start(cls, kubeconfig: str, identity: str, log_dir: Path, lease: float, retry: float) -> Worker:
         spawned = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(WORKER), "--kubeconfig", kubeconfig, "--namespace", NS, "--identity", identity,
-            "--lease-duration", str(lease),
+            "--lease-duration", str(lease), "--retry", str(retry),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=open(log_dir / f"{identity}.log", "ab"),  # noqa: SIM115, ASYNC230 - lives as long as the process
             cwd=ROOT, start_new_session=True, limit=2**28,
@@ -137,7 +141,7 @@ class System:
 
     def start_server(self) -> None:
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "controller.apiserver", "--crds", str(ROOT / "crds"), "--kubeconfig",
+            [sys.executable, str(COUNTING_SERVER), "--crds", str(ROOT / "crds"), "--kubeconfig",
              self.kubeconfig, "--history-size", str(max(50_000, 40 * self.n))],
             stdout=subprocess.PIPE, stderr=open(self.log_dir / "apiserver.log", "ab"), text=True, cwd=ROOT,  # noqa: SIM115
         )  # fmt: skip
@@ -151,10 +155,17 @@ class System:
             name = f"capture-{i}"
             self.captures[name] = subprocess.Popen(
                 [sys.executable, "-m", "controller.capture", "--name", name, "--namespace", NS, "--kubeconfig",
-                 self.kubeconfig, "--report-interval", str(self.a.report_interval), "--log-level", "WARNING"],
+                 self.kubeconfig, "--report-interval", str(self.a.report_interval),
+                 "--renew-interval", str(self.a.renew_interval), "--log-level", "WARNING"],
                 stdout=open(self.log_dir / f"{name}.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT,  # noqa: SIM115
                 start_new_session=True,
             )  # fmt: skip
+
+    async def served(self) -> dict[str, int]:
+        """Requests the API server has served so far, by "verb resource" (bench/apiserver_counting.py)."""
+        assert self.client is not None
+        counts: dict[str, int] = await self.client.request("get", "GET", "/_bench/requests")
+        return counts
 
     def cpu(self) -> dict[str, float]:
         out = {"driver": sum(resource.getrusage(resource.RUSAGE_SELF)[:2])}
@@ -373,6 +384,61 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
     return ok
 
 
+async def phase_rest(system: System, out: dict[str, Any]) -> None:
+    """N spans Replicating, nothing else happening: what standing still costs the API and each process."""
+    worker, a = system.worker, system.a
+    assert worker is not None
+    assert system.client is not None
+    # The scale-up's Add operators are garbage-collected operatorRetentionSeconds (300 s) after they finished,
+    # a burst of deletes that is not "at rest": let them go at once, and wait until none is left.
+    retention = {"spec": {"scheduler": {"operatorRetentionSeconds": 1}}}
+    await system.client.patch(RESOURCES[Kind.CHANGEFEED], NS, CF, retention)
+    ok, took, _ = await wait_for(worker, "", lambda st: st["operators"] == 0, a.timeout, "operator GC")
+    log(f"phase 0: finished operators garbage-collected in {took:.0f}s ({'done' if ok else 'NOT done'})")
+    retention["spec"]["scheduler"]["operatorRetentionSeconds"] = 300
+    await system.client.patch(RESOURCES[Kind.CHANGEFEED], NS, CF, retention)
+    log(f"phase 0: at rest: {a.rest_settle:.0f}s to settle, then {a.rest:.0f}s measured")
+    await asyncio.sleep(a.rest_settle)
+    served0, cpu0, s0, t0 = await system.served(), system.cpu(), await worker.ask("stats"), time.monotonic()
+    lags: list[float] = []
+    while time.monotonic() - t0 < a.rest:
+        cps = await worker.ask("checkpoint")
+        if CF in cps:
+            lags.append(cps[CF]["lag"])
+        await asyncio.sleep(0.5)
+    served1, cpu1, s1 = await system.served(), system.cpu(), await worker.ask("stats")
+    dt = time.monotonic() - t0
+    d = delta(served1, served0)
+    d.pop("list /_bench", None)
+    writes = {k: round(v / dt, 2) for k, v in sorted(d.items()) if k.split()[0] in WRITE_VERBS}
+    total = sum(v for k, v in d.items() if k.split()[0] in WRITE_VERBS) / dt
+    leases = sum(v for k, v in d.items() if k.split()[0] in WRITE_VERBS and k.split()[1] == "leases") / dt
+    lags.sort()
+    rest: dict[str, Any] = {
+        "seconds": round(dt, 1),
+        "requests_per_s": {k: round(v / dt, 2) for k, v in sorted(d.items())},
+        "writes_per_s_by_resource": writes,
+        "writes_per_s": round(total, 2),
+        "lease_writes_per_s": round(leases, 2),
+        "other_writes_per_s": round(total - leases, 2),
+        # The issue's bound: (captures x changefeeds) per report interval, plus Lease renewals.
+        "bound_other_writes_per_s": round(a.captures * 1 / a.renew_interval, 2),
+        "cpu_cores": {k: round((cpu1[k] - cpu0[k]) / dt, 3) for k in cpu0},
+        "decisions_per_s": round((s1["decisions"] - s0["decisions"]) / dt, 2),
+        "decide_share": round((s1["decide_s"] - s0["decide_s"]) / dt, 3),
+        "checkpoint_lag_s": {
+            "samples": len(lags),
+            "mean": round(sum(lags) / len(lags), 2) if lags else None,
+            "p50": round(lags[len(lags) // 2], 2) if lags else None,
+            "max": round(lags[-1], 2) if lags else None,
+            "two_report_intervals": 2 * a.renew_interval,
+        },
+    }
+    out["rest"] = rest
+    log(f"phase 0: at rest {total:.2f} writes/s ({leases:.2f} Lease renewals): {writes}")
+    log(f"phase 0: checkpoint lag {rest['checkpoint_lag_s']}")
+
+
 async def phase_operators(system: System, out: dict[str, Any]) -> bool:
     worker, client = system.worker, system.client
     assert worker is not None
@@ -457,7 +523,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     worker.sigkill()
     await worker.proc.wait()
     log(f"phase 3: SIGKILLed {worker.identity} with {st['ops']}")
-    new = await Worker.start(system.kubeconfig, "maintainer-2", system.log_dir, system.a.lease)
+    new = await Worker.start(system.kubeconfig, "maintainer-2", system.log_dir, system.a.lease, system.a.retry)
     system.worker = new
 
     def booted(st: dict[str, Any]) -> bool:
@@ -561,7 +627,14 @@ async def phase_drain_balance(system: System, out: dict[str, Any]) -> None:
 
 
 async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"spans": n, "captures": a.captures, "ops_k": a.ops, "inflight_k": a.inflight}
+    out: dict[str, Any] = {
+        "spans": n,
+        "captures": a.captures,
+        "ops_k": a.ops,
+        "inflight_k": a.inflight,
+        "renew_interval": a.renew_interval,
+        "maintainer_lease": [a.lease, a.retry],
+    }
     system = System(a, n)
     try:
         system.start_server()
@@ -577,11 +650,13 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         system.start_captures()
         while len((await system.client.list(RESOURCES[Kind.CAPTURE], NS))[0]) < a.captures:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
-        system.worker = await Worker.start(system.kubeconfig, "maintainer-1", system.log_dir, a.lease)
+        system.worker = await Worker.start(system.kubeconfig, "maintainer-1", system.log_dir, a.lease, a.retry)
         ok, _, _ = await wait_for(system.worker, "", lambda st: st["bootstrapped"], 60, "first bootstrap")
         if not ok:
             raise RuntimeError("the first maintainer did not bootstrap within 60 s")
         done = await phase_scale(system, out)
+        if done and a.rest > 0:
+            await phase_rest(system, out)
         if done and a.ops > 0:
             done = await phase_operators(system, out)
         stats = await system.worker.ask("stats")
@@ -611,7 +686,20 @@ def fmt_reqs(d: dict[str, Any]) -> str:
 def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     sc = r.get("scale", {})
     fo = r.get("failover", {})
+    rest = r.get("rest", {})
+    lag = rest.get("checkpoint_lag_s", {})
     out = [
+        ("0 at rest: API writes/s, all clients", f"{rest.get('writes_per_s', '-')}"),
+        ("0 at rest: writes/s by verb and resource", fmt_reqs(rest.get("writes_per_s_by_resource", {}))),
+        ("0 at rest: writes/s other than Leases; bound",
+         f"{rest.get('other_writes_per_s', '-')}; {rest.get('bound_other_writes_per_s', '-')} "
+         f"(captures x changefeeds / {r.get('renew_interval', '-')} s)"),
+        ("0 at rest: CPU cores per process", fmt_reqs(rest.get("cpu_cores", {}))),
+        ("0 at rest: decisions/s, share of a core in decide",
+         f"{rest.get('decisions_per_s', '-')}, {rest.get('decide_share', '-')}"),
+        ("0 at rest: checkpoint lag s mean / p50 / max",
+         f"{lag.get('mean', '-')} / {lag.get('p50', '-')} / {lag.get('max', '-')} "
+         f"(2 intervals: {lag.get('two_report_intervals', '-')})"),
         ("raw status writes/s (1 client)", f"{r.get('raw_status_patches_per_s', '-')}"),
         ("1 scale-up: seconds to all Replicating",
          f"{sc.get('seconds', '-')}{'' if sc.get('complete') else ' (INCOMPLETE)'}"),
@@ -685,8 +773,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inflight", type=int, default=500, help="Moves held in flight at the SIGKILL (default 500)")
     p.add_argument("--ops", type=int, default=100, help="operators of each type in phase 2 (default 100)")
     p.add_argument("--captures", type=int, default=3)
-    p.add_argument("--lease", type=float, default=3.0, help="maintainer Lease duration, s (default 3)")
-    p.add_argument("--report-interval", type=float, default=10.0, help="captures' checkpoint report interval, s")
+    p.add_argument("--lease", type=float, help="maintainer Lease duration, s (default 3; 15 with --rest-only)")
+    p.add_argument("--retry", type=float,
+                   help="maintainer Lease retry (renewal) period, s (default 0.5; 2 with --rest-only)")
+    p.add_argument("--report-interval", type=float, default=2.0,
+                   help="captures' --report-interval (re-sends, traffic checks), s (default 2)")
+    p.add_argument("--renew-interval", type=float, default=2.0,
+                   help="captures' Lease renew interval, which carries their progress reports, s (default 2)")
+    p.add_argument("--rest", type=float, default=30.0, help="seconds measured at rest after phase 1 (0: skip)")
+    p.add_argument("--rest-settle", type=float, default=15.0, help="seconds after phase 1 before measuring at rest")
+    p.add_argument("--rest-only", action="store_true", help="phases 1 and 0 only (no operators, failover, drain)")
     p.add_argument("--raw-writes", type=int, default=3000, help="sequential status writes for the raw rate")
     p.add_argument("--idle", type=float, default=5.0, help="seconds of idle request-rate baseline before phase 2")
     p.add_argument("--timeout", type=float, default=600.0, help="per-phase limit, s; then profile and stop")
@@ -700,6 +796,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.quick:
         a.spans, a.ops, a.inflight, a.raw_writes, a.idle, a.timeout = "300", 20, 50, 1000, 2.0, 120.0
+        a.rest, a.rest_settle = 10.0, 5.0
+    if a.rest_only:
+        a.ops, a.inflight, a.drain = 0, 0, False
+    # Short maintainer Lease timings make phase 3's failover fast; without it, client-go's defaults (15 s /
+    # 2 s), so that phase 0 sees the maintainer's Lease renewals at their production rate.
+    a.lease = a.lease or (15.0 if a.rest_only else 3.0)
+    a.retry = a.retry or (2.0 if a.rest_only else 0.5)
     sizes = [int(x) for x in a.spans.split(",") if x.strip()]
     results = []
     started = time.monotonic()
@@ -709,6 +812,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:  # after every size, so a later stall still leaves the earlier figures
             Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=2, default=str))
     print_table(results)
+    at_rest = [(r["spans"], r["rest"]["writes_per_s"]) for r in results if r.get("rest")]
+    if len(at_rest) >= 2:
+        (n0, w0), (n1, w1) = at_rest[0], at_rest[-1]
+        print(f"\nat rest: {w1} writes/s at {n1} spans vs {w0} at {n0}: "
+              f"{'+' if w1 >= w0 else ''}{(w1 - w0) / w0 * 100 if w0 else float('nan'):.1f} %")  # fmt: skip
     print(f"\ntotal wall time {time.monotonic() - started:.0f}s; logs in {a.log_dir}")
     counts = Counter("error" in r for r in results)
     return 1 if counts[True] else 0

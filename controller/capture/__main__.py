@@ -15,6 +15,7 @@ import sys
 
 from controller.capture import logs
 from controller.capture.agent import Agent, Settings, install_signal_handlers
+from controller.capture.ledger import LEDGER_ENV
 from controller.kube.client import Client, Config
 
 log = logging.getLogger("controller.capture")
@@ -34,7 +35,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=7.0,
         help="fence (stop everything, exit 3) after this many seconds without a renewal; < lease duration (default 7)",
     )
-    p.add_argument("--report-interval", type=float, default=2.0, help="seconds between checkpoint reports (default 2)")
+    p.add_argument(
+        "--report-interval",
+        type=float,
+        default=2.0,
+        help="seconds before an unseen status write is re-sent, and between traffic checks (default 2); "
+        "checkpoints are reported with every Lease renewal (--renew-interval)",
+    )
     p.add_argument("--init-delay", type=float, default=0.5, help="seconds a new dispatcher stays Initializing")
     p.add_argument("--tick", type=float, default=0.2, help="seconds between loop iterations (default 0.2)")
     p.add_argument("--address", default=os.environ.get("POD_IP", ""), help="status.address (default: $POD_IP)")
@@ -42,6 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--readiness",
         default="",
         help="e.g. http://0.0.0.0:8081/readyz: 200 while registered with a current Lease and its kinds listed",
+    )
+    p.add_argument(
+        "--ledger-dir",
+        default=os.environ.get(LEDGER_ENV, ""),
+        help=f"append what the dispatchers deliver to DIR/<name>.<incarnation>.jsonl (default: ${LEDGER_ENV}; "
+        "none when empty), for the no-gap check of controller.capture.ledger",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p.parse_args(argv)
@@ -72,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         pod=os.environ.get("POD_NAME", ""),
         address=args.address,
         readiness=args.readiness,
+        ledger_dir=args.ledger_dir,
     )
     try:
         settings.check()

@@ -32,6 +32,14 @@ What it does, and why in this shape:
   checkpoint, and only then is its finalizer released: the maintainer reads the final checkpoint as the
   start ts of whatever replaces it.
 * **Test hooks** (see :mod:`controller.capture.hooks`) hold closes and pause creates per table.
+* **Reports** (see :mod:`controller.model.progress`). A dispatcher's status is written when its state
+  changes (Initializing, Working, Stopped or Rejected with the final checkpoint) and when its traffic
+  changes materially, never just because its checkpoint moved. How far the Working dispatchers got
+  travels with every Lease renewal instead, as one report per (changefeed, mode): the lowest
+  checkpoint, how many dispatchers and a digest of their uids, the slowest, and this process's
+  ``incarnation`` (random per start). So at rest a capture costs the API one write per renew interval
+  however many spans it holds. Before any checkpoint leaves the process, the runtime's sink (the
+  delivery ledger, ``--ledger-dir``) is flushed: nothing is claimed that was not delivered.
 """
 
 from __future__ import annotations
@@ -42,15 +50,18 @@ import logging
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller.capture.hooks import Hooks, hooks_from_annotations
 from controller.capture.informer import NETWORK_ERRORS, Informer
+from controller.capture.ledger import Ledger
 from controller.capture.logs import fields
 from controller.capture.runtime import DispatcherRuntime, LogicalClockRuntime
 from controller.kube.client import JSON, LEASES, RESOURCES, ApiError, Client, sleep_or
 from controller.kube.probes import ProbeServer, parse_endpoint
+from controller.model import progress
 from controller.model.records import Capture, Dispatcher
 from controller.model.resources import (
     InvalidResource,
@@ -88,6 +99,8 @@ EXIT_FENCED = 3
 RETRY_AFTER_FAILURE = 0.5
 
 API_ERRORS = (ApiError, *NETWORK_ERRORS)
+#: Seconds between rewrites of an unchanged Capture status.
+CAPTURE_STATUS_REFRESH = 300.0
 #: How many dispatchers one reconcile pass works on at once (each step is a few API requests).
 STEP_CONCURRENCY = 16
 #: Per reconcile pass: changefeed name -> the strong read of its published epoch.
@@ -109,17 +122,19 @@ class Settings:
     lease_duration: int = 10
     renew_interval: float = 2.0
     renew_deadline: float = 7.0
+    #: Seconds before a status write the API does not show is sent again, and between checks of a
+    #: dispatcher's traffic. (Checkpoints are reported with every Lease renewal: ``renew_interval``.)
     report_interval: float = 2.0
     tick: float = 0.2
     init_delay: float = 0.5
-    #: Seconds between status writes of an unchanged Working dispatcher (a heartbeat only).
-    heartbeat_interval: float = 10.0
     #: Seconds between re-reads of the Tables list (write rates).
     tables_interval: float = 5.0
     pod: str = ""
     address: str = ""
     #: ``http://HOST:PORT/PATH`` of the readiness endpoint ("" for none).
     readiness: str = ""
+    #: Directory of the delivery ledger of the default runtime ("" for none; controller/capture/ledger.py).
+    ledger_dir: str = ""
 
     def check(self) -> None:
         if not self.name or not self.namespace:
@@ -144,8 +159,10 @@ class Run:
     record: Dispatcher
     state: DispatcherState
     written_state: DispatcherState | None = None
-    written_cp: int = -1
     written_at: float = 0.0  # monotonic
+    #: Write rate and region count as last written, and when they were last looked at (monotonic).
+    written_traffic: tuple[float, int] = (0.0, 0)
+    traffic_at: float = 0.0
 
 
 @dataclass
@@ -180,20 +197,26 @@ class Agent:
     hooks: Hooks = field(default_factory=Hooks)
     capture_status: dict[str, Any] = field(default_factory=dict)
     capture_status_at: float = -1e9
+    #: This process: a report of another incarnation is about dispatchers this process does not run.
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    ledger: Ledger | None = None
     _noted: set[tuple[str, str]] = field(default_factory=set)
     _hook_problems: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.runtime is None:
+            if self.settings.ledger_dir and self.ledger is None:
+                self.ledger = Ledger(self.settings.ledger_dir, self.settings.name, self.incarnation)
             self.runtime = LogicalClockRuntime(
                 init_delay=self.settings.init_delay,
                 rate_of=self._rate_of,
                 deliver_until=lambda: self.last_renew + self.settings.renew_deadline,
+                sink=self.ledger,
             )
         self.rt: DispatcherRuntime = self.runtime
-        #: This process's incarnation: the ``acquireTime`` of its Lease. A renewal answered 409 whose Lease
+        #: This process's hold on its Lease: the ``acquireTime`` it wrote. A renewal answered 409 whose Lease
         #: still carries it was our own write (its answer lost); any other means the Lease is not ours.
-        self.incarnation = format_time(time.time(), micro=True)
+        self.acquire_time = format_time(time.time(), micro=True)
         self.stop = asyncio.Event()
         self.wake = asyncio.Event()
         s = self.settings
@@ -234,13 +257,18 @@ class Agent:
     async def run(self) -> int:
         """Register, then work until SIGTERM (exit 0) or fencing (exit 3)."""
         s = self.settings
-        log.info("capture agent starting", extra=fields(capture=s.name, namespace=s.namespace, pid=os.getpid()))
+        log.info(
+            "capture agent starting",
+            extra=fields(capture=s.name, namespace=s.namespace, pid=os.getpid(), incarnation=self.incarnation),
+        )
         probe = ProbeServer(s.readiness, self.ready) if s.readiness else None
         if probe is not None:
             await probe.start()
         try:
             return await self._run()
         finally:
+            if self.ledger is not None:
+                self.ledger.close()
             if probe is not None:
                 await probe.stop()
 
@@ -324,9 +352,10 @@ class Agent:
             namespace=s.namespace,
             renew_time=round_time(time.time()),
             lease_duration=float(1 if release else s.lease_duration),
+            progress=None if release else self._progress(),
         )
         body = lease_resource(capture)
-        body["spec"]["acquireTime"] = self.incarnation
+        body["spec"]["acquireTime"] = self.acquire_time
         if release:
             body["spec"]["holderIdentity"] = ""
         if self.lease_rv:
@@ -406,7 +435,7 @@ class Agent:
             holder = spec.get("holderIdentity") or ""
             if holder != s.name:
                 raise LeaseLost(f"Lease {name} is now held by {holder!r}")
-            if spec.get("acquireTime") != self.incarnation:
+            if spec.get("acquireTime") != self.acquire_time:
                 raise LeaseLost(f"Lease {name} was taken over by another process named {s.name!r}")
             # Our own write whose answer we missed (e.g. a timed-out request): adopt it and retry.
             self.lease_rv = current["metadata"]["resourceVersion"]
@@ -569,10 +598,13 @@ class Agent:
         # Steps of different dispatchers are independent; their writes go out concurrently (a capture
         # with thousands of dispatchers must not report them one request at a time). A TaskGroup: if one
         # step finds the capture fenced, the others are cancelled at once.
+        now = time.monotonic()
         try:
             async with asyncio.TaskGroup() as group:
                 for name in sorted(objects):
-                    group.create_task(one(name))
+                    run = self.runs.get(name)
+                    if run is None or not self._quiet(run, objects[name], now):
+                        group.create_task(one(name))
         except BaseExceptionGroup as eg:  # e.g. Fenced: raise it as a sequential pass would have
             raise eg.exceptions[0] from None
         if paused:
@@ -581,6 +613,20 @@ class Agent:
             await self._report_capture()
         except API_ERRORS as exc:
             log.warning("Capture status write failed", extra=fields(error=repr(exc)))
+
+    def _quiet(self, run: Run, raw: JSON, now: float) -> bool:
+        """A Working dispatcher with nothing to write this pass (the common case at rest): skipped
+        without a task or a conversion of its object, so that a pass over thousands stays cheap."""
+        if run.state is not DispatcherState.WORKING or run.written_state is not DispatcherState.WORKING:
+            return False
+        if (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        if (raw.get("status") or {}).get("state") != DispatcherState.WORKING.value:
+            return False  # the API does not show what we wrote: _advance decides when to write again
+        if now - run.traffic_at < self.settings.report_interval:
+            return True
+        run.traffic_at = now
+        return not progress.traffic_changed(run.written_traffic, self._traffic(run.record.name))
 
     async def _step(self, d: Dispatcher, raw: JSON, epochs: Epochs) -> None:
         name = d.name
@@ -644,26 +690,36 @@ class Agent:
         await self._report(run, d)
 
     async def _report(self, run: Run, d: Dispatcher) -> None:
-        """Write the status of a running dispatcher when due: at once on a state change, else batched."""
+        """Write the status of a running dispatcher when its state changed, or its traffic materially.
+
+        Not when only its checkpoint moved: that goes in the progress report on the Lease. Nothing while
+        paused (without a Lease renewal the capture claims nothing)."""
         if self.paused_at is not None:
             return
-        s = self.settings
         now = time.monotonic()
-        cp = self.rt.checkpoint(d.name)
-        due = (
-            run.written_state is not run.state
-            or (now - run.written_at >= s.report_interval and cp != run.written_cp)
-            or now - run.written_at >= s.heartbeat_interval
-        )
+        due = run.written_state is not run.state or progress.traffic_changed(run.written_traffic, self._traffic(d.name))
         if not due:
             return
         state = run.state
+        cp = self.rt.checkpoint(d.name)
+        traffic = self._traffic(d.name)
         await self._write(d, state, cp)
-        run.written_state, run.written_cp, run.written_at = state, cp, now
-        log.debug(
-            "reported",
-            extra=fields(dispatcher=d.name, state=state.value, checkpointTs=cp),
-        )
+        run.written_state, run.written_at, run.written_traffic, run.traffic_at = state, now, traffic, now
+        log.debug("reported", extra=fields(dispatcher=d.name, state=state.value, checkpointTs=cp))
+
+    def _progress(self) -> progress.Progress:
+        """The report for the Lease: Working dispatchers whose Working status has been written, per
+        (changefeed, mode). The runtime's sink is flushed first: these checkpoints are delivered."""
+        running = []
+        for name, run in self.runs.items():
+            if run.state is DispatcherState.WORKING and run.written_state is DispatcherState.WORKING:
+                d = run.record
+                with contextlib.suppress(KeyError):
+                    running.append(
+                        progress.Running(d.uid, name, d.changefeed, d.mode, d.start_ts, self.rt.checkpoint(name))
+                    )
+        self.rt.flush()
+        return progress.build(running, self.incarnation, round_time(time.time()))
 
     async def _close(self, d: Dispatcher, raw: JSON) -> None:
         name = d.name
@@ -709,12 +765,18 @@ class Agent:
         if self.fence_reason and state in LIVE_DISPATCHER_STATES:
             raise Fenced(self.fence_reason)
         record = d.evolve(state=state, checkpoint_ts=cp, heartbeat=round_time(time.time()), message=message)
-        rate, regions = 0.0, 0
-        if state in LIVE_DISPATCHER_STATES:  # what the split and merge schedulers judge by
-            with contextlib.suppress(KeyError):  # not started in the runtime yet
-                rate, regions = self.rt.write_rate(d.name), self.rt.region_count(d.name)
+        # What the split and merge schedulers judge by.
+        rate, regions = self._traffic(d.name) if state in LIVE_DISPATCHER_STATES else (0.0, 0)
         record = record.evolve(write_rate=rate, region_count=regions)
+        self.rt.flush()  # the checkpoint written here must be delivered downstream first
         return await self.client.patch(DISPATCHERS, d.namespace, d.name, status_merge_patch(record), sub="status")
+
+    def _traffic(self, name: str) -> tuple[float, int]:
+        """Write rate and region count of a running dispatcher ((0, 0) if the runtime does not run it)."""
+        try:
+            return self.rt.write_rate(name), self.rt.region_count(name)
+        except KeyError:
+            return 0.0, 0
 
     async def _release_finalizer(self, obj: JSON) -> bool:
         """Remove our finalizer with a resourceVersion precondition, re-reading on conflict."""
@@ -811,11 +873,12 @@ class Agent:
         self.rates = rates
 
     async def _report_capture(self) -> None:
-        """The Capture's status, for humans (liveness is the Lease): when it changes, or every 30 s."""
+        """The Capture's status, for humans (liveness is the Lease): when it changes, or every
+        ``CAPTURE_STATUS_REFRESH`` seconds (in case someone overwrote it; rarely: it is a write at rest)."""
         s = self.settings
         status = {"dispatchers": len(self.runs), "pod": s.pod or None, "address": s.address or None}
         now = time.monotonic()
-        if status == self.capture_status and now - self.capture_status_at < 30.0:
+        if status == self.capture_status and now - self.capture_status_at < CAPTURE_STATUS_REFRESH:
             return
         try:
             await self.client.patch(CAPTURES, s.namespace, s.name, {"status": status}, sub="status")

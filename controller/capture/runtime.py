@@ -12,12 +12,16 @@ can stop every dispatcher at once from any task without awaiting I/O:
 * ``pause(name)`` / ``resume(name)``: stop delivering but keep the position, then go on from it. A
   capture that cannot renew its Lease pauses everything (another capture may soon own these spans) and
   resumes in place only if nothing was taken from it meanwhile.
+* ``flush()``: make every checkpoint returned so far durable downstream; the agent calls it before it
+  claims a checkpoint to anyone (a status write, the progress report on its Lease).
 
 :class:`LogicalClockRuntime`, the default, replicates nothing: its upstream ts follows wall time like
 a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails it by a small lag,
 never below the dispatcher's startTs. A span's write rate and region count are its share (by key
 space) of the Table's ``spec.writeRate`` and ``spec.regionCount``, looked up through a callable the
-agent supplies (the runtime does no API I/O of its own).
+agent supplies (the runtime does no API I/O of its own). With a ``sink``
+(:class:`controller.capture.ledger.Ledger`), what it delivers is recorded there: a dispatcher that
+reached checkpoint ``cp`` from ``start_ts`` has delivered (start_ts, cp] of its key range.
 """
 
 from __future__ import annotations
@@ -72,6 +76,20 @@ class DispatcherRuntime(Protocol):
 
     def resume(self, name: str) -> None:
         """Deliver again from where it paused (``KeyError`` if it does not run). Idempotent."""
+        ...
+
+    def flush(self) -> None:
+        """Make every checkpoint returned so far durable downstream (before it is claimed to anyone)."""
+
+
+class DeliverySink(Protocol):
+    """Where the default runtime records what it delivered (:class:`controller.capture.ledger.Ledger`)."""
+
+    def delivered(self, d: Dispatcher, to_ts: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def forget(self, uid: str) -> None: ...
 
 
 @dataclass
@@ -103,6 +121,7 @@ class LogicalClockRuntime:
         deliver_until: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        sink: DeliverySink | None = None,
     ) -> None:
         self.lag_ms = lag_ms
         self.init_delay = init_delay
@@ -110,6 +129,7 @@ class LogicalClockRuntime:
         self.deliver_until = deliver_until
         self.clock = clock
         self.monotonic = monotonic
+        self.sink = sink
         self._runs: dict[str, _Run] = {}
         self._last_upstream = 0
 
@@ -130,7 +150,10 @@ class LogicalClockRuntime:
         late = self.deliver_until is not None and now > self.deliver_until()
         if not run.paused and not late and now - run.started >= self.init_delay:
             target = self.upstream() - tso(self.lag_ms)
-            run.checkpoint = max(run.checkpoint, target)
+            if target > run.checkpoint:
+                run.checkpoint = target
+                if self.sink is not None:
+                    self.sink.delivered(run.dispatcher, target)
         return run.checkpoint
 
     def _share(self, name: str) -> tuple[float, int, float]:
@@ -148,7 +171,10 @@ class LogicalClockRuntime:
 
     def close(self, name: str) -> int:
         final = self.checkpoint(name)
-        del self._runs[name]
+        run = self._runs.pop(name)
+        if self.sink is not None:
+            self.sink.flush()  # the final checkpoint is claimed next (Stopped): it must be downstream first
+            self.sink.forget(run.dispatcher.uid)
         return final
 
     def pause(self, name: str) -> int:
@@ -158,6 +184,10 @@ class LogicalClockRuntime:
 
     def resume(self, name: str) -> None:
         self._runs[name].paused = False  # catches up with the upstream at the next checkpoint
+
+    def flush(self) -> None:
+        if self.sink is not None:
+            self.sink.flush()
 
     def running(self) -> list[str]:
         return sorted(self._runs)

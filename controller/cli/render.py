@@ -277,11 +277,35 @@ def render_status(snap: Snapshot, changefeed: str) -> str:
     out.append("Spans per capture:")
     out.append(_indent(table(["CAPTURE", "STATE", *(m.upper() for m in modes)], rows)) if rows else "  none")
 
+    reports = progress_rows(snap, changefeed)
+    out.append("")
+    out.append("Progress reported by the captures (with their Lease renewals):")
+    headers = ["CAPTURE", "MODE", "DISPATCHERS", "LAG", "SLOWEST", "REPORTED"]
+    out.append(_indent(table(headers, reports)) if reports else "  none")
+
     running = snap.in_flight(changefeed)
     out.append("")
     out.append(f"Operators in flight ({len(running)}):")
     out.append(_indent(operators_table(running, snap.now)) if running else "  none")
     return "\n".join(out)
+
+
+def progress_rows(snap: Snapshot, changefeed: str) -> list[list[object]]:
+    """Per capture and mode: what its latest report says (dispatchers, lag of the slowest, which span)."""
+    span_of = {s.dispatcher: s.name for s in snap.spans_of(changefeed) if s.dispatcher}
+    rows: list[list[object]] = []
+    for c in sorted(snap.captures.values(), key=lambda c: c.name):
+        if c.progress is None:
+            continue
+        for e in c.progress.entries:
+            if e.changefeed != changefeed:
+                continue
+            lag = checkpoint_lag(e.checkpoint_ts, snap.now) if e.dispatchers else None
+            slowest = span_of.get(e.slowest, e.slowest) if e.dispatchers else ""
+            shown = "-" if lag is None else f"{lag:.1f}s"
+            when = f"{age(snap.now - c.progress.at)} ago"
+            rows.append([c.name, e.mode.value, e.dispatchers, shown, slowest or "-", when])
+    return rows
 
 
 def mode_names() -> list[str]:

@@ -2,7 +2,9 @@
 
 It is the minimum, over the spans of live tables, of what is known for each:
 
-- a Replicating span: its dispatcher's reported checkpoint (or the span's persisted one);
+- a Replicating span: the best of its dispatcher's persisted checkpoint (written when it became
+  Working), the span's persisted one, and the minimum its capture reported for a set of dispatchers
+  that is exactly the set the maintainer believes it runs (``engine/progress.py``);
 - any other span: its persisted checkpoint (the start ts it will be replicated from);
 - a span some in-flight Add, Move, Split or Merge owns: also the operator's recorded checkpoint (the
   ts its new dispatchers start from), which holds the changefeed back while the span is in flight.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from controller.engine import progress
 from controller.engine.world import Tick
 from controller.model.keys import KeyRange, gaps
 from controller.model.states import DispatcherState, Mode, OpPhase, OpType, SpanState
@@ -27,6 +30,7 @@ def compute(tick: Tick) -> int:
         nonlocal low
         low = value if low is None else min(low, value)
 
+    reported = progress.covered(tick)
     for span in tick.spans.values():
         if span.state in (None, SpanState.INVALID) or not tick.table_live(span.table_id):
             continue
@@ -34,7 +38,7 @@ def compute(tick: Tick) -> int:
             continue
         d = tick.dispatchers.get(span.dispatcher) if span.dispatcher else None
         if span.state is SpanState.REPLICATING and d is not None and d.state is DispatcherState.WORKING:
-            lower(max(d.known_checkpoint, span.known_checkpoint))
+            lower(max(d.known_checkpoint, span.known_checkpoint, reported.get(d.name, 0)))
         else:
             lower(span.known_checkpoint)
     for op in tick.operators.values():

@@ -37,6 +37,14 @@ from controller.model.records import Changefeed, Condition, SchedulerStatus, Spa
 from controller.model.states import SpanState
 
 BOOTSTRAPPED = "Bootstrapped"
+#: At rest the checkpoint moves only when a capture's report arrives (one per capture per renew interval),
+#: so it is written at most once per report; and a status write whose only change is the checkpoint waits
+#: until this many seconds passed since the last one. With three captures reporting every 2 s the wait
+#: nearly always binds, so a changefeed costs one write per second at rest, however many captures report
+#: and however long a decision takes (0.5 s made it depend on how the captures' renewals fall, 0.7-1.4/s).
+#: A lower published checkpoint is always safe: it only bounds from below where new dispatchers start.
+#: The wait adds at most this much to the lag.
+CHECKPOINT_INTERVAL = 1.0
 #: Condition of a Changefeed being deleted: what its teardown still has to remove.
 DELETING = "Deleting"
 
@@ -57,6 +65,8 @@ class Memory:
     counters: traffic.Counters = field(default_factory=traffic.Counters)
     #: Captures this term has already reported as lost (one Event each).
     lost_captures: frozenset[str] = frozenset()
+    #: When this term last wrote a new checkpoint (``CHECKPOINT_INTERVAL``).
+    checkpoint_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         else memory.report
     )
     lost = _lost_captures(tick)
-    _status(tick, first, report, sched, sorted(lost - memory.lost_captures))
+    published = _status(tick, first, report, sched, sorted(lost - memory.lost_captures), memory.checkpoint_at)
 
     new_memory = replace(
         memory,
@@ -124,6 +134,7 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         balanced_at=balanced_at,
         counters=counters,
         lost_captures=frozenset(lost),
+        checkpoint_at=world.now if published else memory.checkpoint_at,
     )
     return Decision(tuple(tick.chains), new_memory, repairs=tuple(tick.repairs))
 
@@ -199,7 +210,10 @@ def _lost_captures(tick: Tick) -> set[str]:
     return {c for c in holding if c not in tick.alive}
 
 
-def _status(tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_lost: list[str]) -> None:
+def _status(
+    tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_lost: list[str], checkpoint_at: float
+) -> bool:
+    """Changefeed and Table status; True when the Changefeed's write carries a new checkpoint."""
     cf = tick.changefeed
     per_table: dict[int, list[SpanState | None]] = {}
     for s in tick.spans.values():
@@ -238,6 +252,12 @@ def _status(tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_
         conditions=conditions,
         observed_generation=cf.generation,
     )
+    # (A wall clock stepped back makes the difference negative: write then, rather than stall until it catches up.)
+    if new.checkpoint_ts != cf.checkpoint_ts and 0 <= tick.now - checkpoint_at < CHECKPOINT_INTERVAL:
+        unmoved = replace(new, checkpoint_ts=cf.checkpoint_ts)
+        if unmoved.status_equal(cf):
+            new = unmoved  # only the checkpoint moved, and it was written less than an interval ago: later
+    published = new.checkpoint_ts != cf.checkpoint_ts
     if not new.status_equal(cf):
         writes.insert(0, WriteStatus(new))
     tick.emit("changefeed status", writes)
@@ -256,3 +276,4 @@ def _status(tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_
             continue
         updated = replace(table, state=state, message="", span_counts=counts, observed_generation=table.generation)
         tick.emit(f"table {table.name} status", [WriteStatus(updated)])
+    return published

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from controller.engine.intents import Chain, Create, Delete, Event, FenceCapture, RemoveFinalizer, WriteStatus
+from controller.model import progress
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
 from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
@@ -48,6 +49,8 @@ MUTANTS = frozenset(
         # Not the engine's: the simulator's capture model and the maintainer's liveness clock.
         "capture-resumes-after-takeover",  # a paused capture resumes though its Lease was taken meanwhile
         "outage-counts-as-silence",  # the maintainer counts time its view of Leases was broken as silence
+        "progress-used-beyond-coverage",  # a capture's minimum used for Working dispatchers it did not cover
+        *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process
     }
 )
 

@@ -36,6 +36,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from controller.capture.runtime import physical_ms
+from controller.engine import progress
 from controller.model.records import Capture, Changefeed, Span, SpanOperator
 from controller.model.states import Kind, OpPhase, OpType, SchedulerState
 
@@ -50,6 +51,7 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.
 UNKNOWN_STATE = "Unknown"  # a Span whose status was never written
 NO_CAPTURE = "none"  # a Span bound to no capture
 NO_STAGE = "None"  # an operator not started yet (Pending) has no stage
+NO_SPAN = "unknown"  # a reported slowest dispatcher the maintainer does not know (yet)
 CAPTURE_STATES = ("alive", "draining", "lost")
 #: Write-error reasons exported at 0 from the start, so that ``rate()`` and ``increase()`` see their first
 #: occurrence (a series that appears at 1 has no earlier sample to increase from): the normal one (a stale
@@ -218,6 +220,7 @@ class StateCollector(Collector):
         yield lag
         yield checkpoint
         yield scheduler
+        yield from self._reports(leading, now)
 
         bootstrap = GaugeMetricFamily(
             PREFIX + "bootstrap_duration_seconds",
@@ -271,6 +274,50 @@ class StateCollector(Collector):
             "Write chains abandoned at a failed write (retried from a fresh snapshot).",
             value=m.stats.failed_chains,
         )
+
+
+    def _reports(self, leading: list[str], now: float) -> Iterable[Metric]:
+        """The captures' progress reports (carried by their Leases), per led changefeed and mode."""
+        labels = ["changefeed", "mode", "capture"]
+        lag = GaugeMetricFamily(
+            PREFIX + "capture_checkpoint_lag_seconds",
+            "Now minus the physical time of the lowest checkpoint a capture reports for a changefeed and mode "
+            "(its slowest dispatcher there).",
+            labels=labels,
+        )
+        count = GaugeMetricFamily(
+            PREFIX + "capture_reported_dispatchers",
+            "Working dispatchers a capture's report covers, per changefeed and mode.",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            PREFIX + "capture_report_covered",
+            "1 when a capture's report covers exactly the dispatchers the maintainer sees Working there (it is "
+            "used for the changefeed checkpoint), 0 when not (their persisted checkpoints hold it meanwhile).",
+            labels=labels,
+        )
+        slowest = GaugeMetricFamily(
+            PREFIX + "slowest_span_lag_seconds",
+            "The same lag as capture_checkpoint_lag_seconds, labelled with the span of the slowest dispatcher.",
+            labels=[*labels, "span"],
+        )
+        for name in leading:
+            world = self.maintainer.snapshot(name)
+            if world is None:
+                continue
+            for capture, entry, exact in progress.entries(world):
+                key = [name, entry.mode.value, capture]
+                count.add_metric(key, float(entry.dispatchers))
+                used.add_metric(key, 1.0 if exact else 0.0)
+                behind = checkpoint_lag(entry.checkpoint_ts, now)
+                if behind is not None and entry.dispatchers:
+                    lag.add_metric(key, behind)
+                    d = world.dispatchers.get(entry.slowest)
+                    slowest.add_metric([*key, d.span if d is not None else NO_SPAN], behind)
+        yield lag
+        yield count
+        yield used
+        yield slowest
 
 
 class MaintainerMetrics:

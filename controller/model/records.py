@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, TypeVar
 
 from controller.model.keys import KeyRange
+from controller.model.progress import Progress
 from controller.model.states import (
     DispatcherState,
     Kind,
@@ -419,17 +420,21 @@ class Capture(Record):
     may release its dispatchers' finalizers; a lapsed Lease that still names the capture must be taken
     first (``intents.FenceCapture``, with ``lease_version`` as the precondition). See docs/architecture.md,
     Fencing.
+
+    ``progress`` is the report its Lease carries (how far its dispatchers got, see
+    ``controller.model.progress``); None when it carries none (or one that does not parse).
     """
 
     KIND: ClassVar[Kind] = Kind.CAPTURE
     SPEC_FIELDS: ClassVar[tuple[str, ...]] = ("draining",)
-    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("renew_time", "lease_duration", "lease_taken")
+    STATUS_FIELDS: ClassVar[tuple[str, ...]] = ("renew_time", "lease_duration", "lease_taken", "progress")
 
     draining: bool = False
     renew_time: float | None = None  # from the capture's Lease; None: no Lease (or no renewal in it)
     lease_duration: float = 15.0
     lease_taken: bool = False
     lease_version: str = ""  # the Lease's resourceVersion as observed ("" if unknown)
+    progress: Progress | None = None  # from the capture's Lease (annotation cdc.maintainer.dev/progress)
 
     def alive(self, now: float) -> bool:
         return (

@@ -12,7 +12,10 @@ Layout (every kind is ``cdc.maintainer.dev/v1alpha1``, namespaced; the CRDs in `
   ``SpanOperator.status_reason`` -> ``status.reason``; ``Condition.last_transition`` ->
   ``lastTransitionTime``; ``Capture.renew_time``/``lease_duration`` live in the capture's
   ``coordination.k8s.io/v1`` Lease ``capture-<name>`` (``spec.renewTime``, ``spec.leaseDurationSeconds``),
-  see :func:`lease_resource` and :func:`capture_from_resources`.
+  see :func:`lease_resource` and :func:`capture_from_resources`; so does ``Capture.progress``, as JSON in
+  the Lease's annotation ``cdc.maintainer.dev/progress`` (:func:`progress_to_json`), which is read
+  leniently: a report that does not parse is ignored (``progress`` None), it never makes the Capture
+  invalid (that would make a live capture look gone).
 
 ``to_resource`` omits an optional field whose value is the zero value of its type (``""``, ``0``,
 ``0.0``, ``False``, ``()``, ``None``, all-zero span counts) when that is also the model's default;
@@ -44,6 +47,7 @@ time as a stand-in ``deletionTimestamp`` (the API server sets the real one; only
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,6 +57,7 @@ from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
 from controller.model.keys import MAX_TABLE_ID, KeyRange
+from controller.model.progress import PROGRESS_ANNOTATION, Progress, ProgressEntry
 from controller.model.records import (
     Capture,
     Changefeed,
@@ -99,6 +104,8 @@ __all__ = [
     "lease_resource",
     "operator_from_resource",
     "parse_time",
+    "progress_from_json",
+    "progress_to_json",
     "resource_paths",
     "round_time",
     "span_from_resource",
@@ -507,7 +514,61 @@ def lease_resource(capture: Capture) -> Obj:
     meta: Obj = {"name": lease_name(capture.name), "namespace": capture.namespace}
     if capture.lease_version:
         meta["resourceVersion"] = capture.lease_version
+    if capture.progress is not None:
+        meta["annotations"] = {PROGRESS_ANNOTATION: progress_to_json(capture.progress)}
     return {"apiVersion": LEASE_API_VERSION, "kind": "Lease", "metadata": meta, "spec": spec}
+
+
+def progress_to_json(progress: Progress) -> str:
+    """A capture's report as the compact JSON its Lease annotation carries."""
+    doc = {
+        "incarnation": progress.incarnation,
+        "at": format_time(progress.at, micro=True),
+        "changefeeds": [
+            {
+                "changefeed": e.changefeed,
+                "mode": e.mode.value,
+                "checkpointTs": e.checkpoint_ts,
+                "dispatchers": e.dispatchers,
+                "digest": e.digest,
+                "slowest": e.slowest,
+            }
+            for e in progress.entries
+        ],
+    }
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def progress_from_json(text: object) -> Progress | None:
+    """The report in a Lease annotation, or None if there is none or it does not parse (never raises)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        doc = json.loads(text)
+        entries = []
+        for item in doc["changefeeds"]:
+            ts, count = item["checkpointTs"], item["dispatchers"]
+            if not (isinstance(ts, int) and isinstance(count, int)) or isinstance(ts, bool) or ts < 0 or count < 0:
+                return None
+            digest = item["digest"]
+            if not isinstance(digest, str) or not isinstance(item["changefeed"], str):
+                return None
+            entries.append(
+                ProgressEntry(
+                    changefeed=item["changefeed"],
+                    mode=Mode(item["mode"]),
+                    checkpoint_ts=ts,
+                    dispatchers=count,
+                    digest=digest,
+                    slowest=str(item.get("slowest") or ""),
+                )
+            )
+        incarnation = doc["incarnation"]
+        if not isinstance(incarnation, str):
+            return None
+        return Progress(incarnation=incarnation, at=parse_time(doc["at"]), entries=tuple(entries))
+    except (ValueError, KeyError, TypeError, AttributeError):  # json.JSONDecodeError is a ValueError
+        return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -882,6 +943,7 @@ def capture_from_resources(obj: Mapping[str, Any], lease: Mapping[str, Any] | No
     renew_time: float | None = None
     lease_duration = Capture(name=common["name"]).lease_duration
     taken, version = True, ""  # no Lease: nothing of the capture can run
+    progress: Progress | None = None
     if lease is not None:
         expected = lease_name(common["name"])
         if not isinstance(lease, Mapping):
@@ -894,6 +956,9 @@ def capture_from_resources(obj: Mapping[str, Any], lease: Mapping[str, Any] | No
         if actual != expected:
             lease_reader.fail("metadata.name", f"is not {expected!r}, the Lease of Capture {common['name']}")
         lease_spec = lease_reader.obj(lease, "spec", "spec")
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        if isinstance(annotations, Mapping):
+            progress = progress_from_json(annotations.get(PROGRESS_ANNOTATION))
         renew_time = lease_reader.time(lease_spec, "renewTime", "spec.renewTime")
         lease_duration = float(
             lease_reader.int_(
@@ -914,6 +979,7 @@ def capture_from_resources(obj: Mapping[str, Any], lease: Mapping[str, Any] | No
         lease_duration=lease_duration,
         lease_taken=taken,
         lease_version=version,
+        progress=progress,
     )
 
 

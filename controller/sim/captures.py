@@ -8,8 +8,7 @@ was delivered, shows up even if every resource looks fine.
 A capture: renews its Lease every 1-2 s (duration ``LEASE``); watches its own Dispatchers (with watch
 delays); Pending -> (after a delay, unless "pause create") strong-reads the Changefeed and either
 refuses a stale epoch (Rejected) or starts (Initializing); Initializing -> Working after a delay
-(epoch re-checked); Working advances its checkpoint towards the upstream clock and reports it now
-and then; a deleting dispatcher (unless "hold close") is stopped, reported Stopped with its final
+(epoch re-checked); Working advances its checkpoint towards the upstream clock; a deleting dispatcher (unless "hold close") is stopped, reported Stopped with its final
 checkpoint, and then its finalizer is released: two writes, with a chance to crash between them.
 
 The Lease, as agent.py keeps it. It is modelled on the Capture record (``renew_time``, ``lease_taken``;
@@ -25,12 +24,23 @@ alone) nothing of it gets through: no renewal, no watch event, no write.
 
 Ground truth checked here: a dispatcher resumed after a pause must not find that another dispatcher
 delivered its keys meanwhile (that is two owners, one after the other, with no hand-over).
+
+Reporting is modelled as the agent does it (controller/capture/agent.py, controller/model/progress.py):
+a dispatcher's status is written on a state change (Initializing, Working, Stopped, Rejected) and when
+its traffic changes materially, never for a checkpoint alone; each Lease renewal carries the report
+built by ``progress.build`` over the Working dispatchers whose Working status was written (one write:
+if the renewal fails, so does the report). A capture process can also restart under the same name: a
+new incarnation that runs none of its predecessor's dispatchers, takes its Lease over (a new
+``acquireTime``: whatever the old process would still write is refused), and reports them Stopped, as
+the agent does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from controller.model import progress
 from controller.model.records import Capture, Changefeed, Dispatcher, Table
 from controller.model.states import DISPATCHER_FINALIZER, DispatcherState, Kind, Mode
 from controller.sim.api import ApiError, Watcher, WatchEvent
@@ -65,6 +75,8 @@ class Run:
     paused: bool = False  # not delivering (its capture could not renew its Lease); position kept
     #: The highest checkpoint delivered on any of its keys when it paused (by anyone).
     frontier_at_pause: int = 0
+    written: DispatcherState | None = None  # the state its last successful status write carried
+    traffic: tuple[float, int] = (0.0, 0)  # the write rate and region count last written
 
 
 @dataclass
@@ -77,6 +89,7 @@ class SimCapture:
     last_renew: float = 0.0
     next_renew: float = 0.0
     lease_rv: str = ""  # the version of its last renewal, as it knows it
+    acquiring: bool = False  # a restarted process that has not taken its Lease over yet
     paused_at: float | None = None
     epoch_seen: int = 0  # the highest published epoch it read before pausing
     #: A fault of its own ever hit it (crash, cut off alone, renewals failing): the maintainer may then
@@ -91,6 +104,11 @@ class SimCapture:
     rejected: set[str] = field(default_factory=set)
     #: hook -> table ids it applies to (empty tuple: all tables)
     hooks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: The process: restarts under the same name get a new incarnation (and run nothing of the old one).
+    incarnation: str = ""
+    restarts: int = 0
+    #: The report its Lease carried when this process started (only the mutation check looks at it).
+    previous: progress.Progress | None = None
 
     def hooked(self, hook: str, table_id: int) -> bool:
         scope = self.hooks.get(hook)
@@ -101,6 +119,7 @@ class Captures:
     def __init__(self, ctx: Ctx, changefeed: str, mutants: frozenset[str] = frozenset()) -> None:
         self.ctx = ctx
         self.changefeed = changefeed
+        self.mutants = mutants
         self.all: dict[str, SimCapture] = {}
         self.joined = 0
         #: Mutant: a paused capture that resumes everything, even after its Lease was taken (it re-takes it).
@@ -112,13 +131,10 @@ class Captures:
         ctx = self.ctx
         self.joined += 1
         name = f"cap-{self.joined}"
-
-        def mine(e: WatchEvent) -> bool:
-            return e.kind is Kind.DISPATCHER and (e.obj is None or _capture_of(e.obj) == name)
-
-        watcher = ctx.api.watch(name, mine)
+        watcher = ctx.api.watch(name, _mine(name))
         cap = SimCapture(name=name, watcher=watcher, last_renew=ctx.now, next_renew=ctx.now + 1.0)
         cap.cache = Cache()
+        cap.incarnation = f"{name}.0"
         self.all[name] = cap
         made = ctx.api.create_with_status(Capture(name=name, renew_time=ctx.now, lease_duration=LEASE))
         cap.lease_rv = made.resource_version
@@ -137,6 +153,33 @@ class Captures:
         self.ctx.api.unwatch(cap.watcher)
         self.ctx.trace.add(f"  capture {name} {why}")
 
+    def restart(self, name: str) -> None:
+        """The capture process dies and its supervisor starts it again at once (same name, same Lease):
+        the new incarnation runs nothing, lists its dispatchers afresh, and reports live ones Stopped."""
+        ctx = self.ctx
+        cap = self.all[name]
+        if not cap.alive:
+            return
+        cap.runs.clear()
+        cap.pending_since.clear()
+        cap.closing.clear()
+        cap.closing_uid.clear()
+        cap.rejected.clear()
+        ctx.api.unwatch(cap.watcher)
+        cap.watcher = ctx.api.watch(name, _mine(name))
+        cap.cache = Cache()
+        for n, d in sorted(ctx.api.list(Kind.DISPATCHER).items()):
+            if _capture_of(d) == name:
+                cap.cache.objects[Kind.DISPATCHER][n] = d
+        cap.restarts += 1
+        cap.incarnation = f"{name}.{cap.restarts}"
+        before = ctx.api.get(Kind.CAPTURE, name)
+        cap.previous = before.progress if isinstance(before, Capture) else None
+        cap.paused_at = None
+        cap.acquiring = True
+        cap.next_renew = ctx.now  # it takes its Lease again at once
+        ctx.trace.add(f"  capture {name} restarted (incarnation {cap.incarnation})")
+
     def alive_names(self) -> list[str]:
         return sorted(n for n, c in self.all.items() if c.alive)
 
@@ -154,7 +197,14 @@ class Captures:
             if cap.paused_at is not None:
                 cap.next_renew = ctx.now + ctx.rng.uniform(0.5, 2.0)  # retrying
             return
-        renewal = Capture(name=cap.name, renew_time=ctx.now, lease_duration=LEASE)
+        if cap.acquiring:  # a new process: takes its Lease over, whoever holds it now (as _acquire_lease)
+            cur = api.get(Kind.CAPTURE, cap.name)
+            if not isinstance(cur, Capture):
+                return
+            cap.lease_rv = cur.resource_version
+            cap.acquiring = False
+        report = self._report(cap)
+        renewal = Capture(name=cap.name, renew_time=ctx.now, lease_duration=LEASE, progress=report)
         new = None
         for _ in range(2):
             try:
@@ -285,6 +335,34 @@ class Captures:
                 state = DispatcherState.REJECTED if name in cap.rejected else DispatcherState.STOPPED
                 self._status(cap, obj, state, obj.checkpoint_ts, "not running on this capture")
 
+    def _report(self, cap: SimCapture) -> progress.Progress:
+        """The progress report the next Lease renewal carries (checked against the ground truth)."""
+        ctx = self.ctx
+        running = [
+            progress.Running(r.d.uid, n, r.d.changefeed, r.d.mode, r.d.start_ts, r.cp)
+            for n, r in sorted(cap.runs.items())
+            if r.state is DispatcherState.WORKING and r.written is DispatcherState.WORKING
+        ]
+        report = progress.build(running, cap.incarnation, ctx.now, previous=cap.previous, mutants=self.mutants)
+        self._check_report(cap, report, running)
+        return report
+
+    def _check_report(self, cap: SimCapture, report: progress.Progress, running: list[progress.Running]) -> None:
+        """Ground truth: a report claims no more than was delivered, for every key of every dispatcher it covers."""
+        for r in running:
+            entry = report.entry(r.changefeed, r.mode)
+            run = cap.runs[r.name]
+            fr = self.frontier(run.d.table_id, run.d.mode)
+            if entry is None or fr is None:
+                continue
+            low = fr.low(run.d.key_range)
+            if entry.checkpoint_ts > low:
+                self.ctx.fail(
+                    f"no gap (5): {cap.name} ({cap.incarnation}) reports {entry.checkpoint_ts} for "
+                    f"{r.changefeed}/{r.mode.value} covering {r.name}, whose keys {run.d.key_range} were "
+                    f"delivered only up to {low}"
+                )
+
     def _traffic(self, d: Dispatcher) -> tuple[float, int]:
         """The span's share of its table's write rate and regions (what a real capture measures).
 
@@ -337,12 +415,13 @@ class Captures:
                 ctx.trace.add(f"  {cap.name}: rejected {d.name} (epoch {d.epoch} < {cf.epoch})")
             return
         self._check_gap(d)
-        cap.runs[d.name] = Run(d, DispatcherState.INITIALIZING, d.start_ts, ctx.now + ctx.rng.uniform(0.2, 1.5))
+        run = Run(d, DispatcherState.INITIALIZING, d.start_ts, ctx.now + ctx.rng.uniform(0.2, 1.5))
+        cap.runs[d.name] = run
         cap.pending_since.pop(d.name, None)
         ctx.trace.add(
             f"  {cap.name}: started {d.name} {d.mode.value} {d.key_range} from {d.start_ts} (epoch {d.epoch})"
         )
-        self._status(cap, d, DispatcherState.INITIALIZING, d.start_ts)
+        self._write_run(cap, run, d)
 
     def _check_gap(self, d: Dispatcher) -> None:
         fr = self.frontier(d.table_id, d.mode)
@@ -380,7 +459,15 @@ class Captures:
         if fr is not None:
             fr.raise_to(d.key_range, run.cp)
         run.next_at = ctx.now + ctx.rng.uniform(1.0, 2.5)
-        self._status(cap, d, run.state, run.cp)
+        # A status write on a state change (or one that failed before), or when the traffic moved
+        # materially; the checkpoint alone travels in the Lease renewal's report.
+        if run.written is not run.state or progress.traffic_changed(run.traffic, self._traffic(d)):
+            self._write_run(cap, run, d)
+
+    def _write_run(self, cap: SimCapture, run: Run, d: Dispatcher) -> None:
+        traffic = self._traffic(d)
+        if self._status(cap, d, run.state, run.cp):
+            run.written, run.traffic = run.state, traffic
 
     def _close(self, cap: SimCapture, d: Dispatcher) -> None:
         ctx = self.ctx
@@ -416,3 +503,10 @@ class Captures:
 
 def _capture_of(obj: object) -> str:
     return obj.capture if isinstance(obj, Dispatcher) else ""
+
+
+def _mine(name: str) -> Callable[[WatchEvent], bool]:
+    def mine(e: WatchEvent) -> bool:
+        return e.kind is Kind.DISPATCHER and (e.obj is None or _capture_of(e.obj) == name)
+
+    return mine

@@ -108,6 +108,7 @@ class Workload:
             (0.02, "user span"),
             (0.008, "span delete"),
             (0.02, "capture crash"),
+            (0.015, "capture restart"),
             (0.02, "capture join"),
             (0.01, "capture drain"),
             (0.01, "lease fail"),
@@ -165,6 +166,11 @@ class Workload:
             if len(alive) > 1:
                 caps.crash(rng.choice(alive))
                 ctx.bump("capture crash")
+        elif what == "capture restart":
+            alive = caps.alive_names()
+            if alive:
+                caps.restart(rng.choice(alive))
+                ctx.bump("capture restart")
         elif what == "capture join":
             caps.join()
             ctx.bump("capture join")

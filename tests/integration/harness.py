@@ -9,6 +9,10 @@
 - :func:`wait_until`: polls with a deadline; at every poll it checks the invariants that must hold at
   every instant (single owner over the live dispatchers of live captures, no unexplained overlap) and
   on a timeout or a violation fails with a dump of spans, operators, dispatchers, leases and log tails.
+- :func:`no_gap`: every capture writes the delivery ledger (``--ledger-dir``, controller/capture/ledger.py);
+  at the end of a test this proves from it that every key of every live table was delivered over
+  (start, published checkpoint], once the checkpoint has passed the moment of the call (so every handoff
+  the test made is inside the range checked).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from urllib.parse import urlencode
 
 import urllib3
 
+from controller.capture import ledger
+from controller.capture.runtime import tso
 from controller.engine import invariants
 from controller.engine.world import World
 from controller.model.keys import KeyRange
@@ -246,6 +252,8 @@ class System:
     def __init__(self, api: Api, log_dir: Path) -> None:
         self.api = api
         self.log_dir = log_dir
+        #: Where every capture of this test writes what it delivered (controller/capture/ledger.py).
+        self.ledger_dir = log_dir / "ledger"
         self.procs: dict[str, Proc] = {}
         self.gone: dict[str, Proc] = {}
 
@@ -289,6 +297,8 @@ class System:
             "--kubeconfig",
             str(kubeconfig or self.api.kubeconfig),
             *(CAPTURE_FLAGS if flags is None else flags),
+            "--ledger-dir",
+            str(self.ledger_dir),
         ]
         return self._spawn(name, args)
 
@@ -542,3 +552,37 @@ def all_settled(snap: Snap) -> list[str] | bool:
 
 def table_range(table_id: int) -> KeyRange:
     return KeyRange.of_table(table_id)
+
+
+def no_gap(watch: Watch, since: dict[int, int] | None = None, timeout: float = 30.0) -> Snap:
+    """The delivery ledger shows no gap: for every key of every live table of the changefeed, in every mode,
+    the captures delivered every ts in (start, published checkpoint], where start is the changefeed's (or
+    the table's ``startTs``, or ``since[table_id]`` for a table the test created later: a table is
+    replicated from the checkpoint at which the maintainer took it on). Waits first until the published
+    checkpoint has passed the moment of the call, so the range covers every handoff the test made."""
+    now = tso(int(time.time() * 1000))
+
+    def passed(s: Snap) -> object:
+        cp = s.changefeed.checkpoint_ts if s.changefeed else 0
+        return cp >= now or f"checkpoint {cp} not yet past {now}"
+
+    snap = watch.until(passed, "the checkpoint to pass the end of the test", timeout)
+    cf = snap.changefeed
+    assert cf is not None
+    required = [
+        ledger.Required(cf.name, t.table_id, mode, max(cf.start_ts, t.start_ts, (since or {}).get(t.table_id, 0)),
+                        cf.checkpoint_ts)
+        for t in snap.tables.values()
+        if t.changefeed == cf.name and not t.deleting
+        for mode in cf.modes
+    ]  # fmt: skip
+    delivered = ledger.read(watch.system.ledger_dir)
+    problems = ledger.check(delivered, required)
+    if problems:
+        raise watch.fail(
+            f"the delivery ledger has gaps ({len(delivered)} lines, {len(required)} table-modes):\n  "
+            + "\n  ".join(problems[:10]),
+            snap,
+        )
+    assert required, "no table to check"
+    return snap

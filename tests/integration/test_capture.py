@@ -2,7 +2,7 @@
 
 No maintainer exists here: each test plays the maintainer by writing Changefeed, Table and Dispatcher
 objects directly and reads back what the agent wrote. Intervals are shortened through the CLI flags
-(lease 3 s, renew every 0.3 s, fence after 1.5 s, report every 0.3 s, loop tick 0.1 s).
+(lease 3 s, renew (and report progress) every 0.3 s, fence after 1.5 s, re-send every 0.3 s, loop tick 0.1 s).
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ import urllib3
 from controller.apiserver import ApiServerHandle, start_server
 from controller.capture.hooks import HOLD_CLOSE, PAUSE_CREATE, Scope, hooks_from_annotations, parse_scope
 from controller.capture.informer import Informer
+from controller.capture.ledger import Required, check, read
 from controller.capture.runtime import LogicalClockRuntime, physical_ms
 from controller.kube.client import JSON, RESOURCES, ApiError, Client, Resource
 from controller.model.keys import KeyRange
+from controller.model.progress import PROGRESS_ANNOTATION, digest
 from controller.model.records import Dispatcher
-from controller.model.states import Kind
+from controller.model.states import Kind, Mode
 from tests.integration.chaos import Chaos
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,6 +244,21 @@ def checkpoint(api: Api, name: str) -> int:
     return int(api.get("dispatchers", name)["status"]["checkpointTs"])
 
 
+def report(api: Api, capture: str) -> dict[str, Any] | None:
+    """The progress report on the capture's Lease (annotation cdc.maintainer.dev/progress), decoded."""
+    lease = api.get("leases", f"capture-{capture}")
+    text = ((lease or {}).get("metadata", {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
+    return json.loads(text) if text else None
+
+
+def entry(api: Api, capture: str, changefeed: str = "cf", mode: str = "default") -> dict[str, Any] | None:
+    found = report(api, capture)
+    for e in (found or {}).get("changefeeds", []):
+        if e["changefeed"] == changefeed and e["mode"] == mode:
+            return dict(e)
+    return None
+
+
 # ------------------------------------------------------------------------------------------------------
 # Pure parts
 
@@ -392,7 +409,8 @@ def test_dispatcher_lifecycle(api: Api, agents: Callable[..., AgentProc], server
     assert init["heartbeat"]
     wait_for(working(api, "d-ok"), what="Working")
     cp1 = checkpoint(api, "d-ok")
-    wait_for(lambda: checkpoint(api, "d-ok") > cp1, 2.0, "an advancing checkpoint")
+    # The checkpoint advances in the report on the Lease (the dispatcher's status keeps the Working one).
+    wait_for(lambda: (e := entry(api, "c1")) and e["checkpointTs"] > cp1 and e, 2.0, "an advancing checkpoint")
     # The table's write rate, reported for the split and merge schedulers (the span is the whole table).
     wait_for(lambda: api.get("dispatchers", "d-ok")["status"].get("writeRate") == 250.0, 10.0, "writeRate")
     assert wait_for(lambda: (api.get("captures", "c1").get("status") or {}).get("dispatchers") == 1)
@@ -420,6 +438,46 @@ def test_dispatcher_lifecycle(api: Api, agents: Callable[..., AgentProc], server
     api.delete("dispatchers", "d-after")
     wait_for(lambda: api.get("dispatchers", "d-after") is None, what="d-after gone")
     wait_for(lambda: api.get("captures", "c1")["status"]["dispatchers"] == 0, what="count back to 0")
+
+
+def test_progress_rides_on_the_lease_and_a_dispatcher_is_written_only_on_changes(
+    api: Api, agents: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    """At rest: the Lease renewals carry how far the dispatchers got; their own status is not rewritten.
+    The ledger has every checkpoint claimed (in the report or a status) before it is claimed."""
+    ledger = tmp_path / "ledger"
+    api.changefeed()
+    api.table(1, write_rate=100.0)
+    first = agents("c1", "--ledger-dir", str(ledger))
+    for name, table_id in (("d1", 1), ("d2", 2)):
+        api.dispatcher(name, "c1", table_id=table_id)
+    wait_for(lambda: working(api, "d1")() and working(api, "d2")(), what="Working")
+    uids = [api.get("dispatchers", n)["metadata"]["uid"] for n in ("d1", "d2")]
+    e = wait_for(lambda: (e := entry(api, "c1")) and e["dispatchers"] == 2 and e, 3.0, "a report of both")
+    assert e["digest"] == digest(uids)
+    assert e["slowest"] in ("d1", "d2")
+    incarnation = report(api, "c1")["incarnation"]  # type: ignore[index]
+    # The traffic is written once (writeRate of table 1), then nothing while only checkpoints move.
+    wait_for(lambda: api.get("dispatchers", "d1")["status"].get("writeRate") == 100.0, 5.0, "writeRate")
+    rvs = {n: api.get("dispatchers", n)["metadata"]["resourceVersion"] for n in ("d1", "d2")}
+    low = e["checkpointTs"]
+    wait_for(lambda: (e := entry(api, "c1")) and e["checkpointTs"] > low, 3.0, "the report advancing")
+    time.sleep(1.5)  # five report intervals
+    assert {n: api.get("dispatchers", n)["metadata"]["resourceVersion"] for n in ("d1", "d2")} == rvs
+    claimed = entry(api, "c1")["checkpointTs"]  # type: ignore[index]
+
+    first.stop(signal.SIGKILL)  # whatever was claimed is in the ledger already
+    delivered = read(ledger)
+    assert {d.dispatcher for d in delivered} == {"d1", "d2"}
+    for tid in (1, 2):
+        assert check(delivered, [Required("cf", tid, Mode.DEFAULT, 1000, claimed)]) == []
+    assert check(delivered, [Required("cf", 3, Mode.DEFAULT, 1000, claimed)])  # table 3: nothing delivered
+
+    # A new process: another incarnation, which runs neither dispatcher and so reports neither.
+    agents("c1", "--ledger-dir", str(ledger))
+    wait_for(lambda: (r := report(api, "c1")) and r["incarnation"] != incarnation, 5.0, "a new incarnation")
+    wait_for(lambda: api.state("d1") == "Stopped" and api.state("d2") == "Stopped", 5.0, "Stopped")
+    assert entry(api, "c1") is None
 
 
 def test_scoped_hooks_hold_close_and_pause_create(api: Api, agents: Callable[..., AgentProc]) -> None:

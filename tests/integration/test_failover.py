@@ -8,8 +8,9 @@ from the resources. Every poll also checks single ownership (at most one Initial
 per key per mode among live captures) and that no overlap of spans lacks an operator to explain it.
 
 Timings are short (maintainer Lease 3 s, renew deadline 2 s, retry 0.5 s, tick 0.2 s; capture Lease 4 s,
-renewals every 0.5 s, fencing after 3 s, reports every 0.5 s). Runs against the embedded API server, or
-against a real cluster when ``CFM_TEST_KUBECONFIG`` names a kubeconfig (see conftest.py).
+renewals, which carry the progress reports, every 0.5 s, fencing after 3 s). Every test ends with the
+delivery ledger's no-gap check (``harness.no_gap``). Runs against the embedded API server, or against a
+real cluster when ``CFM_TEST_KUBECONFIG`` names a kubeconfig (see conftest.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests.integration.harness import (
     System,
     Watch,
     all_settled,
+    no_gap,
     set_hooks,
 )
 
@@ -206,6 +208,8 @@ def test_every_operator_finishes_after_maintainer_sigkill(api: Api, system: Syst
     snap = watch.until(held_with_remove, "operators held in flight", 30)
     for table_id in flight.adds:
         flight.adds[table_id] = sorted(sp.name for m in modes for sp in snap.spans_of(table_id, m))
+    # The new tables are replicated from the checkpoint at which the maintainer took them on.
+    since = {t: min(sp.start_ts for m in modes for sp in snap.spans_of(t, m)) for t in flight.adds}
     add_ops = sorted(o.name for t in flight.adds.values() for sp in t if (o := adds_of(snap, sp)) is not None)
     removal = ""
     if flight.removed_spans:
@@ -287,6 +291,9 @@ def test_every_operator_finishes_after_maintainer_sigkill(api: Api, system: Syst
 
         watch.stays(t3_gone, "t3 removed", 2.0)
 
+    # No key and no timestamp skipped, through the moves, split, merge and the maintainer's SIGKILL.
+    no_gap(watch, since)
+
 
 # ------------------------------------------------------------------------------------------------------
 # 2. SIGTERM: the Lease is released, the standby takes over before the Lease could have expired
@@ -323,6 +330,7 @@ def test_sigterm_releases_the_lease_for_a_fast_takeover(api: Api, system: System
     with watch.explained(final):
         assert op(final, "op-move").phase is OpPhase.SUCCEEDED
         assert final.spans[mover.name].capture == target
+    no_gap(watch)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -365,6 +373,7 @@ def test_two_replicas_one_leads_and_the_standby_takes_over(api: Api, system: Sys
         assert len(children) == 4
         assert sorted(c.name for c in children) == sorted(t.span for t in op(final, "op-split").targets)
         assert KeyRange(children[0].key_range.start, children[-1].key_range.end) == parent.key_range
+    no_gap(watch)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -420,3 +429,4 @@ def test_move_whose_destination_capture_dies(api: Api, system: System, stage: St
         if with_maintainer:
             assert final.holder == "m2"
             assert o.epoch == final.epoch > epoch1
+    no_gap(watch)  # the killed destination's deliveries (and the origin's) leave no gap

@@ -128,6 +128,9 @@ def test_metrics_follow_the_resources_through_a_move(api: Api, system: System) -
             return "no bootstrap duration"
         if m.get("checkpoint_lag_seconds", changefeed=CHANGEFEED) is None:
             return "no checkpoint lag (checkpoint still 0)"
+        covered = m.by("capture_report_covered", "capture", changefeed=CHANGEFEED, mode="default")
+        if sum(covered.values()) != len({s.capture for s in snap.spans.values()}):
+            return f"capture reports not all covering: {covered}"
         return agree(snap, m)
 
     snap, m = until_metrics(watch, port, settled, "the metrics of the settled changefeed")
@@ -142,6 +145,16 @@ def test_metrics_follow_the_resources_through_a_move(api: Api, system: System) -
         assert lag is not None
         assert -5 < lag < 120, lag
         assert m.get("informer_synced") == 1
+        # The captures' reports: 5 dispatchers between them, each capture's lag and slowest span.
+        reported = m.by("capture_reported_dispatchers", "capture", changefeed=CHANGEFEED, mode="default")
+        assert sum(reported.values()) == 5, reported
+        for (c,) in reported:
+            capture_lag = m.get("capture_checkpoint_lag_seconds", changefeed=CHANGEFEED, mode="default", capture=c)
+            assert capture_lag is not None
+            assert -5 < capture_lag < 120, capture_lag
+        slowest = [labels["span"] for labels, _ in m.samples.get(PREFIX + "slowest_span_lag_seconds", [])]
+        assert slowest
+        assert set(slowest) <= set(snap.spans), slowest
         state = (api.get("changefeeds", CHANGEFEED) or {})["status"]["scheduler"]["state"]
         assert m.get("scheduler_state", changefeed=CHANGEFEED, state=state) == 1
 

@@ -35,6 +35,7 @@ from controller.cli.snapshot import Snapshot, snapshot_from, span_states
 from controller.kube.client import ApiError, BadResponse, Config
 from controller.model import resources as conv
 from controller.model.keys import KeyRange, table_key
+from controller.model.progress import Progress, ProgressEntry
 from controller.model.records import Capture, Changefeed, Condition, Span, SpanOperator, Table, Target
 from controller.model.states import Mode, OpPhase, OpSource, OpType, SpanState, Stage
 
@@ -489,6 +490,21 @@ def test_status_shows_everything() -> None:
     row = next(line for line in lines if "move-1" in line).split()
     assert row == ["move-1", "Move", "user", "Running/RemoveOrigin", "a", "c2", "1m15s"]
     assert "move-0" not in text
+
+
+def test_status_shows_the_captures_progress_reports() -> None:
+    def reported(name: str, *entries: ProgressEntry) -> Capture:
+        return replace(capture(name), progress=Progress(incarnation="i1", at=NOW - 2, entries=entries))
+
+    slow = ProgressEntry(changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=tso(NOW - 4), dispatchers=1, digest="d",
+                         slowest="a-d")  # fmt: skip
+    other = ProgressEntry(changefeed="elsewhere", mode=Mode.DEFAULT, checkpoint_ts=1, dispatchers=9, digest="e")
+    text = render.render_status(snap(captures=[reported("c0", slow, other), capture("c1")]), CF)
+    assert "Progress reported by the captures" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("c0") and "default" in line)
+    assert row.split() == ["c0", "default", "1", "4.0s", "a", "2s", "ago"]  # span a runs dispatcher a-d
+    assert "elsewhere" not in text
+    assert "none" in render.render_status(snap(), CF).split("Progress reported by the captures")[1].splitlines()[1]
 
 
 def test_status_tolerates_a_maintainer_without_scheduler_status() -> None:

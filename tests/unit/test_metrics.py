@@ -24,8 +24,9 @@ from controller.maintainer.metrics import PREFIX, MetricsServer, checkpoint_lag
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
-from controller.model.records import Capture, Changefeed, Record, SchedulerStatus, Span, SpanOperator
-from controller.model.states import Kind, Mode, OpPhase, OpType, SchedulerState, SpanState, Stage
+from controller.model.progress import Progress, ProgressEntry, digest
+from controller.model.records import Capture, Changefeed, Dispatcher, Record, SchedulerStatus, Span, SpanOperator
+from controller.model.states import DispatcherState, Kind, Mode, OpPhase, OpType, SchedulerState, SpanState, Stage
 
 CF = "cf"
 OTHER = "other"  # a changefeed this process does not lead
@@ -184,6 +185,44 @@ def test_checkpoint_lag_from_the_tso_and_absent_while_unknown() -> None:
     assert stamp is not None
     assert abs(stamp - (time.time() - 5)) < 60
     assert h.value("checkpoint_lag_seconds", changefeed=OTHER) is None
+
+
+def test_capture_reports_lag_coverage_and_slowest_span() -> None:
+    h = Harness()
+    now = time.time()
+    h.offer(Changefeed(name=CF))
+    rng = KeyRange.of_table(1)
+    ds = [
+        h.offer(Dispatcher(name=f"d{i}", changefeed=CF, span=f"s{i}", table_id=1, key_range=rng, capture=c,
+                           start_ts=1, epoch=1, state=DispatcherState.WORKING))
+        for i, c in ((1, "c1"), (2, "c1"), (3, "c2"))
+    ]  # fmt: skip
+
+    def report(capture: str, lag: float, covered: list[Record], slowest: str) -> None:
+        entry = ProgressEntry(
+            changefeed=CF,
+            mode=Mode.DEFAULT,
+            checkpoint_ts=tso(int((now - lag) * 1000)),
+            dispatchers=len(covered),
+            digest=digest(d.uid for d in covered),
+            slowest=slowest,
+        )
+        h.rv += 1
+        cap = Capture(name=capture, renew_time=now, lease_duration=10,
+                      progress=Progress(incarnation="i", at=now, entries=(entry,)))  # fmt: skip
+        lease = conv.lease_resource(cap)
+        lease["metadata"]["resourceVersion"] = str(h.rv)
+        h.m.informer.offer("Lease", lease)
+        h.offer(Capture(name=capture))
+
+    report("c1", 3.0, ds[:2], "d2")
+    report("c2", 1.0, ds[:1], "d3")  # covers d1 (of c1), not d3: the maintainer cannot use it
+    key = {"changefeed": CF, "mode": "default"}
+    assert 2.5 < (h.value("capture_checkpoint_lag_seconds", capture="c1", **key) or 0) < 30
+    assert h.value("capture_reported_dispatchers", capture="c1", **key) == 2
+    assert h.value("capture_report_covered", capture="c1", **key) == 1
+    assert h.value("capture_report_covered", capture="c2", **key) == 0
+    assert h.value("slowest_span_lag_seconds", capture="c1", span="s2", **key) is not None
 
 
 def test_leader_epoch_bootstrap_and_runner_counters() -> None:

@@ -1,0 +1,71 @@
+"""Which capture reports the maintainer may use, and for which dispatchers (see controller.model.progress).
+
+A capture's report says: "the dispatchers whose uids hash to ``digest`` (``dispatchers`` of them) have
+each delivered up to ``checkpoint_ts``" for one (changefeed, mode). The maintainer uses that minimum for
+a dispatcher only when the report covers exactly the set it believes the capture runs for that
+changefeed and mode: the dispatchers it sees ``Working`` with ``spec.capture`` naming that capture
+(deleting or not). It recomputes the digest over their uids from its own view; any difference (a
+dispatcher that just started or stopped, a report older or newer than the view, a restarted capture)
+means "not this set", and those dispatchers fall back to their persisted status checkpoints (older,
+still lower bounds). The checkpoint then only waits; it never passes what a span delivered.
+
+Why the exact set and not "the dispatcher is in the report": a digest can only say which set, not
+whether one member belongs to it; and the count is checked first because it is free.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from controller.engine.world import Tick, World
+from controller.model.progress import ProgressEntry, digest
+from controller.model.records import Dispatcher
+from controller.model.states import DispatcherState, Mode
+
+#: The maintainer uses a capture's minimum for every Working dispatcher of that capture, covered or not.
+MUTANT_BEYOND_COVERAGE = "progress-used-beyond-coverage"
+
+
+def believed(world: World) -> dict[tuple[str, Mode], list[Dispatcher]]:
+    """Per (capture, mode): the dispatchers of the changefeed the maintainer sees Working there."""
+    groups: defaultdict[tuple[str, Mode], list[Dispatcher]] = defaultdict(list)
+    cf = world.changefeed.name
+    for d in world.dispatchers.values():
+        if d.state is DispatcherState.WORKING and d.changefeed == cf:
+            groups[(d.capture, d.mode)].append(d)
+    return groups
+
+
+def entries(world: World) -> Iterator[tuple[str, ProgressEntry, bool]]:
+    """(capture, its report's entry for this changefeed, whether it covers exactly the believed set)."""
+    cf = world.changefeed.name
+    groups = believed(world)
+    for name in sorted(world.captures):
+        cap = world.captures[name]
+        if cap.progress is None:
+            continue
+        for entry in cap.progress.entries:
+            if entry.changefeed == cf:
+                ds = groups.get((name, entry.mode), [])
+                yield name, entry, bool(ds) and exact(entry, ds)
+
+
+def exact(entry: ProgressEntry, ds: list[Dispatcher]) -> bool:
+    """The entry covers exactly ``ds`` (the count first: it is free)."""
+    return entry.dispatchers == len(ds) and entry.digest == digest(d.uid for d in ds)
+
+
+def covered(tick: Tick) -> dict[str, int]:
+    """Dispatcher name -> the checkpoint its capture's report proves it has delivered."""
+    out: dict[str, int] = {}
+    cf = tick.changefeed.name
+    for (capture, mode), ds in believed(tick.world).items():
+        cap = tick.world.captures.get(capture)
+        entry = cap.progress.entry(cf, mode) if cap is not None and cap.progress is not None else None
+        if entry is None:
+            continue
+        if exact(entry, ds) or tick.mutant(MUTANT_BEYOND_COVERAGE):
+            for d in ds:
+                out[d.name] = entry.checkpoint_ts
+    return out

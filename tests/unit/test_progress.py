@@ -1,0 +1,207 @@
+"""Capture progress reports: building them, carrying them on the Lease, and when the maintainer may use one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controller.engine import checkpoint
+from controller.engine import progress as engine_progress
+from controller.engine.maintainer import CHECKPOINT_INTERVAL, decide
+from controller.engine.world import Options, Tick
+from controller.model import progress
+from controller.model.progress import Progress, ProgressEntry, Running, build, digest, traffic_changed
+from controller.model.resources import capture_from_resources, lease_resource, progress_from_json, progress_to_json
+from controller.model.states import Mode
+from tests.unit.fixtures import (
+    EPOCH,
+    NOW,
+    DispatcherState,
+    Kind,
+    SpanState,
+    capture,
+    changefeed,
+    dispatcher,
+    last_status,
+    memory,
+    pieces,
+    span,
+    table,
+    world,
+)
+
+P = pieces(1, 3)
+A = span("a", key_range=P[0], capture="c0", dispatcher="da", checkpoint_ts=200)
+B = span("b", key_range=P[1], capture="c0", dispatcher="db", checkpoint_ts=200)
+C = span("c", key_range=P[2], capture="c1", dispatcher="dc", checkpoint_ts=200)
+DA = dispatcher("da", A, "c0", checkpoint_ts=300)
+DB = dispatcher("db", B, "c0", checkpoint_ts=260)
+DC = dispatcher("dc", C, "c1", checkpoint_ts=280)
+
+
+def report(cp: int, *ds: object, cf: str = "cf", mode: Mode = Mode.DEFAULT, incarnation: str = "i1") -> Progress:
+    uids = [d.uid for d in ds]  # type: ignore[attr-defined]
+    entry = ProgressEntry(changefeed=cf, mode=mode, checkpoint_ts=cp, dispatchers=len(uids), digest=digest(uids))
+    return Progress(incarnation=incarnation, at=NOW, entries=(entry,))
+
+
+def reporting(name: str, prog: Progress | None) -> object:
+    return replace(capture(name), progress=prog)
+
+
+def compute(*recs: object) -> int:
+    return checkpoint.compute(Tick(world(*recs), EPOCH, Options()))  # type: ignore[arg-type]
+
+
+# -- the report -------------------------------------------------------------------------------------------
+
+
+def test_digest_is_order_independent_and_names_the_set() -> None:
+    assert digest(["b", "a"]) == digest(["a", "b"])
+    assert digest(["a", "b"]) != digest(["a", "c"])
+    assert digest(["a"]) != digest(["a", "a2"])
+    assert len(digest([])) == 16
+
+
+def test_build_groups_per_changefeed_and_mode() -> None:
+    runs = [
+        Running("u1", "d1", "cf", Mode.DEFAULT, 10, 50),
+        Running("u2", "d2", "cf", Mode.DEFAULT, 10, 40),
+        Running("u3", "d3", "cf", Mode.REDO, 10, 45),
+        Running("u4", "d4", "other", Mode.DEFAULT, 10, 5),
+    ]
+    p = build(runs, "inc", 12.5)
+    assert p.incarnation == "inc"
+    d = p.entry("cf", Mode.DEFAULT)
+    assert d is not None
+    assert (d.checkpoint_ts, d.dispatchers, d.digest, d.slowest) == (40, 2, digest(["u1", "u2"]), "d2")
+    r = p.entry("cf", Mode.REDO)
+    assert r is not None
+    assert (r.checkpoint_ts, r.dispatchers) == (45, 1)
+    assert p.entry("other", Mode.DEFAULT) is not None
+    assert p.entry("other", Mode.REDO) is None
+
+
+def test_report_round_trips_through_the_lease_annotation() -> None:
+    p = build([Running("u1", "d1", "cf", Mode.DEFAULT, 10, 50)], "inc", 12.5)
+    cap = replace(capture("c0"), progress=p)
+    lease = lease_resource(cap)
+    obj = {"apiVersion": "cdc.maintainer.dev/v1alpha1", "kind": "Capture", "metadata": {"name": "c0"}, "spec": {}}
+    assert capture_from_resources(obj, lease).progress == p
+    assert progress_from_json(progress_to_json(p)) == p
+
+
+def test_a_report_that_does_not_parse_is_ignored_and_the_capture_stays_valid() -> None:
+    cap = replace(capture("c0"), progress=None)
+    obj = {"apiVersion": "cdc.maintainer.dev/v1alpha1", "kind": "Capture", "metadata": {"name": "c0"}, "spec": {}}
+    for bad in ("{", "[]", '{"incarnation": 1}', '{"incarnation":"x","at":"now","changefeeds":[]}',
+                '{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[{"changefeed":"cf","mode":"nope",'
+                '"checkpointTs":1,"dispatchers":1,"digest":"d"}]}',
+                '{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[{"changefeed":"cf","mode":"default",'
+                '"checkpointTs":-1,"dispatchers":1,"digest":"d"}]}'):  # fmt: skip
+        lease = lease_resource(cap)
+        lease["metadata"]["annotations"] = {progress.PROGRESS_ANNOTATION: bad}
+        got = capture_from_resources(obj, lease)
+        assert got.progress is None, bad
+        assert got.renew_time == cap.renew_time
+
+
+def test_traffic_is_rewritten_only_when_it_changes_materially() -> None:
+    assert not traffic_changed((100.0, 10), (100.0, 10))
+    assert not traffic_changed((100.0, 10), (105.0, 10))
+    assert traffic_changed((100.0, 10), (112.0, 10))
+    assert traffic_changed((100.0, 10), (100.0, 12))
+    assert traffic_changed((0.0, 0), (0.5, 0))
+    assert traffic_changed((3.0, 0), (0.0, 0))
+
+
+# -- the maintainer's use of it ------------------------------------------------------------------------
+
+
+def test_a_report_covering_exactly_the_believed_set_advances_the_checkpoint() -> None:
+    caps = (reporting("c0", report(500, DA, DB)), reporting("c1", report(450, DC)))
+    assert compute(table(1), *caps, A, B, C, DA, DB, DC) == 450
+
+
+def test_without_reports_the_persisted_checkpoints_hold_it() -> None:
+    assert compute(table(1), capture("c0"), capture("c1"), A, B, C, DA, DB, DC) == 260
+
+
+def test_a_report_missing_a_working_dispatcher_is_not_used() -> None:
+    # c0 reports only da: db (Working as the maintainer sees it) is not covered, so c0's report is not used.
+    caps = (reporting("c0", report(500, DA)), reporting("c1", report(450, DC)))
+    assert compute(table(1), *caps, A, B, C, DA, DB, DC) == 260
+
+
+def test_a_report_covering_more_than_the_believed_set_is_not_used() -> None:
+    # db just stopped as far as the maintainer knows; the report (made before) still counts it.
+    stopped = replace(DB, state=DispatcherState.STOPPED)
+    caps = (reporting("c0", report(500, DA, DB)), reporting("c1", report(450, DC)))
+    b = replace(B, state=SpanState.ABSENT, dispatcher="", capture="")
+    assert compute(table(1), *caps, A, b, C, DA, stopped, DC) == 200
+
+
+def test_a_recreated_dispatcher_of_the_same_name_is_not_covered() -> None:
+    # The report names db's previous object (same name, another uid): not the dispatcher running now.
+    old_db = replace(DB, uid="uid-db-previous")
+    caps = (reporting("c0", report(500, DA, old_db)), reporting("c1", report(450, DC)))
+    assert compute(table(1), *caps, A, B, C, DA, DB, DC) == 260
+
+
+def test_mutant_uses_a_report_beyond_what_it_covers() -> None:
+    caps = (reporting("c0", report(500, DA)), reporting("c1", report(450, DC)))
+    tick = Tick(world(table(1), *caps, A, B, C, DA, DB, DC), EPOCH,  # type: ignore[arg-type]
+                Options(mutants=frozenset({engine_progress.MUTANT_BEYOND_COVERAGE})))  # fmt: skip
+    assert checkpoint.compute(tick) == 450
+
+
+def test_reports_are_per_mode() -> None:
+    ar = span("ar", mode=Mode.REDO, capture="c0", dispatcher="dr", checkpoint_ts=200)  # the whole table
+    redo = dispatcher("dr", ar, "c0", checkpoint_ts=300)
+    # c0 reports its default dispatchers only: its redo dispatcher keeps its persisted checkpoint.
+    caps = (reporting("c0", report(500, DA, DB)), reporting("c1", report(450, DC)))
+    w = world(table(1), *caps, A, B, C, ar, DA, DB, DC, redo, cf=changefeed(redo=True))  # type: ignore[arg-type]
+    assert checkpoint.compute(Tick(w, EPOCH, Options())) == 300
+
+
+def test_another_changefeeds_entry_is_not_used() -> None:
+    caps = (reporting("c0", report(500, DA, DB, cf="other")), reporting("c1", report(450, DC)))
+    assert compute(table(1), *caps, A, B, C, DA, DB, DC) == 260
+
+
+# -- how often the checkpoint is written -------------------------------------------------------------------
+
+
+def test_a_checkpoint_only_change_is_written_at_most_once_per_interval() -> None:
+    caps = (reporting("c0", report(500, DA, DB)), reporting("c1", report(450, DC)))
+    w = world(table(1), *caps, A, B, C, DA, DB, DC)
+    first = decide(w, memory())
+    cf = last_status(first, Kind.CHANGEFEED, "cf")
+    assert cf.checkpoint_ts == 450
+    assert first.memory.checkpoint_at == NOW
+    caps2 = (reporting("c0", report(520, DA, DB)), reporting("c1", report(470, DC)))
+    soon = world(table(1), *caps2, A, B, C, DA, DB, DC, cf=cf, now=NOW + CHECKPOINT_INTERVAL / 2)
+    held = decide(soon, first.memory)
+    assert not [w for c in held.chains for w in c.writes if getattr(w, "obj", None) is not None
+                and w.obj.kind is Kind.CHANGEFEED]  # fmt: skip
+    later = world(table(1), *caps2, A, B, C, DA, DB, DC, cf=cf, now=NOW + CHECKPOINT_INTERVAL)
+    assert last_status(decide(later, first.memory), Kind.CHANGEFEED, "cf").checkpoint_ts == 470
+
+
+def test_another_status_change_carries_the_new_checkpoint_at_once() -> None:
+    caps = (reporting("c0", report(520, DA, DB)), reporting("c1", report(470, DC)))
+    cf = changefeed(checkpoint_ts=450, operators_in_flight=3)  # stale count: the write goes out anyway
+    w = world(table(1), *caps, A, B, C, DA, DB, DC, cf=cf, now=NOW)
+    mem = replace(memory(), checkpoint_at=NOW - 0.1)
+    assert last_status(decide(w, mem), Kind.CHANGEFEED, "cf").checkpoint_ts == 470
+
+
+def test_a_wall_clock_stepping_back_does_not_stall_the_checkpoint() -> None:
+    caps = (reporting("c0", report(500, DA, DB)), reporting("c1", report(450, DC)))
+    first = decide(world(table(1), *caps, A, B, C, DA, DB, DC), memory())
+    cf = last_status(first, Kind.CHANGEFEED, "cf")
+    # The last write was stamped an hour "later" than now (NTP stepped the clock back): write anyway.
+    caps2 = (reporting("c0", report(520, DA, DB)), reporting("c1", report(470, DC)))
+    back = replace(first.memory, checkpoint_at=NOW + 3600)
+    decision = decide(world(table(1), *caps2, A, B, C, DA, DB, DC, cf=cf, now=NOW + 1), back)
+    assert last_status(decision, Kind.CHANGEFEED, "cf").checkpoint_ts == 470
+    assert decision.memory.checkpoint_at == NOW + 1
