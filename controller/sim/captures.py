@@ -8,8 +8,9 @@ was delivered, shows up even if every resource looks fine.
 A capture: renews its Lease every 1-2 s (duration ``LEASE``); watches its own Dispatchers (with watch
 delays); Pending -> (after a delay, unless "pause create") strong-reads the Changefeed and either
 refuses a stale epoch (Rejected) or starts (Initializing); Initializing -> Working after a delay
-(epoch re-checked); Working advances its checkpoint towards the upstream clock; a deleting dispatcher (unless "hold close") is stopped, reported Stopped with its final
-checkpoint, and then its finalizer is released: two writes, with a chance to crash between them.
+(epoch re-checked); Working advances its checkpoint towards the upstream clock; a deleting dispatcher
+(unless "hold close") is stopped, reported Stopped with its final checkpoint, and then its finalizer
+is released: two writes, with a chance to crash between them.
 
 The Lease, as agent.py keeps it. It is modelled on the Capture record (``renew_time``, ``lease_taken``;
 its resourceVersion is the Lease's): a renewal is a compare-and-swap on the version of the capture's

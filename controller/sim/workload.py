@@ -387,6 +387,7 @@ class Workload:
             self.set_hook(span.capture, HOLD_CLOSE, span.table_id)
         for name in caps.alive_names():
             caps.all[name].renew_ok = False
+            caps.all[name].own_fault = True  # their own silence, not the API's: their Leases may be taken
         self.join_at = ctx.now + rng.uniform(LEASE + 2.0, LEASE + 20.0)
         if rng.random() < 0.5:
             self.sim.schedule_kill(rng.randint(0, 6), delay=rng.uniform(LEASE - 3.0, LEASE + 3.0))
