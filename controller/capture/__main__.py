@@ -35,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fence (stop everything, exit 3) after this many seconds without a renewal; < lease duration (default 7)",
     )
     p.add_argument("--report-interval", type=float, default=2.0, help="seconds between checkpoint reports (default 2)")
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=10.0,
+        help="seconds between status writes of an unchanged Working dispatcher (default 10)",
+    )
     p.add_argument("--init-delay", type=float, default=0.5, help="seconds a new dispatcher stays Initializing")
     p.add_argument("--tick", type=float, default=0.2, help="seconds between loop iterations (default 0.2)")
     p.add_argument("--address", default=os.environ.get("POD_IP", ""), help="status.address (default: $POD_IP)")
@@ -67,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         renew_interval=args.renew_interval,
         renew_deadline=args.renew_deadline,
         report_interval=args.report_interval,
+        heartbeat_interval=args.heartbeat_interval,
         tick=args.tick,
         init_delay=args.init_delay,
         pod=os.environ.get("POD_NAME", ""),
