@@ -104,7 +104,7 @@ def balance_due(tick: Tick, last: float, state: SchedulerStatus) -> bool:
     cfg = tick.changefeed.scheduler
     if cfg.balance_interval_seconds <= 0 or tick.now - last < cfg.balance_interval_seconds:
         return False
-    if state.state is not SchedulerState.ACTIVE or tick.repairs:
+    if state.state is not SchedulerState.ACTIVE or tick.repairs or tick.coverage_deferred:
         return False
     if any(op.in_flight for op in tick.operators.values()):
         return False

@@ -49,6 +49,8 @@ class Memory:
     identity: str
     bootstrapped: bool = False
     restored: int = 0
+    #: Placements in flight (placement.py) the term's first decision found, restored like operators.
+    restored_placements: int = 0
     repaired: int = 0
     report: str = ""  # the Bootstrapped condition's message, kept so the condition is re-asserted
     #: When the last balance round ran (the term's start until one has).
@@ -85,6 +87,7 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
     first = not memory.bootstrapped
     tick.first_tick = first
     restored = sum(1 for op in world.operators.values() if op.in_flight) if first else memory.restored
+    placements = tick.snapshot_placing if first else memory.restored_placements
 
     teardown.ensure_finalizer(tick)
     tables.lifecycle(tick)
@@ -107,8 +110,9 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         balanced_at = world.now
     controller.garbage_collect(tick)
     repaired = len(tick.repairs) if first else memory.repaired
+    also = f" and {placements} placements" if placements else ""
     report = (
-        f"restored {restored} in-flight operators and made {repaired} repairs at epoch {tick.epoch}"
+        f"restored {restored} in-flight operators{also} and made {repaired} repairs at epoch {tick.epoch}"
         if first
         else memory.report
     )
@@ -119,6 +123,7 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         memory,
         bootstrapped=True,
         restored=restored,
+        restored_placements=placements,
         repaired=repaired,
         report=report,
         balanced_at=balanced_at,

@@ -7,13 +7,16 @@ only these level-triggered rules, applied to whatever no in-flight operator owns
    validated: inside their table's range, of an enabled mode, overlapping no accepted span. They
    become Absent, or Invalid with a reason; an invalid span touches nothing else.
 2. Spans: Replicating whose dispatcher is missing, closed, deleting or on a lost capture -> Absent;
-   Scheduling/Removing with no operator -> Replicating if their dispatcher is Working, else Absent;
-   Absent with a Working dispatcher that matches exactly -> adopted (Replicating), not duplicated.
+   a placement in flight (Scheduling, no operator, its destination recorded: placement.py) is driven
+   one step; Scheduling/Removing whose operator is gone -> Replicating if their dispatcher is Working,
+   else Absent; Absent with a Working dispatcher that matches exactly -> adopted (Replicating), not
+   duplicated.
 3. Dispatchers no span claims (no span, a deleted span, a duplicate for a span that names another)
    are deleted; on a lost capture their finalizer is released too (it fenced itself).
-4. Coverage: a live table with no spans gets its initial spans (pre-split policy); a hole in a
-   table's coverage gets an Absent span; an overlap no operator explains is resolved by removing
-   the newer span; spans of a disabled mode or an unknown table are removed.
+4. Coverage: a live table with no spans gets its initial spans (pre-split policy), placed at once
+   when a capture can take them (whole tables, up to ``basicBatchSize`` new spans a decision, at
+   least one table); a hole in a table's coverage gets a span; an overlap no operator explains is
+   resolved by removing the newer span; spans of a disabled mode or an unknown table are removed.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from controller.engine import controller, naming
+from controller.engine import controller, naming, placement
 from controller.engine.intents import Write
 from controller.engine.operators.common import set_span
-from controller.engine.world import Tick
+from controller.engine.world import Tick, is_placement
 from controller.model.keys import KeyError_, KeyRange, gaps, overlapping_pairs
 from controller.model.records import Dispatcher, Span, SpanOperator, Table
 from controller.model.states import (
@@ -141,6 +144,13 @@ def repair_spans(tick: Tick) -> None:
                 continue
             why = "its dispatcher is gone" if d is None else f"its dispatcher {d.name} is {d.state or 'lost'}"
             _absent(tick, span, d, f"span {span.name} was Replicating but {why}")
+        elif is_placement(span):
+            if tick.table_live(span.table_id) and tick.mode_enabled(span.mode):
+                tick.emit(f"place {span.name}", placement.advance(tick, span))
+            else:
+                # Table deleted (or mode disabled) mid-placement: given up, as an Add is canceled, so that its
+                # in-flight slot goes to the Remove that takes the span (and closes what was made for it).
+                tick.emit(f"place {span.name} canceled", placement.cancel(tick, span))
         elif span.state in (SpanState.SCHEDULING, SpanState.REMOVING):
             if (
                 span.state is SpanState.SCHEDULING
@@ -218,7 +228,11 @@ def repair_dispatchers(tick: Tick) -> None:
                 tick.repairs.append(f"dispatcher {d.name}: its span {d.span} does not exist")
                 tick.emit(f"orphan {d.name}", tick.close_dispatcher(d))
             continue
-        claimed = span.state is SpanState.REPLICATING and span.dispatcher == d.name and not span.deleting
+        claimed = (
+            (span.state is SpanState.REPLICATING or is_placement(span))
+            and span.dispatcher == d.name
+            and not span.deleting
+        )
         if claimed and _usable(tick, d):
             continue
         if claimed:
@@ -251,6 +265,9 @@ def coverage(tick: Tick) -> None:
         if not table.deleting:
             by_table[(s.table_id, s.mode)].append(s)
     planned = _planned_ranges(tick)
+    # New tables' spans, whole tables at a time, up to basicBatchSize a decision (at least one table): they
+    # are placed as they are created, and a decision's writes must stay a batch, not the whole changefeed.
+    initial_left = tick.changefeed.scheduler.basic_batch_size
     for table in sorted(tick.tables_by_id.values(), key=lambda t: t.table_id):
         if table.deleting or table.changefeed != tick.changefeed.name:
             continue
@@ -258,7 +275,10 @@ def coverage(tick: Tick) -> None:
             spans = by_table.get((table.table_id, mode), [])
             ranges = [s.key_range for s in spans] + planned.get((table.table_id, mode), [])
             if not ranges:
-                _initial_spans(tick, table, mode)
+                if initial_left <= 0:
+                    tick.coverage_deferred = True  # next decision (which this decision's writes wake)
+                    continue
+                initial_left -= _initial_spans(tick, table, mode)
                 continue
             for hole in gaps(table.key_range, ranges):
                 tick.repairs.append(f"table {table.name} ({mode}): hole {hole} filled with an Absent span")
@@ -268,7 +288,8 @@ def coverage(tick: Tick) -> None:
         _remove_spans(tick, stray, "span of an unknown table or a disabled mode")
 
 
-def _initial_spans(tick: Tick, table: Table, mode: Mode) -> None:
+def _initial_spans(tick: Tick, table: Table, mode: Mode) -> int:
+    """Create ``table``'s first spans in ``mode`` (its pre-split); returns how many."""
     rng = table.key_range
     try:
         if table.pre_split_keys:
@@ -285,9 +306,12 @@ def _initial_spans(tick: Tick, table: Table, mode: Mode) -> None:
         )
     for r in ranges:
         _new_span(tick, table, mode, r)
+    return len(ranges)
 
 
 def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
+    """Create a span for ``rng`` (initial spans, a hole), placed at once if a capture can take it: create,
+    record the placement, create the dispatcher (placement.py); else created Absent."""
     start = max(tick.checkpoint_floor, table.start_ts)
     span = Span(
         name=naming.span_name(tick.changefeed.name, table.table_id, mode, rng),
@@ -315,7 +339,10 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
             )
         return
     accepted = replace(span, state=SpanState.ABSENT, checkpoint_ts=start)
-    tick.emit(f"span {span.name} new", [tick.create(span), tick.write_status(accepted)])
+    create = tick.create(span)
+    capture = placement.destination(tick) if not tick.changefeed.paused and placement.room(tick) > 0 else ""
+    bind = placement.bind(tick, accepted, capture) if capture else []
+    tick.emit(f"span {span.name} new", [create, *(bind or [tick.write_status(accepted)])])
 
 
 def _resolve_overlaps(tick: Tick, spans: list[Span]) -> None:

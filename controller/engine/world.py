@@ -19,6 +19,24 @@ from controller.model.records import Capture, Changefeed, Dispatcher, Record, Sp
 from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
 
 
+def is_placement(span: Span | None) -> bool:
+    """``span`` is being placed without an operator: its status records the destination (placement.py)."""
+    return span is not None and span.state is SpanState.SCHEDULING and not span.operator and bool(span.capture)
+
+
+def _load_of_span(span: Span | None) -> str:
+    """The capture a span counts towards in ``Tick.load`` ("" for none)."""
+    if span is None or not span.capture:
+        return ""
+    return span.capture if span.state is SpanState.REPLICATING or is_placement(span) else ""
+
+
+def _load_of_operator(op: SpanOperator | None) -> list[str]:
+    if op is None or not op.in_flight:
+        return []
+    return [t.capture for t in op.targets if t.capture and not t.done]
+
+
 @dataclass(frozen=True)
 class World:
     """Everything the maintainer knows about one changefeed at one instant."""
@@ -44,6 +62,8 @@ MUTANTS = frozenset(
         "tables-never-detached",  # a deleted Changefeed's Tables keep the finalizer (teardown and janitor)
         "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)
         "reshape-without-capture-skips-new-spans",  # no capture at CreateSpans: Succeeded, new spans never made
+        "placement-waits-for-a-lost-capture",  # a placement whose destination is lost waits forever
+        "placement-starts-ahead",  # a placement's dispatcher starts above the span's checkpoint (a gap)
     }
 )
 
@@ -94,6 +114,14 @@ class Tick:
         #: the next one: the releasing write may fail while a new claim in another chain lands.
         self.snapshot_owner: dict[str, str] = dict(self.owner)
         self.started: set[str] = set()
+        #: Placements in flight (spans Scheduling with no operator: placement.py); they take in-flight slots
+        #: like Running operators. ``started_placements``: those this decision starts.
+        self.placing = sum(1 for s in self.spans.values() if is_placement(s))
+        self.snapshot_placing = self.placing
+        self.started_placements: set[str] = set()
+        self._load: dict[str, int] | None = None
+        #: Coverage left some new tables' spans for the next decision (its batch was full): no balancing.
+        self.coverage_deferred = False
         self.tables_by_id: dict[int, Table] = {}
         for t in sorted(world.tables.values(), key=lambda t: (t.created, t.name)):
             self.tables_by_id.setdefault(t.table_id, t)
@@ -182,17 +210,31 @@ class Tick:
         return sorted(ops, key=lambda o: (o.created, o.name))
 
     def load(self) -> dict[str, int]:
-        """Spans per capture: replicating ones, plus in-flight operator targets."""
-        counts: dict[str, int] = defaultdict(int)
-        for s in self.spans.values():
-            if s.state is SpanState.REPLICATING and s.capture:
-                counts[s.capture] += 1
-        for op in self.operators.values():
-            if op.in_flight:
-                for t in op.targets:
-                    if t.capture and not t.done:
-                        counts[t.capture] += 1
-        return counts
+        """Spans per capture: replicating ones and placements in flight, plus in-flight operator targets.
+
+        Computed once per decision, then kept current as the decision changes records (``note``); the
+        caller gets a copy it may change."""
+        if self._load is None:
+            counts: dict[str, int] = defaultdict(int)
+            for s in self.spans.values():
+                c = _load_of_span(s)
+                if c:
+                    counts[c] += 1
+            for op in self.operators.values():
+                for c in _load_of_operator(op):
+                    counts[c] += 1
+            self._load = counts
+        return defaultdict(int, self._load)
+
+    def _adjust_load(self, minus: list[str], plus: list[str]) -> None:
+        if self._load is None:
+            return
+        for c in minus:
+            if c:
+                self._load[c] -= 1
+        for c in plus:
+            if c:
+                self._load[c] = self._load.get(c, 0) + 1
 
     # -- recording decisions --------------------------------------------------------------------
 
@@ -202,8 +244,11 @@ class Tick:
             self.chains.append(Chain(ws, why))  # type: ignore[arg-type]
 
     def slots_used(self) -> int:
-        """Operators that may be Running once this decision's chains land (in any subset)."""
-        return max(self.running, self.snapshot_running + len(self.started))
+        """Operators that may be Running, and placements in flight, once this decision's chains land (in any
+        subset): a slot freed in this decision is not reused before the next one."""
+        now = self.running + self.placing
+        snapshot = self.snapshot_running + self.snapshot_placing + len(self.started) + len(self.started_placements)
+        return max(now, snapshot)
 
     def _count(self, op: SpanOperator, sign: int) -> None:
         if op.phase is not OpPhase.RUNNING:
@@ -219,11 +264,17 @@ class Tick:
         """Record ``obj`` as this decision leaves it, so later phases of the tick see it."""
         self.touched.add((obj.kind, obj.name))
         if isinstance(obj, Span):
+            old_span = self.spans.get(obj.name)
             self.spans[obj.name] = obj
+            self.placing += is_placement(obj) - is_placement(old_span)
+            if is_placement(obj) and not is_placement(self.world.spans.get(obj.name)):
+                self.started_placements.add(obj.name)
+            self._adjust_load([_load_of_span(old_span)], [_load_of_span(obj)])
         elif isinstance(obj, SpanOperator):
             old = self.operators.get(obj.name)
             if old is not None:
                 self._count(old, -1)
+            self._adjust_load(_load_of_operator(old), _load_of_operator(obj))
             self.operators[obj.name] = obj
             self._count(obj, +1)
             before = self.world.operators.get(obj.name)
@@ -239,13 +290,16 @@ class Tick:
     def forget(self, kind: Kind, name: str) -> None:
         self.touched.add((kind, name))
         if kind is Kind.SPAN:
-            self.spans.pop(name, None)
+            old_span = self.spans.pop(name, None)
+            self.placing -= is_placement(old_span)
+            self._adjust_load([_load_of_span(old_span)], [])
         elif kind is Kind.DISPATCHER:
             self.dispatchers.pop(name, None)
         elif kind is Kind.OPERATOR:
             old = self.operators.pop(name, None)
             if old is not None:
                 self._count(old, -1)
+            self._adjust_load(_load_of_operator(old), [])
 
     def is_touched(self, obj: Record) -> bool:
         return (obj.kind, obj.name) in self.touched

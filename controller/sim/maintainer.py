@@ -14,7 +14,7 @@ from typing import cast
 
 from controller.engine.intents import Create, WriteStatus
 from controller.engine.maintainer import Memory, decide
-from controller.engine.world import Options, World
+from controller.engine.world import Options, World, is_placement
 from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
 from controller.model.states import Kind, OpPhase
 from controller.sim import executor
@@ -105,6 +105,7 @@ class SimMaintainer:
                 o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING
             )
             ctx.zombie_written_ops.update(o.name for o in started if isinstance(o, SpanOperator))
+            ctx.zombie_placed.update(o.name for o in started if isinstance(o, Span) and is_placement(o))
         out = executor.apply(ctx.api, self.cache, decision, kill, self.events, ctx.trace.add)
         ctx.bump("writes", out.writes)
         if out.killed:
