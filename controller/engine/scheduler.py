@@ -22,10 +22,13 @@ def basic(tick: Tick) -> None:
     if not captures:
         return
     load = tick.load()
+    pool = (
+        tick.span_candidates(tick.index.by_state[SpanState.ABSENT]) if tick.index is not None else tick.spans.values()
+    )
     absent = sorted(
         (
             s
-            for s in tick.spans.values()
+            for s in pool
             if s.state is SpanState.ABSENT
             and not s.deleting
             and not tick.busy(s.name)
