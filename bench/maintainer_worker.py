@@ -148,9 +148,14 @@ def rss_kib() -> dict[str, int]:
 
 def _span_states(m: runner.Maintainer) -> Counter[str]:
     """Spans per state, from the engine's index when the maintainer keeps one (cheap), else by a scan."""
-    counts = getattr(m.informer, "span_states", None)
-    if callable(counts):
-        return Counter(counts())
+    indexes = getattr(m.informer.store, "indexes", None)
+    if indexes is not None:
+        out: Counter[str] = Counter()
+        for index in indexes.values():
+            for st, n in index.state_counts.items():
+                if n:
+                    out[str(st or "New")] += n
+        return out
     return Counter(str(s.state or "New") for s in m.informer.store.all(Kind.SPAN).values() if isinstance(s, Span))
 
 

@@ -240,6 +240,9 @@ class Index:
         elif kind is Kind.CHANGEFEED:
             self._put_changefeed(None)
 
+    def empty(self) -> bool:
+        return self.changefeed is None and not (self.tables or self.spans or self.dispatchers or self.operators)
+
     @classmethod
     def build(cls, name: str, records: Iterable[Record]) -> Index:
         """An index of ``records`` (those of changefeed ``name``), as a LIST followed by no event leaves it."""

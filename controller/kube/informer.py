@@ -17,14 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.engine.index import Index
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Resource
 from controller.model import resources as conv
 from controller.model.records import Record
-from controller.model.states import Kind
+from controller.model.states import API_VERSION, Kind
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -38,96 +39,263 @@ def _rv(obj: JSON) -> int:
         return 0
 
 
+#: Kinds kept as records only (their raw objects are dropped once converted): the many. Captures and
+#: Leases (a few per capture and changefeed) keep their raw objects: a Capture's record is computed
+#: from its object and its Lease together.
+RECORD_ONLY = frozenset(
+    {Kind.CHANGEFEED.value, Kind.TABLE.value, Kind.SPAN.value, Kind.DISPATCHER.value, Kind.OPERATOR.value}
+)
+#: Lease names that are captures' (``capture-<name>``); the maintainers' own are ``cfm-<changefeed>``.
+CAPTURE_LEASE_PREFIX = conv.lease_name("")
+
+
 @dataclass
 class Store:
-    """Raw objects per kind by name, with tombstones; records are converted lazily and memoised."""
+    """Records per kind by name, with tombstones, and the engine's per-changefeed ``Index`` over them.
+
+    Spans, Dispatchers, SpanOperators, Tables and Changefeeds are converted to records as they arrive and
+    their raw objects dropped (at 50,000 spans the raw JSON would be most of the process's memory);
+    each record is also routed to the ``Index`` of its changefeed, which keeps the candidate sets and
+    aggregates a decision needs (``controller.engine.index``). Captures and Leases keep their raw
+    objects (few), and a Capture's record is converted lazily with its Lease.
+
+    ``last_change`` says, after each ``put``/``remove``, which changefeeds the change concerns: a set of
+    names, ``None`` for every changefeed (a Capture, a capture's Lease that may change its liveness), or
+    an empty set (nothing a decision depends on: a live capture's Lease renewal, a maintainer's Lease).
+    """
 
     objects: dict[str, dict[str, JSON]] = field(default_factory=dict)
     tombstones: dict[str, dict[str, int]] = field(default_factory=dict)
     records: dict[str, dict[str, Record]] = field(default_factory=dict)
-    invalid: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: name -> (resourceVersion, message) of an object that could not be converted.
+    invalid: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
     #: Lease name -> (renewTime as written by its holder, our wall time when we saw it change).
     lease_seen: dict[str, tuple[str, float]] = field(default_factory=dict)
+    indexes: dict[str, Index] = field(default_factory=dict)
+    last_change: set[str] | None = field(default_factory=set)
+    #: Capture records (memo): a Capture's record depends on its Lease, so it is computed on reads.
+    _captures: dict[str, Record] = field(default_factory=dict)
 
-    def _observe_lease(self, obj: JSON, now: float) -> None:
+    def _observe_lease(self, obj: JSON, now: float) -> bool:
         """Liveness is judged on *our* clock, as client-go does: a capture is alive while the renewTime
         of its Lease keeps changing, whatever its clock says. Skew can then delay the verdict "lost"
         (after a restart, by one lease duration) but never make a live capture look lost, which would
-        let the maintainer release the finalizers of dispatchers that still run."""
+        let the maintainer release the finalizers of dispatchers that still run.
+
+        Returns whether a decision could see a difference: a new Lease, a new holder or duration, or a
+        renewal of a Lease that had run out on our clock (a live capture's renewal only moves the time
+        its Lease would run out, which ``Decision.next_due`` follows)."""
         name = obj["metadata"]["name"]
-        renew = str(obj.get("spec", {}).get("renewTime") or "")
+        spec = obj.get("spec") or {}
+        renew = str(spec.get("renewTime") or "")
         seen = self.lease_seen.get(name)
+        old = self.objects.get(LEASE, {}).get(name)
+        old_spec = (old or {}).get("spec") or {}
+        significant = (
+            seen is None
+            or old is None
+            or old_spec.get("holderIdentity") != spec.get("holderIdentity")
+            or old_spec.get("leaseDurationSeconds") != spec.get("leaseDurationSeconds")
+        )
         if seen is None or seen[0] != renew:
+            if seen is not None:
+                try:
+                    duration = float(spec.get("leaseDurationSeconds") or 0)
+                except (TypeError, ValueError):
+                    duration = 0.0
+                significant = significant or now - seen[1] >= duration
             self.lease_seen[name] = (renew, now)
+        return significant
 
     def _bucket(self, kind: str) -> dict[str, JSON]:
         return self.objects.setdefault(kind, {})
 
+    def _current_rv(self, kind: str, name: str) -> int | None:
+        if kind in RECORD_ONLY:
+            rec = self.records.get(kind, {}).get(name)
+            if rec is not None:
+                return int(rec.resource_version or 0)
+            bad = self.invalid.get(kind, {}).get(name)
+            return bad[0] if bad is not None else None
+        obj = self._bucket(kind).get(name)
+        return _rv(obj) if obj is not None else None
+
+    # -- routing to the indexes ------------------------------------------------------------------
+
+    def index(self, changefeed: str) -> Index:
+        """The index of ``changefeed``'s records (made empty on first use)."""
+        idx = self.indexes.get(changefeed)
+        if idx is None:
+            idx = self.indexes[changefeed] = Index(changefeed)
+        return idx
+
+    @staticmethod
+    def _changefeed_of(rec: Record | None) -> str | None:
+        if rec is None:
+            return None
+        if rec.kind is Kind.CHANGEFEED:
+            return rec.name
+        return getattr(rec, "changefeed", None)
+
+    def _route(self, old: Record | None, new: Record | None) -> set[str]:
+        """Keep the indexes current with ``old`` replaced by ``new``; the changefeeds concerned."""
+        before, after = self._changefeed_of(old), self._changefeed_of(new)
+        touched: set[str] = set()
+        if old is not None and before is not None and before != after:
+            self.index(before).remove(old.kind, old.name)
+            touched.add(before)
+        if new is not None and after is not None:
+            self.index(after).put(new)
+            touched.add(after)
+        if old is not None and new is None and before is not None:
+            touched.add(before)
+        for cf in touched:
+            idx = self.indexes.get(cf)
+            if idx is not None and idx.empty():
+                del self.indexes[cf]
+        return touched
+
+    # -- events ------------------------------------------------------------------------------------
+
     def put(self, kind: str, obj: JSON) -> bool:
         name = obj["metadata"]["name"]
         rv = _rv(obj)
-        current = self._bucket(kind).get(name)
-        if current is not None and _rv(current) >= rv:
+        current = self._current_rv(kind, name)
+        self.last_change = set()
+        if current is not None and current >= rv:
             return False
         if self.tombstones.get(kind, {}).get(name, -1) >= rv:
             return False
-        self._bucket(kind)[name] = obj
-        if kind == LEASE:
-            self._observe_lease(obj, time.time())
         self.tombstones.get(kind, {}).pop(name, None)
-        self.records.get(kind, {}).pop(name, None)
-        return True
-
-    def remove(self, kind: str, name: str, rv: int) -> None:
-        current = self._bucket(kind).get(name)
-        if current is not None and _rv(current) > rv:
-            return
-        self._bucket(kind).pop(name, None)
+        if kind in RECORD_ONLY:
+            self._put_record(kind, name, rv, obj)
+            return True
+        if kind == LEASE:
+            significant = self._observe_lease(obj, time.time())
+            self._bucket(kind)[name] = obj
+            capture = name[len(CAPTURE_LEASE_PREFIX) :] if name.startswith(CAPTURE_LEASE_PREFIX) else ""
+            self._captures.pop(capture, None)
+            self.last_change = None if capture and significant else set()
+            return True
+        self._bucket(kind)[name] = obj
         self.records.get(kind, {}).pop(name, None)
         self.invalid.get(kind, {}).pop(name, None)
-        self.tombstones.setdefault(kind, {})[name] = rv
+        self._captures.pop(name, None)
+        self.last_change = None  # a Capture: every changefeed's decisions look at the captures
+        return True
 
-    def replace_all(self, kind: str, items: Iterable[JSON]) -> None:
-        self.objects[kind] = {o["metadata"]["name"]: o for o in items}
-        if kind == LEASE:
-            now = time.time()
-            for o in items:
-                self._observe_lease(o, now)
-        self.records[kind] = {}
-        self.invalid[kind] = {}
+    def _put_record(self, kind: str, name: str, rv: int, obj: JSON) -> None:
+        old = self.records.get(kind, {}).get(name)
+        try:
+            rec: Record | None = conv.from_resource(obj)
+        except conv.InvalidResource as exc:
+            self.invalid.setdefault(kind, {})[name] = (rv, str(exc))
+            rec = None
+        if rec is None:
+            self.records.get(kind, {}).pop(name, None)
+        else:
+            self.invalid.get(kind, {}).pop(name, None)
+            self.records.setdefault(kind, {})[name] = rec
+        self.last_change = self._route(old, rec)
+
+    def remove(self, kind: str, name: str, rv: int) -> None:
+        self.last_change = set()
+        current = self._current_rv(kind, name)
+        if current is not None and current > rv:
+            return
+        self._bucket(kind).pop(name, None)
+        old = self.records.get(kind, {}).pop(name, None)
+        self.invalid.get(kind, {}).pop(name, None)
+        self.tombstones.setdefault(kind, {})[name] = rv
+        if kind in RECORD_ONLY:
+            self.last_change = self._route(old, None)
+        elif kind == LEASE:
+            capture = name[len(CAPTURE_LEASE_PREFIX) :] if name.startswith(CAPTURE_LEASE_PREFIX) else ""
+            self._captures.pop(capture, None)
+            self.last_change = None if capture else set()
+        else:
+            self._captures.pop(name, None)
+            self.last_change = None
+
+    def replace_all(self, kind: str, items: list[JSON]) -> None:
+        """What a LIST says is all there is of ``kind``. Items are dropped from ``items`` as they are
+        converted (the caller's list), so the raw objects do not all stay alive until the end."""
         self.tombstones[kind] = {}
+        if kind not in RECORD_ONLY:
+            self.objects[kind] = {o["metadata"]["name"]: o for o in items}
+            if kind == LEASE:
+                now = time.time()
+                for o in items:
+                    self._observe_lease(o, now)
+            self._captures.clear()
+            self.last_change = None
+            return
+        listed: set[str] = set()
+        touched: set[str] = set()
+        for i, obj in enumerate(items):
+            name = obj["metadata"]["name"]
+            listed.add(name)
+            self._put_record(kind, name, _rv(obj), obj)
+            touched |= self.last_change or set()
+            items[i] = {"metadata": {"name": name}}  # the raw object is no longer needed
+        for name in [n for n in self.records.get(kind, {}) if n not in listed]:
+            old = self.records[kind].pop(name)
+            touched |= self._route(old, None)
+        for name in [n for n in self.invalid.get(kind, {}) if n not in listed]:
+            del self.invalid[kind][name]
+        self.last_change = touched
 
     def record(self, kind: Kind, name: str) -> Record | None:
-        memo = self.records.setdefault(kind.value, {})
-        if name in memo:
-            return memo[name]
+        if kind.value in RECORD_ONLY:
+            return self.records.get(kind.value, {}).get(name)
+        if kind is not Kind.CAPTURE:
+            return None
+        if name in self._captures:
+            return self._captures[name]
         obj = self._bucket(kind.value).get(name)
         if obj is None:
             return None
+        lease = self._bucket(LEASE).get(conv.lease_name(name))
+        if lease is not None and lease["metadata"]["name"] in self.lease_seen:
+            observed = self.lease_seen[lease["metadata"]["name"]][1]
+            spec = {**lease.get("spec", {}), "renewTime": conv.format_time(observed, micro=True)}
+            lease = {**lease, "spec": spec}
         try:
-            if kind is Kind.CAPTURE:
-                lease = self._bucket(LEASE).get(conv.lease_name(name))
-                if lease is not None and lease["metadata"]["name"] in self.lease_seen:
-                    observed = self.lease_seen[lease["metadata"]["name"]][1]
-                    spec = {**lease.get("spec", {}), "renewTime": conv.format_time(observed, micro=True)}
-                    lease = {**lease, "spec": spec}
-                rec: Record = conv.capture_from_resources(obj, lease)
-            else:
-                rec = conv.from_resource(obj)
+            rec = conv.capture_from_resources(obj, lease)
         except conv.InvalidResource as exc:
-            self.invalid.setdefault(kind.value, {})[name] = str(exc)
+            self.invalid.setdefault(kind.value, {})[name] = (_rv(obj), str(exc))
             return None
-        if kind is not Kind.CAPTURE:  # a Capture's record also depends on its Lease
-            memo[name] = rec
+        self._captures[name] = rec
         return rec
 
     def all(self, kind: Kind) -> dict[str, Record]:
+        """Every record of ``kind`` (a live view for the record-only kinds: do not change it)."""
+        if kind.value in RECORD_ONLY:
+            return self.records.setdefault(kind.value, {})
         out = {}
         for name in list(self._bucket(kind.value)):
             rec = self.record(kind, name)
             if rec is not None:
                 out[name] = rec
         return out
+
+    def names(self, kind: Kind) -> list[str]:
+        if kind.value in RECORD_ONLY:
+            return list(self.records.get(kind.value, {}))
+        return list(self._bucket(kind.value))
+
+    def owner_reference(self, changefeed: str) -> JSON | None:
+        """The ownerReference naming Changefeed ``changefeed`` as cached (None if unknown or without uid)."""
+        cf = self.records.get(Kind.CHANGEFEED.value, {}).get(changefeed)
+        if cf is None or not cf.uid:
+            return None
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "Changefeed",
+            "name": cf.name,
+            "uid": cf.uid,
+            "controller": True,
+        }
 
 
 class Informer:
