@@ -127,10 +127,8 @@ def _incremental(tick: Tick) -> int:
         return previous
     # Holes: tables whose spans may not partition their range, those with unvalidated spans (not counted
     # as covering), those whose spans changed now.
-    keys = set(index.coverage_problems())
+    keys = set(index.coverage_problems()) | tick.coverage_changed()
     keys.update((s.table_id, s.mode) for s in (tick.world.spans[n] for n in index.by_state[None]))
-    for name in tick.spans.changed:
-        keys.update((s.table_id, s.mode) for s in (tick.world.spans.get(name), tick.spans.get(name)) if s is not None)
     if _has_hole(tick, keys):
         return previous
     return max(previous, min(known))

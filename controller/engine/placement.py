@@ -49,10 +49,12 @@ from controller.model.states import CLOSED_DISPATCHER_STATES, DISPATCHER_FINALIZ
 __all__ = ["advance", "bind", "cancel", "destination", "is_placement", "room"]
 
 
-def room(tick: Tick) -> int:
-    """How many more placements this decision may start: within ``basicBatchSize`` and the in-flight limit."""
+def room(tick: Tick, batch: bool = True) -> int:
+    """How many more placements this decision may start: within the in-flight limit, and (``batch``) within
+    ``basicBatchSize`` placements a decision."""
     cfg = tick.changefeed.scheduler
-    return min(cfg.basic_batch_size - len(tick.started_placements), cfg.max_in_flight_operators - tick.slots_used())
+    left = cfg.max_in_flight_operators - tick.slots_used()
+    return min(cfg.basic_batch_size - len(tick.started_placements), left) if batch else left
 
 
 def destination(tick: Tick) -> str:

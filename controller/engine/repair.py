@@ -298,11 +298,7 @@ def coverage(tick: Tick) -> None:
         pool: list[Span] = list(tick.spans.values())
     else:
         # Tables (and modes) whose spans may not partition their range, and those whose spans changed now.
-        wanted = set(tick.index.coverage_problems())
-        for name in tick.spans.changed:
-            for s in (tick.world.spans.get(name), tick.spans.get(name)):
-                if s is not None:
-                    wanted.add((s.table_id, s.mode))
+        wanted = set(tick.index.coverage_problems()) | tick.coverage_changed()
         pool = tick.span_candidates(tick.index.stray, *(tick.index.spans_by_table.get(k, ()) for k in wanted))
     for s in sorted(pool, key=lambda s: s.name):
         if s.deleting or s.state is SpanState.INVALID:
@@ -396,7 +392,10 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
         return
     accepted = replace(span, state=SpanState.ABSENT, checkpoint_ts=start)
     create = tick.create(span)
-    capture = placement.destination(tick) if not tick.changefeed.paused and placement.room(tick) > 0 else ""
+    # Within the in-flight limit only: the batch is counted in spans created (whole tables, coverage above),
+    # and a span created now and placed later would cost a write more.
+    room = placement.room(tick, batch=False)
+    capture = placement.destination(tick) if not tick.changefeed.paused and room > 0 else ""
     bind = placement.bind(tick, accepted, capture) if capture else []
     tick.emit(f"span {span.name} new", [create, *(bind or [tick.write_status(accepted)])])
 

@@ -37,6 +37,19 @@ def is_placement(span: Span | None) -> bool:
     return span is not None and span.state is SpanState.SCHEDULING and not span.operator and bool(span.capture)
 
 
+def covers_differently(old: Span | None, new: Span | None) -> bool:
+    """``old`` and ``new`` (versions of one span) count differently towards their table's coverage: one
+    exists and the other not, or one is deleting, Invalid or not yet validated and the other not. A
+    change of state among accepted ones (Absent, Scheduling, Replicating, Removing) does not matter."""
+    if old is None or new is None:
+        return old is not new
+    return (
+        old.deleting != new.deleting
+        or (old.state is SpanState.INVALID) != (new.state is SpanState.INVALID)
+        or (old.state is None) != (new.state is None)
+    )
+
+
 def _load_of_span(span: Span | None) -> str:
     """The capture a span counts towards in ``Tick.load`` ("" for none)."""
     if span is None or not span.capture:
@@ -291,6 +304,15 @@ class Tick:
                 dispatchers.add(d)
                 spans.update(self.index.spans_naming.get(d, ()))
         return spans, dispatchers
+
+    def coverage_changed(self) -> set[tuple[int, Mode]]:
+        """Tables (and modes) whose coverage this decision changed: a span created, deleted, refused..."""
+        keys: set[tuple[int, Mode]] = set()
+        for name in self.spans.changed:
+            old, new = self.world.spans.get(name), self.spans.get(name)
+            if covers_differently(old, new):
+                keys.update((s.table_id, s.mode) for s in (old, new) if s is not None)
+        return keys
 
     def in_flight_names(self) -> set[str]:
         """Operators that may be in flight now: the snapshot's in flight and those this decision changed."""
