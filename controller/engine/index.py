@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 from controller.model.keys import KeyRange
@@ -54,6 +54,64 @@ def _discard(index: dict[object, set[str]], key: object, name: str) -> None:
         names.discard(name)
         if not names:
             del index[key]
+
+
+class MultiMap:
+    """key -> names, for indexes where almost every key has one name (a span's dispatchers, the spans
+    naming a dispatcher): a lone name is stored as itself, not in a set of its own (a set costs ~200 bytes,
+    twice per span at 50,000 spans)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self) -> None:
+        self._d: dict[str, str | set[str]] = {}
+
+    def add(self, key: str, name: str) -> None:
+        cur = self._d.get(key)
+        if cur is None:
+            self._d[key] = name
+        elif isinstance(cur, str):
+            if cur != name:
+                self._d[key] = {cur, name}
+        else:
+            cur.add(name)
+
+    def discard(self, key: str, name: str) -> None:
+        cur = self._d.get(key)
+        if cur is None:
+            return
+        if isinstance(cur, str):
+            if cur == name:
+                del self._d[key]
+            return
+        cur.discard(name)
+        if len(cur) == 1:
+            self._d[key] = next(iter(cur))
+        elif not cur:
+            del self._d[key]
+
+    def get(self, key: str, default: Collection[str] = ()) -> Collection[str]:
+        cur = self._d.get(key)
+        if cur is None:
+            return default
+        return (cur,) if isinstance(cur, str) else cur
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def normalized(self) -> dict[str, frozenset[str]]:
+        return {k: frozenset(self.get(k)) for k in self._d}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MultiMap) and self.normalized() == other.normalized()
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def is_placement(span: Span | None) -> bool:
@@ -129,6 +187,7 @@ class SpanFacts:
     capture: str
     table: TableKey
     covered: bool  # counts in its table's coverage: not being deleted, not Invalid
+    key_range: KeyRange  # the spec cannot change, but a new incarnation (relisted) may replace the span
     dispatcher: str
     load: str  # the capture the span counts towards in the load ("" none): Replicating or a placement
     placing: bool
@@ -171,7 +230,7 @@ class Index:
         self.spans_by_capture: dict[str, set[str]] = {}
         self.holding: Counter[str] = Counter()
         self.spans_by_table: dict[TableKey, set[str]] = {}
-        self.spans_naming: dict[str, set[str]] = {}
+        self.spans_naming = MultiMap()
         self.state_counts: Counter[SpanState | None] = Counter()
         self.table_counts: dict[int, Counter[SpanState | None]] = {}
         self.span_load: Counter[str] = Counter()
@@ -180,7 +239,7 @@ class Index:
         self.checkpoints = MinTracker()
         # -- dispatchers
         self.dispatcher_facts: dict[str, DispatcherFacts] = {}
-        self.disp_by_span: dict[str, set[str]] = {}
+        self.disp_by_span = MultiMap()
         self.disp_by_capture: dict[str, set[str]] = {}
         self.disp_by_table: dict[TableKey, set[str]] = {}
         self.unclaimed: set[str] = set()
@@ -381,6 +440,7 @@ class Index:
             capture=s.capture,
             table=(s.table_id, s.mode),
             covered=not s.deleting and s.state is not SpanState.INVALID,
+            key_range=s.key_range,
             dispatcher=s.dispatcher,
             load=s.capture if s.capture and (s.state is SpanState.REPLICATING or placing) else "",
             placing=placing,
@@ -401,7 +461,7 @@ class Index:
         if new is not None:
             self.span_facts[name] = new
             self._span_in(name, new)
-        if (old and (old.table, old.covered)) != (new and (new.table, new.covered)):
+        if (old and (old.table, old.covered, old.key_range)) != (new and (new.table, new.covered, new.key_range)):
             self._coverage_dirty.update(f.table for f in (old, new) if f is not None)
         if (old and (old.table, old.state)) != (new and (new.table, new.state)):
             for tid in sorted({f.table[0] for f in (old, new) if f is not None}):
@@ -428,7 +488,7 @@ class Index:
                 del self.holding[f.capture]
         _discard(self.spans_by_table, f.table, name)  # type: ignore[arg-type]
         if f.dispatcher:
-            _discard(self.spans_naming, f.dispatcher, name)  # type: ignore[arg-type]
+            self.spans_naming.discard(f.dispatcher, name)
         self.state_counts[f.state] -= 1
         counts = self.table_counts[f.table[0]]
         counts[f.state] -= 1
@@ -462,7 +522,7 @@ class Index:
             self.holding[f.capture] += 1
         _add(self.spans_by_table, f.table, name)  # type: ignore[arg-type]
         if f.dispatcher:
-            _add(self.spans_naming, f.dispatcher, name)  # type: ignore[arg-type]
+            self.spans_naming.add(f.dispatcher, name)
         self.state_counts[f.state] += 1
         self.table_counts.setdefault(f.table[0], Counter())[f.state] += 1
         if f.load:
@@ -509,7 +569,7 @@ class Index:
     def _refresh_dispatcher(self, name: str) -> None:
         old = self.dispatcher_facts.pop(name, None)
         if old is not None:
-            _discard(self.disp_by_span, old.span, name)  # type: ignore[arg-type]
+            self.disp_by_span.discard(old.span, name)
             _discard(self.disp_by_capture, old.capture, name)  # type: ignore[arg-type]
             _discard(self.disp_by_table, old.table, name)  # type: ignore[arg-type]
             self.unclaimed.discard(name)
@@ -520,7 +580,7 @@ class Index:
             return
         f = self._dispatcher_facts(d)
         self.dispatcher_facts[name] = f
-        _add(self.disp_by_span, f.span, name)  # type: ignore[arg-type]
+        self.disp_by_span.add(f.span, name)
         _add(self.disp_by_capture, f.capture, name)  # type: ignore[arg-type]
         _add(self.disp_by_table, f.table, name)  # type: ignore[arg-type]
         if f.unclaimed:

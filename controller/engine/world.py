@@ -193,7 +193,13 @@ class Tick:
         #: Dispatchers this decision creates, by span (an incremental decision's ``dispatchers_of_span``).
         self._new_by_span: defaultdict[str, list[str]] = defaultdict(list)
         self._by_table: dict[tuple[int, Mode], tuple[list[bytes], list[bytes], list[str]]] = {}
-        self._created: defaultdict[tuple[int, Mode], list[str]] = defaultdict(list)
+        #: Dispatchers this decision creates, per table and mode, in key order: (start keys, end keys, names).
+        #: They never overlap one another (each was created only when no dispatcher ran any of its keys), so
+        #: a query bisects; if that ever failed to hold, ``_created_unsorted`` makes queries scan them.
+        self._created: defaultdict[tuple[int, Mode], tuple[list[bytes], list[bytes], list[str]]] = defaultdict(
+            lambda: ([], [], [])
+        )
+        self._created_unsorted: set[tuple[int, Mode]] = set()
         self.repairs: list[str] = []
         self.alive = {n for n, c in world.captures.items() if c.alive(world.now)}
         self.first_tick = False  # set by the maintainer on the first decision of a term
@@ -375,7 +381,8 @@ class Tick:
         Called once per placement, so it must not scan the table: per table and mode, the snapshot's
         dispatchers are sorted by start key with a running maximum of end keys; a query bisects to
         the last start below ``rng.end`` and walks back only while an earlier range could still reach
-        ``rng.start``. Dispatchers created in this decision are few and checked one by one.
+        ``rng.start``. Dispatchers created in this decision (a new table's, thousands) are kept in key
+        order as they are created, and bisected likewise.
         """
         key = (table_id, mode)
         if key not in self._by_table:
@@ -401,10 +408,21 @@ class Tick:
             if hit is not None and hit.key_range.overlaps(rng):
                 found.append(hit)
             j -= 1
-        for name in self._created.get((table_id, mode), ()):
-            new = self.dispatchers.get(name)
-            if new is not None and new.key_range.overlaps(rng):
-                found.append(new)
+        created = self._created.get((table_id, mode))
+        if created is not None:
+            c_starts, c_ends, c_names = created
+            if (table_id, mode) in self._created_unsorted:
+                hits = range(len(c_names))
+            else:  # disjoint and sorted: the ends are sorted too; walk back from the last start below the end
+                last = bisect.bisect_left(c_starts, rng.end) - 1
+                first = last
+                while first >= 0 and c_ends[first] > rng.start:
+                    first -= 1
+                hits = range(first + 1, last + 1)
+            for i in hits:
+                new = self.dispatchers.get(c_names[i])
+                if new is not None and new.key_range.overlaps(rng):
+                    found.append(new)
         return sorted(found, key=lambda d: d.name)
 
     def in_flight(self) -> list[SpanOperator]:
@@ -502,7 +520,14 @@ class Tick:
             if obj.name not in self.dispatchers and self._by_span is not None:
                 self._by_span[obj.span].append(obj)
             if obj.name not in self.world.dispatchers and obj.name not in self.dispatchers:
-                self._created[(obj.table_id, obj.mode)].append(obj.name)
+                key = (obj.table_id, obj.mode)
+                starts, ends, names = self._created[key]
+                i = bisect.bisect_left(starts, obj.key_range.start)
+                if (i > 0 and ends[i - 1] > obj.key_range.start) or (i < len(starts) and starts[i] < obj.key_range.end):
+                    self._created_unsorted.add(key)  # overlaps one created before: queries scan (never seen)
+                starts.insert(i, obj.key_range.start)
+                ends.insert(i, obj.key_range.end)
+                names.insert(i, obj.name)
                 if obj.name not in self._new_by_span[obj.span]:
                     self._new_by_span[obj.span].append(obj.name)
             self.dispatchers[obj.name] = obj
