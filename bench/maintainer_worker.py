@@ -42,6 +42,8 @@ STATE: dict[str, Any] = {"t_process": T_PROCESS, "decide_n": 0, "decide_s": 0.0,
 DECIDE_TIMES: list[float] = []
 #: Seconds of every ``snapshot`` call, in order (same indexes as DECIDE_TIMES: one snapshot per decision).
 SNAPSHOT_TIMES: list[float] = []
+#: Indexes (into DECIDE_TIMES) of the full decisions: the periodic audits (and a term's teardown).
+FULL: set[int] = set()
 TERMINAL = ("Succeeded", "Failed", "Canceled")
 
 
@@ -87,6 +89,8 @@ def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
     t = time.perf_counter()
     d = _decide(world, memory, options)
     took = time.perf_counter() - t
+    if getattr(d, "full", False) and getattr(world, "index", None) is not None:
+        FULL.add(len(DECIDE_TIMES))
     DECIDE_TIMES.append(took)
     STATE["decide_s"] += took
     STATE["decide_n"] += 1
@@ -131,7 +135,14 @@ def decisions(arg: str) -> dict[str, Any]:
     parts = arg.split()
     i = int(parts[0]) if parts else 0
     j = int(parts[1]) if len(parts) > 1 else len(DECIDE_TIMES)
-    return {"decide": percentiles(DECIDE_TIMES[i:j]), "snapshot": percentiles(SNAPSHOT_TIMES[i:j])}
+    incremental = [t for k, t in enumerate(DECIDE_TIMES[i:j], i) if k not in FULL]
+    full = [t for k, t in enumerate(DECIDE_TIMES[i:j], i) if k in FULL]
+    return {
+        "decide": percentiles(DECIDE_TIMES[i:j]),
+        "incremental": percentiles(incremental),
+        "audits": percentiles(full),
+        "snapshot": percentiles(SNAPSHOT_TIMES[i:j]),
+    }
 
 
 def rss_kib() -> dict[str, int]:

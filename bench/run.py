@@ -388,6 +388,16 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
     elapsed = time.monotonic() - t0
     after = await worker.ask("stats")
     cpu1 = system.cpu()
+    if system.a.raw_pairs:
+        # The raw pair rates again, right after phase 1, so that the ratio is taken against the mean of a
+        # measurement before and one after (on a shared machine the load moves between the two).
+        assert system.client is not None
+        for key, parallel in (("raw_pairs_per_s_1_client", 1), ("raw_pairs_per_s_16_clients", 16)):
+            again = await raw_pairs(system.client, system.a.raw_pairs, parallel, f"after-{parallel}")
+            out[f"{key}_before"] = out.get(key)
+            out[f"{key}_after"] = round(again, 1)
+            if out.get(key):
+                out[key] = round((out[key] + again) / 2, 1)
     reqs = delta(after["requests"], before["requests"])
     timing = await worker.ask(f"decisions {before['decide_count']} {after['decide_count']}")
     p1: dict[str, Any] = {
@@ -407,6 +417,7 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
         "executor_errors": after["executor_errors"],
         "decision_ms": timing["decide"],
         "snapshot_ms": timing["snapshot"],
+        "audit_ms": timing.get("audits"),
     }
     by_res = p1["requests_by_resource"]
     # Writes per placement: every maintainer write of the window (Lease renewals excluded) per span placed.
@@ -448,7 +459,12 @@ async def phase_operators(system: System, out: dict[str, Any]) -> bool:
     out["idle_decide_share"] = round((s1["decide_s"] - s0["decide_s"]) / span_idle, 4)
     out["idle_seconds"] = round(span_idle, 1)
     out["idle_maintainer_cpu_share"] = round((cpu1["maintainer"] - cpu0["maintainer"]) / span_idle, 4)
-    out["idle_decision_ms"] = (await worker.ask(f"decisions {s0['decide_count']} {s1['decide_count']}"))["decide"]
+    idle_timing = await worker.ask(f"decisions {s0['decide_count']} {s1['decide_count']}")
+    out["idle_decision_ms"] = idle_timing["decide"]
+    out["idle_audit_ms"] = idle_timing.get("audits")
+    # A full audit's cost (the longest seen so far in this run), spread over the audit interval.
+    every = await worker.ask(f"decisions 0 {s1['decide_count']}")
+    out["audits_so_far_ms"] = every.get("audits")
     if system.a.single_moves:
         await phase_single_moves(system, out)
     per_op: dict[str, Any] = {}
@@ -730,8 +746,12 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
     move_ratio = f" ({sm['median_s'] / base_move:.2f}x N={base['spans']})" if base_move and sm.get("median_s") else ""
     out = [
         ("raw status writes/s (1 client)", f"{r.get('raw_status_patches_per_s', '-')}"),
-        ("raw create+status-patch pairs/s (1 client)", f"{r.get('raw_pairs_per_s_1_client', '-')}"),
-        ("raw create+status-patch pairs/s (16 clients)", f"{r.get('raw_pairs_per_s_16_clients', '-')}"),
+        ("raw create+status-patch pairs/s (1 client)",
+         f"{r.get('raw_pairs_per_s_1_client', '-')} ({r.get('raw_pairs_per_s_1_client_before', '-')} before, "
+         f"{r.get('raw_pairs_per_s_1_client_after', '-')} after phase 1)"),
+        ("raw create+status-patch pairs/s (16 clients)",
+         f"{r.get('raw_pairs_per_s_16_clients', '-')} ({r.get('raw_pairs_per_s_16_clients_before', '-')} before, "
+         f"{r.get('raw_pairs_per_s_16_clients_after', '-')} after phase 1)"),
         ("1 scale-up: seconds to all Replicating",
          f"{sc.get('seconds', '-')}{'' if sc.get('complete') else ' (INCOMPLETE)'}"),
         ("1 scale-up: spans/s", f"{sc.get('spans_per_s', '-')}"),
@@ -755,6 +775,7 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
          f"{r.get('idle_decisions_per_s', '-')}, {r.get('idle_decide_share', '-')}"),
         ("2 idle maintainer CPU, share of a core", f"{r.get('idle_maintainer_cpu_share', '-')}"),
         ("2 idle decision ms p50 / p99", fmt_ms(r.get("idle_decision_ms"))),
+        ("2 full audits so far: ms p50 / p99 (n)", fmt_ms(r.get("audits_so_far_ms"))),
         ("2 single user Move s (median)", f"{sm.get('median_s', '-')}{move_ratio}"),
         ("2 single Move: decision ms p50 / p99", fmt_ms(sm.get("decision_ms"))),
     ]  # fmt: skip
