@@ -253,7 +253,9 @@ class Index:
         self.tables_by_id: dict[int, Table] = {}
         self.table_names: dict[int, set[str]] = {}
         self.table_attention: set[str] = set()
-        self.table_stale: set[str] = set()
+        self._table_stale: set[str] = set()
+        #: Table IDs whose tables' status may have become stale (span counts changed): recomputed lazily.
+        self._stale_dirty: set[int] = set()
         # -- coverage: (table, mode) whose spans may not partition the table's range; recomputed lazily
         self._coverage_dirty: set[TableKey] = set()
         self._coverage_problems: set[TableKey] = set()
@@ -364,14 +366,25 @@ class Index:
     def _refresh_table(self, name: str) -> None:
         table = self.tables.get(name)
         self.table_attention.discard(name)
-        self.table_stale.discard(name)
+        self._table_stale.discard(name)
         if table is None:
             return
         canonical = self.tables_by_id.get(table.table_id) is table
         if not canonical or table.deleting or TABLE_FINALIZER not in table.finalizers:
             self.table_attention.add(name)
-        if canonical and self._table_status_differs(table):
-            self.table_stale.add(name)
+        self._stale_dirty.add(table.table_id)
+
+    def table_stale(self) -> set[str]:
+        """Tables (the canonical one per ID) whose status differs from what it should say (their span
+        counts, state, generation). Recomputed for the IDs events touched since the last call."""
+        for tid in self._stale_dirty:
+            for name in self.table_names.get(tid, ()):
+                self._table_stale.discard(name)
+            table = self.tables_by_id.get(tid)
+            if table is not None and self._table_status_differs(table):
+                self._table_stale.add(table.name)
+        self._stale_dirty.clear()
+        return self._table_stale
 
     def _table_status_differs(self, table: Table) -> bool:
         counts = span_counts(self.table_counts.get(table.table_id, Counter()))
@@ -464,22 +477,21 @@ class Index:
         if (old and (old.table, old.covered, old.key_range)) != (new and (new.table, new.covered, new.key_range)):
             self._coverage_dirty.update(f.table for f in (old, new) if f is not None)
         if (old and (old.table, old.state)) != (new and (new.table, new.state)):
-            for tid in sorted({f.table[0] for f in (old, new) if f is not None}):
-                for t in sorted(self.table_names.get(tid, ())):
-                    self._refresh_table(t)
+            self._stale_dirty.update(f.table[0] for f in (old, new) if f is not None)
 
     def _span_out(self, name: str, f: SpanFacts) -> None:
         if f.state in self.by_state:
             self.by_state[f.state].discard(name)
-        for flag, members in (
-            (f.placing, self.placing),
-            (f.suspect, self.suspect),
-            (f.stray, self.stray),
-            (f.hot, self.hot),
-            (f.cold, self.cold),
-        ):
-            if flag:
-                members.discard(name)
+        if f.placing:
+            self.placing.discard(name)
+        if f.suspect:
+            self.suspect.discard(name)
+        if f.stray:
+            self.stray.discard(name)
+        if f.hot:
+            self.hot.discard(name)
+        if f.cold:
+            self.cold.discard(name)
         if f.capture:
             _discard(self.spans_by_capture, f.capture, name)  # type: ignore[arg-type]
         if f.holding:
@@ -492,8 +504,10 @@ class Index:
         self.state_counts[f.state] -= 1
         counts = self.table_counts[f.table[0]]
         counts[f.state] -= 1
-        if not +counts:
-            del self.table_counts[f.table[0]]
+        if not counts[f.state]:
+            del counts[f.state]
+            if not counts:
+                del self.table_counts[f.table[0]]
         if f.load:
             self.span_load[f.load] -= 1
             if not self.span_load[f.load]:
@@ -507,15 +521,16 @@ class Index:
     def _span_in(self, name: str, f: SpanFacts) -> None:
         if f.state in self.by_state:
             self.by_state[f.state].add(name)
-        for flag, members in (
-            (f.placing, self.placing),
-            (f.suspect, self.suspect),
-            (f.stray, self.stray),
-            (f.hot, self.hot),
-            (f.cold, self.cold),
-        ):
-            if flag:
-                members.add(name)
+        if f.placing:
+            self.placing.add(name)
+        if f.suspect:
+            self.suspect.add(name)
+        if f.stray:
+            self.stray.add(name)
+        if f.hot:
+            self.hot.add(name)
+        if f.cold:
+            self.cold.add(name)
         if f.capture:
             _add(self.spans_by_capture, f.capture, name)  # type: ignore[arg-type]
         if f.holding:
@@ -711,6 +726,8 @@ class Index:
             "table_stale",
         ):
             mine, theirs = getattr(self, attr), getattr(fresh, attr)
+            if callable(mine):
+                mine, theirs = mine(), theirs()
             if attr == "table_counts":
                 mine = {k: +v for k, v in mine.items() if +v}
                 theirs = {k: +v for k, v in theirs.items() if +v}

@@ -354,7 +354,7 @@ def _status(tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_
     else:
         # Tables whose status may be stale: those the index found so, and those whose spans changed now.
         ids = {s.table_id for n in tick.spans.changed for s in (tick.world.spans.get(n), tick.spans.get(n)) if s}
-        names = set(tick.index.table_stale)
+        names = set(tick.index.table_stale())
         for tid in ids:
             names.update(tick.index.table_names.get(tid, ()))
         candidates = [tick.world.tables[n] for n in names if n in tick.world.tables]
