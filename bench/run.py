@@ -844,14 +844,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--report-interval",
         type=float,
-        default=600.0,
-        help="captures' checkpoint report interval, s (default 600: see bench/README.md)",
+        default=3600.0,
+        help="captures' checkpoint report interval, s (default 3600: see bench/README.md)",
     )
     p.add_argument(
         "--heartbeat-interval",
         type=float,
-        default=600.0,
-        help="captures' heartbeat of an unchanged Working dispatcher, s (default 600)",
+        default=3600.0,
+        help="captures' heartbeat of an unchanged Working dispatcher, s (default 3600)",
     )
     p.add_argument("--raw-pairs", type=int, default=2000, help="create + status-patch pairs for the raw pair rates")
     p.add_argument("--single-moves", type=int, default=5, help="user Moves timed one at a time (default 5)")
