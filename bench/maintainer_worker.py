@@ -11,6 +11,7 @@ The maintainer code is not changed; it is only observed:
 
 Commands (one per line on stdin, one JSON reply per line on stdout): ``state PREFIX``, ``spans``,
 ``stats``, ``checkpoint`` (the lag of the changefeed's published checkpoint, as the cache holds it),
+``op NAME`` (one operator's phase), ``decisions I J`` (decision-time percentiles of decisions I..J-1),
 ``profile SECONDS``. EOF on stdin: graceful stop (Lease released).
 """
 
@@ -39,6 +40,12 @@ from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E40
 from controller.model.states import Kind  # noqa: E402
 
 STATE: dict[str, Any] = {"t_process": T_PROCESS, "decide_n": 0, "decide_s": 0.0, "snapshot_s": 0.0}
+#: Seconds of every ``decide`` call, in order (``decisions I J`` summarises a slice of it).
+DECIDE_TIMES: list[float] = []
+#: Seconds of every ``snapshot`` call, in order (same indexes as DECIDE_TIMES: one snapshot per decision).
+SNAPSHOT_TIMES: list[float] = []
+#: Indexes (into DECIDE_TIMES) of the full decisions: the periodic audits (and a term's teardown).
+FULL: set[int] = set()
 TERMINAL = ("Succeeded", "Failed", "Canceled")
 
 
@@ -83,7 +90,11 @@ CLIENT: CountingClient | None = None
 def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
     t = time.perf_counter()
     d = _decide(world, memory, options)
-    STATE["decide_s"] += time.perf_counter() - t
+    took = time.perf_counter() - t
+    if getattr(d, "full", False) and getattr(world, "index", None) is not None:
+        FULL.add(len(DECIDE_TIMES))
+    DECIDE_TIMES.append(took)
+    STATE["decide_s"] += took
     STATE["decide_n"] += 1
     if not memory.bootstrapped and d.memory.bootstrapped and "t_bootstrapped" not in STATE:
         STATE["t_bootstrapped"] = time.monotonic()
@@ -104,7 +115,36 @@ class TimedMaintainer(runner.Maintainer):
         try:
             return super().snapshot(name)
         finally:
-            STATE["snapshot_s"] += time.perf_counter() - t
+            took = time.perf_counter() - t
+            SNAPSHOT_TIMES.append(took)
+            STATE["snapshot_s"] += took
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """n, p50, p99 and max of ``values`` (seconds), in milliseconds."""
+    if not values:
+        return {"n": 0}
+    v = sorted(values)
+
+    def at(q: float) -> float:
+        return round(v[min(len(v) - 1, int(q * len(v)))] * 1000, 3)
+
+    return {"n": len(v), "p50_ms": at(0.50), "p99_ms": at(0.99), "max_ms": round(v[-1] * 1000, 3)}
+
+
+def decisions(arg: str) -> dict[str, Any]:
+    """``decisions I J``: percentiles of decide (and snapshot) times of decisions I..J-1 (J omitted: to now)."""
+    parts = arg.split()
+    i = int(parts[0]) if parts else 0
+    j = int(parts[1]) if len(parts) > 1 else len(DECIDE_TIMES)
+    incremental = [t for k, t in enumerate(DECIDE_TIMES[i:j], i) if k not in FULL]
+    full = [t for k, t in enumerate(DECIDE_TIMES[i:j], i) if k in FULL]
+    return {
+        "decide": percentiles(DECIDE_TIMES[i:j]),
+        "incremental": percentiles(incremental),
+        "audits": percentiles(full),
+        "snapshot": percentiles(SNAPSHOT_TIMES[i:j]),
+    }
 
 
 def rss_kib() -> dict[str, int]:
@@ -119,22 +159,44 @@ def rss_kib() -> dict[str, int]:
     return out
 
 
-def state(m: runner.Maintainer, prefix: str) -> dict[str, Any]:
-    store = m.informer.store
-    spans = Counter(str(s.state or "New") for s in store.all(Kind.SPAN).values() if isinstance(s, Span))
+def _span_states(m: runner.Maintainer) -> Counter[str]:
+    """Spans per state, from the engine's index when the maintainer keeps one (cheap), else by a scan."""
+    indexes = getattr(m.informer.store, "indexes", None)
+    if indexes is not None:
+        out: Counter[str] = Counter()
+        for index in indexes.values():
+            for st, n in index.state_counts.items():
+                if n:
+                    out[str(st or "New")] += n
+        return out
+    return Counter(str(s.state or "New") for s in m.informer.store.all(Kind.SPAN).values() if isinstance(s, Span))
+
+
+def _operators(m: runner.Maintainer, prefix: str) -> tuple[int, Counter[str]]:
+    """Operators in flight, and the phases of those whose name starts with ``prefix``."""
     phases: Counter[str] = Counter()
     in_flight = 0
-    for name, op in store.all(Kind.OPERATOR).items():
+    store = m.informer.store
+    names = getattr(store, "names", None)
+    every = names(Kind.OPERATOR) if callable(names) else list(store.all(Kind.OPERATOR))
+    for name in every:
+        op = store.record(Kind.OPERATOR, name)
         if not isinstance(op, SpanOperator):
             continue
         in_flight += op.in_flight
         if prefix and name.startswith(prefix):
             phases[f"{op.phase}/{op.stage}" if op.phase == "Running" else str(op.phase)] += 1
+    return in_flight, phases
+
+
+def state(m: runner.Maintainer, prefix: str) -> dict[str, Any]:
+    spans = _span_states(m)
+    in_flight, phases = _operators(m, prefix)
     return {
         "spans": dict(spans),
         "span_total": sum(spans.values()),
         "in_flight": in_flight,
-        "operators": sum(1 for op in store.all(Kind.OPERATOR).values() if isinstance(op, SpanOperator)),
+        "operators": sum(1 for op in m.informer.store.all(Kind.OPERATOR).values() if isinstance(op, SpanOperator)),
         "ops": dict(phases),
         "synced": m.informer.synced.is_set(),
         "bootstrapped": "t_bootstrapped" in STATE,
@@ -170,6 +232,7 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
     return {
         **STATE,
         "now": time.monotonic(),
+        "decide_count": len(DECIDE_TIMES),
         "requests": dict(client.requests),
         "by_resource": dict(client.by_resource),
         "decisions": m.stats.decisions,
@@ -230,6 +293,11 @@ async def main(a: argparse.Namespace) -> None:
                 reply(stats(m, client))
             elif cmd == "checkpoint":
                 reply(checkpoint(m))
+            elif cmd == "op":
+                op = m.informer.store.record(Kind.OPERATOR, arg)
+                reply({"phase": str(op.phase) if isinstance(op, SpanOperator) else None})
+            elif cmd == "decisions":
+                reply(decisions(arg))
             elif cmd == "profile":
                 reply(await profile(float(arg or 10)))
             else:

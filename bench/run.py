@@ -12,9 +12,13 @@ request counts over a pipe), then measures:
 3. failover: K Moves held in RemoveOrigin by the ``hold-close`` hook, the maintainer SIGKILLed
    (a real SIGKILL: no Lease release), a new one started: Lease wait, bootstrap time, bootstrap
    requests by verb, and the time to finish all K after the hooks are released;
-4. peak RSS of the maintainer process;
-5. the raw sequential status-write rate of the same API server from one client
-   (``controller.apiserver.bench.run``), and the maintainer's status-write rate during phase 1 against it.
+4. peak RSS of the maintainer process, and per span;
+5. the raw rates of the same API server, measured in the same run before anything else starts: sequential
+   status writes from one client (``controller.apiserver.bench.run``), and create + status-patch pairs
+   (one object created, then its status patched), from one client and from 16 concurrent ones; the
+   apply -> all Replicating rate of phase 1 as a ratio of both pair rates;
+6. decision time (p50, p99) while scaling up, idle, and under a single user Move; idle CPU; requests and
+   writes per placement; a single user Move's duration.
 
 See bench/README.md.
 """
@@ -42,7 +46,10 @@ sys.path.insert(0, str(ROOT))
 
 from controller.apiserver import bench as api_bench  # noqa: E402
 from controller.kube.client import RESOURCES, ApiError, Client, Config  # noqa: E402
-from controller.model.states import GROUP, Kind  # noqa: E402
+from controller.model import resources as conv  # noqa: E402
+from controller.model.keys import KeyRange  # noqa: E402
+from controller.model.records import Span  # noqa: E402
+from controller.model.states import GROUP, Kind, SpanState  # noqa: E402
 
 NS = "bench"
 CF = "bench"
@@ -53,6 +60,10 @@ WORKER = ROOT / "bench" / "maintainer_worker.py"
 COUNTING_SERVER = ROOT / "bench" / "apiserver_counting.py"
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 MAX_PRESPLIT = 1000  # the Table CRD caps preSplit.spans at 1024 (the engine at 4096)
+RAW_NS = "bench-raw"  # the raw-rate objects live here, out of the maintainer's sight
+#: Maintainer requests that write, as the worker's counting client names them (Events are best effort and
+#: not counted as placement writes). ``WRITE_VERBS`` above: as the counting API server names them.
+MAINTAINER_WRITE_VERBS = ("create", "patch", "patch/status", "delete", "update")
 
 
 def log(msg: str) -> None:
@@ -244,6 +255,36 @@ async def create_all(client: Client, kind: Kind, bodies: list[dict[str, Any]], p
     await asyncio.gather(*(one(b) for b in bodies))
 
 
+async def raw_pairs(client: Client, n: int, parallel: int, tag: str) -> float:
+    """Create + status-patch pairs per second: ``n`` Span objects (as the maintainer makes them) each created
+    and then given a status, ``parallel`` at a time, in namespace ``bench-raw`` (out of the maintainer's sight)."""
+    res = RESOURCES[Kind.SPAN]
+    queue = list(range(n))
+
+    def body(i: int) -> dict[str, Any]:
+        rng = KeyRange.of_table(9000 + i)
+        span = Span(name=f"raw-{tag}-{i}", namespace=RAW_NS, changefeed="raw", table_id=9000 + i, key_range=rng,
+                    start_ts=1, labels=conv.changefeed_labels("raw"))  # fmt: skip
+        out = conv.to_resource(span)
+        out.pop("status", None)
+        return out
+
+    async def one_worker() -> None:
+        while queue:
+            i = queue.pop()
+            created = await client.create(res, RAW_NS, body(i))
+            rec = conv.span_from_resource(created)
+            rec = rec.evolve(state=SpanState.REPLICATING, capture="capture-0", dispatcher=f"{rec.name}-d",
+                             checkpoint_ts=2)  # fmt: skip
+            patch = conv.status_merge_patch(rec)
+            patch["metadata"] = {"resourceVersion": created["metadata"]["resourceVersion"]}
+            await client.patch(res, RAW_NS, rec.name, patch, sub="status")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one_worker() for _ in range(parallel)))
+    return n / (time.perf_counter() - t0)
+
+
 async def set_hold(system: System, value: str | None) -> None:
     assert system.client is not None
     for c in system.captures:
@@ -358,7 +399,18 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
     elapsed = time.monotonic() - t0
     after = await worker.ask("stats")
     cpu1 = system.cpu()
+    if system.a.raw_pairs:
+        # The raw pair rates again, right after phase 1, so that the ratio is taken against the mean of a
+        # measurement before and one after (on a shared machine the load moves between the two).
+        assert system.client is not None
+        for key, parallel in (("raw_pairs_per_s_1_client", 1), ("raw_pairs_per_s_16_clients", 16)):
+            again = await raw_pairs(system.client, system.a.raw_pairs, parallel, f"after-{parallel}")
+            out[f"{key}_before"] = out.get(key)
+            out[f"{key}_after"] = round(again, 1)
+            if out.get(key):
+                out[key] = round((out[key] + again) / 2, 1)
     reqs = delta(after["requests"], before["requests"])
+    timing = await worker.ask(f"decisions {before['decide_count']} {after['decide_count']}")
     p1: dict[str, Any] = {
         "complete": ok,
         "seconds": round(elapsed, 2),
@@ -374,9 +426,26 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
         "snapshot_seconds": round(after["snapshot_s"] - before["snapshot_s"], 2),
         "cpu_seconds": {k: round(cpu1[k] - cpu0[k], 2) for k in cpu0},
         "executor_errors": after["executor_errors"],
+        "decision_ms": timing["decide"],
+        "snapshot_ms": timing["snapshot"],
+        "audit_ms": timing.get("audits"),
+    }
+    by_res = p1["requests_by_resource"]
+    # Writes per placement: every maintainer write of the window (Lease renewals excluded) per span placed.
+    writes = sum(c for k, c in by_res.items() if k.split()[0] in MAINTAINER_WRITE_VERBS and "leases" not in k)
+    placed = max(1, p1["spans_replicating"])
+    p1["writes_per_placement"] = round(writes / placed, 2)
+    p1["requests_per_placement"] = round(sum(c for k, c in by_res.items() if "leases" not in k) / placed, 2)
+    p1["writes_per_placement_by_resource"] = {
+        k: round(c / placed, 3)
+        for k, c in sorted(by_res.items())
+        if k.split()[0] in MAINTAINER_WRITE_VERBS and "leases" not in k
     }
     raw = out["raw_status_patches_per_s"]
     p1["status_write_ratio_to_raw"] = round(p1["status_writes_per_s"] / raw, 3) if raw else None
+    for key in ("raw_pairs_per_s_1_client", "raw_pairs_per_s_16_clients"):
+        pairs = out.get(key)
+        p1[f"spans_per_s_ratio_to_{key}"] = round(p1["spans_per_s"] / pairs, 3) if pairs else None
     out["scale"] = p1
     log(f"phase 1: {'done' if ok else 'NOT done'} in {elapsed:.1f}s: {st['spans']}")
     if not ok:
@@ -455,7 +524,17 @@ async def phase_operators(system: System, out: dict[str, Any]) -> bool:
     out["idle_requests_by_resource"] = delta(s1["by_resource"], s0["by_resource"])
     out["idle_cpu_share"] = {p: round((cpu1[p] - cpu0[p]) / span_idle, 2) for p in cpu0}
     out["idle_decisions_per_s"] = round((s1["decisions"] - s0["decisions"]) / span_idle, 2)
-    out["idle_decide_share"] = round((s1["decide_s"] - s0["decide_s"]) / span_idle, 2)
+    out["idle_decide_share"] = round((s1["decide_s"] - s0["decide_s"]) / span_idle, 4)
+    out["idle_seconds"] = round(span_idle, 1)
+    out["idle_maintainer_cpu_share"] = round((cpu1["maintainer"] - cpu0["maintainer"]) / span_idle, 4)
+    idle_timing = await worker.ask(f"decisions {s0['decide_count']} {s1['decide_count']}")
+    out["idle_decision_ms"] = idle_timing["decide"]
+    out["idle_audit_ms"] = idle_timing.get("audits")
+    # A full audit's cost (the longest seen so far in this run), spread over the audit interval.
+    every = await worker.ask(f"decisions 0 {s1['decide_count']}")
+    out["audits_so_far_ms"] = every.get("audits")
+    if system.a.single_moves:
+        await phase_single_moves(system, out)
     per_op: dict[str, Any] = {}
     out["operators"] = per_op
     for kind in ("Move", "Split", "Merge", "Remove"):
@@ -492,6 +571,46 @@ async def phase_operators(system: System, out: dict[str, Any]) -> bool:
         if not (ok1 and ok2):
             return False
     return True
+
+
+async def phase_single_moves(system: System, out: dict[str, Any]) -> None:
+    """One user Move at a time (the rest idle): seconds from its create to Succeeded, and the decisions meanwhile."""
+    worker, client = system.worker, system.client
+    assert worker is not None
+    assert client is not None
+    times: list[float] = []
+    s0 = await worker.ask("stats")
+    for i in range(system.a.single_moves):
+        spans = await worker.ask("spans")
+        ready = sorted((s for s in spans if s["state"] == "Replicating"), key=lambda s: s["name"])
+        if not ready:
+            break
+        span = ready[(i * 7919) % len(ready)]
+        target = next(c for c in system.captures if c != span["capture"])
+        name = f"bench-single-move-{i}"
+        body = operator(name, {"type": "Move", "spans": [span["name"]], "target": target})
+        t0 = time.monotonic()
+        await create_all(client, Kind.OPERATOR, [body])
+        while (await worker.ask(f"op {name}"))["phase"] not in TERMINAL:
+            if time.monotonic() - t0 > system.a.timeout:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            times.append(time.monotonic() - t0)
+            await asyncio.sleep(0.5)
+            continue
+        break
+        await asyncio.sleep(0.5)
+    s1 = await worker.ask("stats")
+    timing = await worker.ask(f"decisions {s0['decide_count']} {s1['decide_count']}")
+    times.sort()
+    out["single_move"] = {
+        "k": len(times),
+        "seconds": [round(t, 3) for t in times],
+        "median_s": round(times[len(times) // 2], 3) if times else None,
+        "decision_ms": timing["decide"],
+    }
+    log(f"single Moves: {[round(t, 2) for t in times]} s")
 
 
 async def phase_failover(system: System, out: dict[str, Any]) -> None:
@@ -643,9 +762,15 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         out["raw_status_patches_per_s"] = round(raw["status_patches_per_s"], 1)
         log(f"raw sequential status writes from one client: {raw['status_patches_per_s']:.0f}/s")
         assert system.client is not None
-        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
-        with contextlib.suppress(ApiError):
-            await system.client.request("create", "POST", "/api/v1/namespaces", body=ns)
+        for name in (NS, RAW_NS):
+            ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            with contextlib.suppress(ApiError):
+                await system.client.request("create", "POST", "/api/v1/namespaces", body=ns)
+        if a.raw_pairs:
+            out["raw_pairs_per_s_1_client"] = round(await raw_pairs(system.client, a.raw_pairs, 1, "seq"), 1)
+            out["raw_pairs_per_s_16_clients"] = round(await raw_pairs(system.client, a.raw_pairs, 16, "par"), 1)
+            log(f"raw create + status-patch pairs/s: {out['raw_pairs_per_s_1_client']} (1 client), "
+                f"{out['raw_pairs_per_s_16_clients']} (16 concurrent)")  # fmt: skip
         await system.client.create(RESOURCES[Kind.CHANGEFEED], NS, changefeed())
         system.start_captures()
         while len((await system.client.list(RESOURCES[Kind.CAPTURE], NS))[0]) < a.captures:  # noqa: ASYNC110
@@ -683,11 +808,21 @@ def fmt_reqs(d: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:g}" for k, v in sorted(d.items())) or "-"
 
 
-def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+def fmt_ms(d: dict[str, Any] | None) -> str:
+    if not d or not d.get("n"):
+        return "-"
+    return f"{d['p50_ms']:g} / {d['p99_ms']:g} (n={d['n']}, max {d['max_ms']:g})"
+
+
+def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     sc = r.get("scale", {})
     fo = r.get("failover", {})
     rest = r.get("rest", {})
     lag = rest.get("checkpoint_lag_s", {})
+    sm = r.get("single_move", {})
+    n = r.get("spans", 0) or 1
+    base_move = (base or {}).get("single_move", {}).get("median_s")
+    move_ratio = f" ({sm['median_s'] / base_move:.2f}x N={base['spans']})" if base_move and sm.get("median_s") else ""
     out = [
         ("0 at rest: API writes/s, all clients", f"{rest.get('writes_per_s', '-')}"),
         ("0 at rest: writes/s by verb and resource", fmt_reqs(rest.get("writes_per_s_by_resource", {}))),
@@ -701,9 +836,23 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
          f"{lag.get('mean', '-')} / {lag.get('p50', '-')} / {lag.get('max', '-')} "
          f"(2 intervals: {lag.get('two_report_intervals', '-')})"),
         ("raw status writes/s (1 client)", f"{r.get('raw_status_patches_per_s', '-')}"),
+        ("raw create+status-patch pairs/s (1 client)",
+         f"{r.get('raw_pairs_per_s_1_client', '-')} ({r.get('raw_pairs_per_s_1_client_before', '-')} before, "
+         f"{r.get('raw_pairs_per_s_1_client_after', '-')} after phase 1)"),
+        ("raw create+status-patch pairs/s (16 clients)",
+         f"{r.get('raw_pairs_per_s_16_clients', '-')} ({r.get('raw_pairs_per_s_16_clients_before', '-')} before, "
+         f"{r.get('raw_pairs_per_s_16_clients_after', '-')} after phase 1)"),
         ("1 scale-up: seconds to all Replicating",
          f"{sc.get('seconds', '-')}{'' if sc.get('complete') else ' (INCOMPLETE)'}"),
         ("1 scale-up: spans/s", f"{sc.get('spans_per_s', '-')}"),
+        ("1 ... ratio to raw pairs/s (1 client | 16)",
+         f"{sc.get('spans_per_s_ratio_to_raw_pairs_per_s_1_client', '-')} | "
+         f"{sc.get('spans_per_s_ratio_to_raw_pairs_per_s_16_clients', '-')}"),
+        ("1 maintainer writes per placement", f"{sc.get('writes_per_placement', '-')}"),
+        ("1 ... by resource", fmt_reqs(sc.get("writes_per_placement_by_resource", {}))),
+        ("1 maintainer requests per placement", f"{sc.get('requests_per_placement', '-')}"),
+        ("1 decision ms p50 / p99 (scale-up)", fmt_ms(sc.get("decision_ms"))),
+        ("1 snapshot ms p50 / p99 (scale-up)", fmt_ms(sc.get("snapshot_ms"))),
         ("1 scale-up: requests by verb", fmt_reqs(sc.get("requests", {}))),
         ("1 scale-up: maintainer status writes/s", f"{sc.get('status_writes_per_s', '-')}"),
         ("5 ... as a ratio of the raw rate", f"{sc.get('status_write_ratio_to_raw', '-')}"),
@@ -714,6 +863,11 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("2 idle CPU (cores) per process", fmt_reqs(r.get("idle_cpu_share", {}))),
         ("2 idle decisions/s, share of a core in decide",
          f"{r.get('idle_decisions_per_s', '-')}, {r.get('idle_decide_share', '-')}"),
+        ("2 idle maintainer CPU, share of a core", f"{r.get('idle_maintainer_cpu_share', '-')}"),
+        ("2 idle decision ms p50 / p99", fmt_ms(r.get("idle_decision_ms"))),
+        ("2 full audits so far: ms p50 / p99 (n)", fmt_ms(r.get("audits_so_far_ms"))),
+        ("2 single user Move s (median)", f"{sm.get('median_s', '-')}{move_ratio}"),
+        ("2 single Move: decision ms p50 / p99", fmt_ms(sm.get("decision_ms"))),
     ]  # fmt: skip
     for kind, o in r.get("operators", {}).items():
         if "skipped" in o:
@@ -745,16 +899,19 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ]
     rss = r.get("maintainer_rss_kib_before_kill") or r.get("maintainer_rss_kib") or {}
     out.append(("4 maintainer peak RSS MiB (VmHWM)", f"{rss.get('VmHWM', 0) / 1024:.0f}" if rss else "-"))
+    out.append(("4 maintainer peak RSS KiB per span", f"{rss.get('VmHWM', 0) / n:.1f}" if rss else "-"))
     rss2 = r.get("new_maintainer_rss_kib") or {}
     out.append(("4 new maintainer peak RSS MiB", f"{rss2.get('VmHWM', 0) / 1024:.0f}" if rss2 else "-"))
+    out.append(("4 new maintainer peak RSS KiB per span", f"{rss2.get('VmHWM', 0) / n:.1f}" if rss2 else "-"))
     if "error" in r or "skipped" in r:
         out.append(("note", r.get("error") or r.get("skipped", "")))
     return out
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    cols = [dict(rows(r)) for r in results]
-    labels = [label for label, _ in rows(results[0])]
+    base = next((r for r in results if r.get("spans") == 1000 and r.get("single_move")), None)
+    cols = [dict(rows(r, base)) for r in results]
+    labels = [label for label, _ in rows(results[0], base)]
     for c in cols[1:]:
         labels += [k for k in c if k not in labels]
     width = max(len(x) for x in labels)
@@ -770,7 +927,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--spans", default="1000,10000", help="comma-separated span counts (default 1000,10000)")
-    p.add_argument("--inflight", type=int, default=500, help="Moves held in flight at the SIGKILL (default 500)")
+    p.add_argument("--inflight", type=int, default=1000, help="Moves held in flight at the SIGKILL (default 1000)")
     p.add_argument("--ops", type=int, default=100, help="operators of each type in phase 2 (default 100)")
     p.add_argument("--captures", type=int, default=3)
     p.add_argument("--lease", type=float, help="maintainer Lease duration, s (default 3; 15 with --rest-only)")
@@ -783,9 +940,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rest", type=float, default=30.0, help="seconds measured at rest after phase 1 (0: skip)")
     p.add_argument("--rest-settle", type=float, default=15.0, help="seconds after phase 1 before measuring at rest")
     p.add_argument("--rest-only", action="store_true", help="phases 1 and 0 only (no operators, failover, drain)")
+    p.add_argument("--raw-pairs", type=int, default=2000, help="create + status-patch pairs for the raw pair rates")
+    p.add_argument("--single-moves", type=int, default=5, help="user Moves timed one at a time (default 5)")
     p.add_argument("--raw-writes", type=int, default=3000, help="sequential status writes for the raw rate")
-    p.add_argument("--idle", type=float, default=5.0, help="seconds of idle request-rate baseline before phase 2")
-    p.add_argument("--timeout", type=float, default=600.0, help="per-phase limit, s; then profile and stop")
+    p.add_argument("--idle", type=float, default=20.0, help="seconds of idle baseline (requests, CPU, decisions)")
+    p.add_argument(
+        "--timeout", type=float, default=0.0, help="per-phase limit, s; then profile and stop (default: max(600, N/20))"
+    )
     p.add_argument("--profile", action="store_true", help="also profile a window early in phase 1")
     p.add_argument("--profile-at", type=float, default=10.0, help="seconds after the Table apply (--profile)")
     p.add_argument("--profile-window", type=float, default=20.0)
@@ -797,6 +958,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.spans, a.ops, a.inflight, a.raw_writes, a.idle, a.timeout = "300", 20, 50, 1000, 2.0, 120.0
         a.rest, a.rest_settle = 10.0, 5.0
+        a.raw_pairs, a.single_moves = 300, 2
     if a.rest_only:
         a.ops, a.inflight, a.drain = 0, 0, False
     # Short maintainer Lease timings make phase 3's failover fast; without it, client-go's defaults (15 s /
@@ -806,7 +968,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in a.spans.split(",") if x.strip()]
     results = []
     started = time.monotonic()
+    fixed_timeout = a.timeout
     for n in sizes:
+        a.timeout = fixed_timeout or max(600.0, n / 20)
         r = asyncio.run(run_size(a, n))
         results.append(r)
         if a.json:  # after every size, so a later stall still leaves the earlier figures

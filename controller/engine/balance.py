@@ -21,7 +21,7 @@ from __future__ import annotations
 from controller.engine import controller
 from controller.engine.scheduler import fresh_operator_name, movable, room, scheduler_operator
 from controller.engine.world import Tick
-from controller.model.records import SchedulerStatus, Span
+from controller.model.records import Dispatcher, SchedulerStatus, Span
 from controller.model.resources import format_time
 from controller.model.states import OpType, SchedulerState, SpanState
 
@@ -31,9 +31,21 @@ def draining_captures(tick: Tick) -> list[str]:
     draining = {n for n in tick.alive if tick.world.captures[n].draining}
     if not draining:
         return []
-    holding = {s.capture for s in tick.spans.values() if s.capture in draining and s.state is not SpanState.ABSENT}
-    holding |= {d.capture for d in tick.dispatchers.values() if d.capture in draining}
+    spans, dispatchers = _on(tick, draining)
+    holding = {s.capture for s in spans if s.capture in draining and s.state is not SpanState.ABSENT}
+    holding |= {d.capture for d in dispatchers if d.capture in draining}
     return sorted(holding)
+
+
+def _on(tick: Tick, captures: set[str]) -> tuple[list[Span], list[Dispatcher]]:
+    """Spans and dispatchers to look at for ``captures``: all of them in a full decision; in an incremental
+    one, those the index has on these captures and those this decision changed."""
+    if tick.index is None:
+        return list(tick.spans.values()), list(tick.dispatchers.values())
+    index = tick.index
+    spans = tick.span_candidates(*(index.spans_by_capture.get(c, ()) for c in sorted(captures)))
+    dispatchers = tick.dispatcher_candidates(*(index.disp_by_capture.get(c, ()) for c in sorted(captures)))
+    return spans, dispatchers
 
 
 def status(tick: Tick) -> SchedulerStatus:
@@ -87,8 +99,9 @@ def drain(tick: Tick) -> None:
         return
     load = tick.load()
     pending = {name for op in tick.in_flight() for name in op.spans}
+    on_draining, _ = _on(tick, draining)
     for span in sorted(
-        (s for s in tick.spans.values() if s.capture in draining and movable(tick, s) and s.name not in pending),
+        (s for s in on_draining if s.capture in draining and movable(tick, s) and s.name not in pending),
         key=lambda s: (s.capture, s.table_id, s.mode, s.key_range),
     ):
         if left <= 0:
@@ -104,11 +117,18 @@ def balance_due(tick: Tick, last: float, state: SchedulerStatus) -> bool:
     cfg = tick.changefeed.scheduler
     if cfg.balance_interval_seconds <= 0 or tick.now - last < cfg.balance_interval_seconds:
         return False
-    if state.state is not SchedulerState.ACTIVE or tick.repairs:
+    if state.state is not SchedulerState.ACTIVE or tick.repairs or tick.coverage_deferred:
         return False
-    if any(op.in_flight for op in tick.operators.values()):
-        return False
-    for s in tick.spans.values():
+    if tick.index is not None:
+        if tick.in_flight():
+            return False
+        by_state = tick.index.by_state
+        pool = tick.span_candidates(*(by_state[s] for s in by_state))  # every span that is not Replicating
+    else:
+        if any(op.in_flight for op in tick.operators.values()):
+            return False
+        pool = list(tick.spans.values())
+    for s in pool:
         if (
             s.deleting
             or s.state is SpanState.INVALID
@@ -134,7 +154,19 @@ def balance(tick: Tick) -> int:
         return 0
     load = dict.fromkeys(captures, 0)
     takeable: dict[str, list[Span]] = {c: [] for c in captures}
-    for s in tick.spans.values():
+    if tick.index is not None:
+        # Balanced already (max - min <= 1: no capture gives to another)? Then nothing to look at.
+        counts = {c: tick.index.replicating_by_capture.get(c, 0) for c in captures}
+        for name in tick.spans.changed:
+            for span, sign in ((tick.world.spans.get(name), -1), (tick.spans.get(name), 1)):
+                if span is not None and span.capture in counts and span.state is SpanState.REPLICATING:
+                    counts[span.capture] += sign
+        if max(counts.values()) - min(counts.values()) <= 1:
+            return 0
+        pool, _ = _on(tick, set(captures))
+    else:
+        pool = list(tick.spans.values())
+    for s in pool:
         if s.capture in load and s.state is SpanState.REPLICATING:
             load[s.capture] += 1
             if movable(tick, s):

@@ -20,10 +20,13 @@ from collections import defaultdict
 from controller.engine import progress
 from controller.engine.world import Tick
 from controller.model.keys import KeyRange, gaps
+from controller.model.records import Span, SpanOperator
 from controller.model.states import DispatcherState, Mode, OpPhase, OpType, SpanState
 
 
 def compute(tick: Tick) -> int:
+    if tick.index is not None:
+        return _incremental(tick)
     low: int | None = None
 
     def lower(value: int) -> None:
@@ -54,26 +57,96 @@ def compute(tick: Tick) -> int:
     return max(previous, low)
 
 
-def _has_hole(tick: Tick) -> bool:
+def _has_hole(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> bool:
     """Keys of a live table that no accepted span (nor an operator's planned span) covers.
 
     Their data is replicated by nobody, so nothing bounds how far they are delivered: the checkpoint
-    must not move until the safety net has covered them again (simulator seed 34720).
+    must not move until the safety net has covered them again (simulator seed 34720). ``keys``: only
+    these tables (and modes) can have one (an incremental decision); None: look at all.
     """
     ranges: dict[tuple[int, Mode], list[KeyRange]] = defaultdict(list)
-    for span in tick.spans.values():
+    if keys is None or tick.index is None:
+        pool: list[Span] = list(tick.spans.values())
+        ops: list[SpanOperator] = list(tick.operators.values())
+    else:
+        pool = tick.span_candidates(*(tick.index.spans_by_table.get(k, ()) for k in keys))
+        ops = tick.in_flight()
+    for span in pool:
         if span.state not in (None, SpanState.INVALID) and not span.deleting:
             ranges[(span.table_id, span.mode)].append(span.key_range)
-    for op in tick.operators.values():
+    for op in ops:
         if op.phase is OpPhase.RUNNING and op.type in (OpType.SPLIT, OpType.MERGE):
             for t in op.targets:
                 s = tick.spans.get(t.span) or tick.world.spans.get(op.spans[0]) if op.spans else None
                 if s is not None:
                     ranges[(s.table_id, s.mode)].append(t.key_range)
-    for table in tick.tables_by_id.values():
+    if keys is None:
+        tables = list(tick.tables_by_id.values())
+    else:
+        tables = [t for t in (tick.tables_by_id.get(tid) for tid in {k[0] for k in keys}) if t is not None]
+    for table in tables:
         if table.deleting or table.changefeed != tick.changefeed.name:
             continue
         for mode in tick.changefeed.modes:
+            if keys is not None and (table.table_id, mode) not in keys:
+                continue
             if gaps(table.key_range, ranges.get((table.table_id, mode), [])):
                 return True
     return False
+
+
+def _span_value(tick: Tick, span: Span, reports: dict[tuple[str, Mode], int]) -> int | None:
+    """What one span contributes to the minimum (None: nothing), as ``compute`` counts it; ``reports``:
+    ``progress.group_reports``."""
+    if span.state in (None, SpanState.INVALID) or not tick.table_live(span.table_id):
+        return None
+    if not tick.mode_enabled(span.mode):
+        return None
+    d = tick.dispatchers.get(span.dispatcher) if span.dispatcher else None
+    if span.state is SpanState.REPLICATING and d is not None and d.state is DispatcherState.WORKING:
+        # A report is about the dispatchers of the snapshot: it covers ``d`` if the snapshot's ``d`` is one of
+        # the Working dispatchers of its capture the report covers exactly.
+        seen = tick.world.dispatchers.get(d.name)
+        reported = 0
+        if seen is not None and seen.state is DispatcherState.WORKING and seen.changefeed == tick.changefeed.name:
+            reported = reports.get((seen.capture, seen.mode), 0)
+        return max(d.known_checkpoint, span.known_checkpoint, reported)
+    return span.known_checkpoint
+
+
+def _incremental(tick: Tick) -> int:
+    """``compute`` from the index: the lowest span value it keeps (engine/index.py), per group of spans a
+    capture's progress report may raise (max(lowest, the report's minimum) for a report that covers its
+    capture's Working dispatchers exactly), with the spans this decision changed (or whose dispatcher it
+    changed) taken as they are now; in-flight operators as ``compute``; and holes only where the index or
+    this decision says a table may have one."""
+    index = tick.index
+    assert index is not None
+    changed = set(tick.spans.changed)
+    for d in tick.dispatchers.changed:
+        changed.update(index.spans_naming.get(d, ()))
+    reports = progress.group_reports(tick)
+    values = [index.checkpoints.min_excluding(changed)]
+    for key in index.reported_checkpoints:
+        low = index.lowest_reported(key, changed)
+        if low is not None:
+            values.append(max(low, reports[key]) if key in reports else low)
+    values += [_span_value(tick, s, reports) for s in (tick.spans.get(n) for n in changed) if s is not None]
+    for op in tick.in_flight():
+        if op.phase is OpPhase.RUNNING and op.type is not OpType.REMOVE:
+            if any(tick.table_live(s.table_id) for s in (tick.spans.get(n) for n in op.spans) if s):
+                values.append(op.checkpoint_ts)
+            for t in op.targets:
+                if not t.done and t.start_ts:
+                    values.append(t.start_ts)
+    known = [v for v in values if v is not None]
+    previous = tick.checkpoint_floor
+    if not known:
+        return previous
+    # Holes: tables whose spans may not partition their range, those with unvalidated spans (not counted
+    # as covering), those whose spans changed now.
+    keys = set(index.coverage_problems()) | tick.coverage_changed()
+    keys.update((s.table_id, s.mode) for s in (tick.world.spans[n] for n in index.by_state[None]))
+    if _has_hole(tick, keys):
+        return previous
+    return max(previous, min(known))

@@ -97,7 +97,12 @@ def admit_pending(tick: Tick) -> None:
 
 def garbage_collect(tick: Tick) -> None:
     cfg = tick.changefeed.scheduler
-    for op in sorted(tick.operators.values(), key=lambda o: o.name):
+    if tick.index is None:
+        ops = list(tick.operators.values())
+    else:  # the finished operators whose retention has ended (one just finished here is never due)
+        due = tick.index.gc_due(tick.now, cfg.user_operator_retention_seconds, cfg.operator_retention_seconds)
+        ops = [op for op in (tick.operators.get(n) for n in due) if op is not None]
+    for op in sorted(ops, key=lambda o: o.name):
         if not op.phase.terminal or op.deleting or tick.is_touched(op):
             continue
         keep = cfg.user_operator_retention_seconds if op.source is OpSource.USER else cfg.operator_retention_seconds

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 
-from controller.engine.world import World
+from controller.engine.world import World, is_placement
 from controller.model.keys import gaps, overlapping_pairs
 from controller.model.records import Dispatcher, Span
 from controller.model.states import DispatcherState, Mode, OpPhase, SpanState
@@ -85,15 +85,20 @@ def single_owner(live: Iterable[Dispatcher]) -> list[str]:
     return problems
 
 
-def bounded(world: World, ignore: Collection[str] = ()) -> list[str]:
-    """Invariant 7: Running operators never exceed ``maxInFlightOperators``.
+def bounded(world: World, ignore: Collection[str] = (), ignore_spans: Collection[str] = ()) -> list[str]:
+    """Invariant 7: Running operators and placements in flight (placement.py) never exceed
+    ``maxInFlightOperators``.
 
-    ``ignore``: operators to leave out of the count (the simulator passes the ones a superseded
-    maintainer started during a failover; see docs/architecture.md, Fencing).
+    ``ignore``: operators to leave out of the count, ``ignore_spans``: placements (by span) to leave out
+    (the simulator passes the ones a superseded maintainer started during a failover; see
+    docs/architecture.md, Fencing).
     """
     running = sum(1 for op in world.operators.values() if op.phase is OpPhase.RUNNING and op.name not in ignore)
+    placing = sum(1 for s in world.spans.values() if is_placement(s) and s.name not in ignore_spans)
     limit = world.changefeed.scheduler.max_in_flight_operators
-    return [f"bounded: {running} operators Running, limit {limit}"] if running > limit else []
+    if running + placing > limit:
+        return [f"bounded: {running} operators Running and {placing} placements in flight, limit {limit}"]
+    return []
 
 
 def settled(world: World) -> list[str]:

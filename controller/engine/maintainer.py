@@ -24,17 +24,27 @@ Order of one decision::
 
 There is no separate recovery path: bootstrap is the first ordinary decision of a term, and every
 rule is level-triggered on the snapshot.
+
+Incremental and full: with an index (``World.index``) each phase visits only its rule's candidates
+(engine/index.py) and the decision costs what changed plus what is in flight; every
+``Options.audit_interval`` seconds (and for a Changefeed being deleted) the decision is full, every rule
+over every record, the backstop for a candidate the index failed to offer. ``Decision.next_due`` says
+when a decision would next have something to do if nothing happened meanwhile (a balance round, a
+traffic check, a garbage collection, a capture's Lease running out, the end of a cool-down, the next
+audit), so the caller can sleep until then or until an event.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from controller.engine import balance, checkpoint, controller, repair, scheduler, tables, teardown, traffic
+from controller.engine.index import span_counts
 from controller.engine.intents import Chain, WriteStatus
 from controller.engine.world import Options, Tick, World
 from controller.model.records import Changefeed, Condition, SchedulerStatus, SpanCounts
-from controller.model.states import SpanState
+from controller.model.states import OpSource, SchedulerState, SpanState
 
 BOOTSTRAPPED = "Bootstrapped"
 #: At rest the checkpoint moves only when a capture's report arrives (one per capture per renew interval),
@@ -57,6 +67,8 @@ class Memory:
     identity: str
     bootstrapped: bool = False
     restored: int = 0
+    #: Placements in flight (placement.py) the term's first decision found, restored like operators.
+    restored_placements: int = 0
     repaired: int = 0
     report: str = ""  # the Bootstrapped condition's message, kept so the condition is re-asserted
     #: When the last balance round ran (the term's start until one has).
@@ -67,6 +79,8 @@ class Memory:
     lost_captures: frozenset[str] = frozenset()
     #: When this term last wrote a new checkpoint (``CHECKPOINT_INTERVAL``).
     checkpoint_at: float = 0.0
+    #: When the last full decision (every rule over everything) ran: the term's first decision counts.
+    audited_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,10 @@ class Decision:
     memory: Memory
     fenced: bool = False
     repairs: tuple[str, ...] = ()
+    #: When a decision would next have something to do if nothing happened meanwhile (None: never).
+    next_due: float | None = None
+    #: This decision visited every record (the full audit), not the index's candidates.
+    full: bool = False
 
     @property
     def writes(self) -> int:
@@ -89,12 +107,22 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
     if cf.epoch < memory.epoch or cf.holder != memory.identity:
         return Decision((_publish_epoch(world, memory),), memory)
 
-    tick = Tick(world, memory.epoch, options)
+    first = not memory.bootstrapped
+    audit_due = memory.bootstrapped and world.now - memory.audited_at >= options.audit_interval
+    full = world.index is None or cf.deleting or options.audit_interval <= 0 or audit_due
+    tick = Tick(world, memory.epoch, options, full=full)
     if cf.deleting:
         return _teardown(tick, memory)
-    first = not memory.bootstrapped
     tick.first_tick = first
-    restored = sum(1 for op in world.operators.values() if op.in_flight) if first else memory.restored
+    if first:
+        restored = (
+            len(tick.index.in_flight)
+            if tick.index is not None
+            else sum(1 for op in world.operators.values() if op.in_flight)
+        )
+    else:
+        restored = memory.restored
+    placements = tick.snapshot_placing if first else memory.restored_placements
 
     teardown.ensure_finalizer(tick)
     tables.lifecycle(tick)
@@ -117,26 +145,93 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         balanced_at = world.now
     controller.garbage_collect(tick)
     repaired = len(tick.repairs) if first else memory.repaired
+    also = f" and {placements} placements" if placements else ""
     report = (
-        f"restored {restored} in-flight operators and made {repaired} repairs at epoch {tick.epoch}"
+        f"restored {restored} in-flight operators{also} and made {repaired} repairs at epoch {tick.epoch}"
         if first
         else memory.report
     )
     lost = _lost_captures(tick)
-    published = _status(tick, first, report, sched, sorted(lost - memory.lost_captures), memory.checkpoint_at)
+    published, waiting = _status(tick, first, report, sched, sorted(lost - memory.lost_captures), memory.checkpoint_at)
 
     new_memory = replace(
         memory,
         bootstrapped=True,
         restored=restored,
+        restored_placements=placements,
         repaired=repaired,
         report=report,
         balanced_at=balanced_at,
         counters=counters,
         lost_captures=frozenset(lost),
         checkpoint_at=world.now if published else memory.checkpoint_at,
+        audited_at=world.now if full or first else memory.audited_at,
     )
-    return Decision(tuple(tick.chains), new_memory, repairs=tuple(tick.repairs))
+    return Decision(
+        tuple(tick.chains),
+        new_memory,
+        repairs=tuple(tick.repairs),
+        # The next audit is counted from the last one that ran as such (not from a decision that was full
+        # only because it had no index, as the simulator's agreement check makes).
+        next_due=_next_due(
+            tick,
+            new_memory,
+            sched,
+            options,
+            world.now if audit_due or first else memory.audited_at,
+            memory.checkpoint_at + CHECKPOINT_INTERVAL if waiting else None,
+        ),
+        full=full,
+    )
+
+
+def _next_due(
+    tick: Tick,
+    memory: Memory,
+    sched: SchedulerStatus,
+    options: Options,
+    audited_at: float,
+    checkpoint_due: float | None,
+) -> float | None:
+    """The earliest time after now at which this decision, re-run on the same records, would do something
+    it does not do now: what lets the caller sleep until an event or then (events wake it anyway).
+    ``checkpoint_due``: a new checkpoint waits for ``CHECKPOINT_INTERVAL`` until then."""
+    cf = tick.changefeed
+    cfg = cf.scheduler
+    due: list[float] = []
+    if checkpoint_due is not None:
+        due.append(checkpoint_due)
+    if options.audit_interval > 0:
+        due.append(audited_at + options.audit_interval)
+    if not cf.paused:
+        if cfg.balance_interval_seconds > 0:
+            due.append(memory.balanced_at + cfg.balance_interval_seconds)
+        if traffic.enabled(tick):
+            due.append(memory.counters.checked_at + cfg.traffic_check_interval_seconds)
+    if sched.balance_resumes_at > tick.now:
+        due.append(sched.balance_resumes_at)
+    if sched.state is SchedulerState.COOLING_DOWN and sched.balance_resumes_at:
+        due.append(sched.balance_resumes_at)
+    # A finished operator's retention ends.
+    keep_user, keep_other = cfg.user_operator_retention_seconds, cfg.operator_retention_seconds
+    if tick.index is not None:
+        gc = tick.index.gc_next(keep_user, keep_other)
+        if gc is not None:
+            due.append(gc)
+    else:
+        for op in tick.world.operators.values():
+            if op.phase.terminal and not op.deleting:
+                keep = keep_user if op.source is OpSource.USER else keep_other
+                due.append(max(op.finished_at, op.created) + keep)
+    # A capture's Lease runs out (on the maintainer's clock): its spans are placed again.
+    for name in tick.alive:
+        c = tick.world.captures[name]
+        if c.renew_time is not None:
+            due.append(c.renew_time + c.lease_duration)
+    # What is due already either ran now or waits for something only an event ends (a balance round
+    # waits for operators to finish, spans to be placed): the event wakes the caller.
+    later = [t for t in due if t > tick.now]
+    return min(later) if later else None
 
 
 def _teardown(tick: Tick, memory: Memory) -> Decision:
@@ -205,19 +300,46 @@ def _counts(states: list[SpanState | None]) -> SpanCounts:
 
 def _lost_captures(tick: Tick) -> set[str]:
     """Captures whose Lease lapsed while they held spans or dispatchers of this changefeed."""
+    if tick.index is not None:
+        holding = {c for c, n in tick.index.holding.items() if n > 0} | set(tick.index.disp_by_capture)
+        return {c for c in holding if c not in tick.alive}
     holding = {s.capture for s in tick.world.spans.values() if s.capture and s.state is not SpanState.ABSENT}
     holding |= {d.capture for d in tick.world.dispatchers.values()}
     return {c for c in holding if c not in tick.alive}
 
 
+def _state_counts(tick: Tick, table_id: int | None = None) -> SpanCounts:
+    """Spans per state as this decision leaves them (of one table, or all): from the index, adjusted by
+    what this decision changed (incremental), or by a scan (full)."""
+    if tick.index is None:
+        if table_id is None:
+            return _counts([s.state for s in tick.spans.values()])
+        if tick.per_table_states is None:
+            tick.per_table_states = {}
+            for s in tick.spans.values():
+                tick.per_table_states.setdefault(s.table_id, []).append(s.state)
+        return _counts(tick.per_table_states.get(table_id, []))
+    base = tick.index.state_counts if table_id is None else tick.index.table_counts.get(table_id, Counter())
+    counts = Counter(base)
+    for name in tick.spans.changed:
+        for span, sign in ((tick.world.spans.get(name), -1), (tick.spans.get(name), 1)):
+            if span is not None and (table_id is None or span.table_id == table_id):
+                counts[span.state] += sign
+    return span_counts(counts)
+
+
+def _in_flight_count(tick: Tick) -> int:
+    if tick.index is None:
+        return sum(1 for op in tick.operators.values() if op.in_flight)
+    return len(tick.in_flight())
+
+
 def _status(
     tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_lost: list[str], checkpoint_at: float
-) -> bool:
-    """Changefeed and Table status; True when the Changefeed's write carries a new checkpoint."""
+) -> tuple[bool, bool]:
+    """Changefeed and Table status. Returns (the Changefeed's write carries a new checkpoint, a new
+    checkpoint waits for ``CHECKPOINT_INTERVAL``: the caller is due again then)."""
     cf = tick.changefeed
-    per_table: dict[int, list[SpanState | None]] = {}
-    for s in tick.spans.values():
-        per_table.setdefault(s.table_id, []).append(s.state)
     writes: list[object] = []
     # Level-triggered: re-asserted every decision, so a lost first status write is repaired.
     cond = Condition(
@@ -234,7 +356,10 @@ def _status(
     if first:
         events.append(tick.event(cf, "Bootstrapped", report))
     for name in newly_lost:
-        held = sum(1 for s in tick.world.spans.values() if s.capture == name and s.state is not SpanState.ABSENT)
+        if tick.index is not None:
+            held = tick.index.holding.get(name, 0)
+        else:
+            held = sum(1 for s in tick.world.spans.values() if s.capture == name and s.state is not SpanState.ABSENT)
         capture = tick.world.captures.get(name)
         message = (
             f"capture {name} lost its Lease while holding {held} span(s) of changefeed {cf.name}; they are placed again"
@@ -246,27 +371,38 @@ def _status(
     new = replace(
         cf,
         checkpoint_ts=checkpoint.compute(tick),
-        span_counts=_counts([s.state for s in tick.spans.values()]),
-        operators_in_flight=sum(1 for op in tick.operators.values() if op.in_flight),
+        span_counts=_state_counts(tick),
+        operators_in_flight=_in_flight_count(tick),
         scheduler_status=sched,
         conditions=conditions,
         observed_generation=cf.generation,
     )
     # (A wall clock stepped back makes the difference negative: write then, rather than stall until it catches up.)
+    waiting = False
     if new.checkpoint_ts != cf.checkpoint_ts and 0 <= tick.now - checkpoint_at < CHECKPOINT_INTERVAL:
         unmoved = replace(new, checkpoint_ts=cf.checkpoint_ts)
         if unmoved.status_equal(cf):
             new = unmoved  # only the checkpoint moved, and it was written less than an interval ago: later
+            waiting = True
     published = new.checkpoint_ts != cf.checkpoint_ts
     if not new.status_equal(cf):
         writes.insert(0, WriteStatus(new))
     tick.emit("changefeed status", writes)
     tick.emit("changefeed events", events)
-    for table in tick.world.tables.values():
+    if tick.index is None:
+        candidates = list(tick.world.tables.values())
+    else:
+        # Tables whose status may be stale: those the index found so, and those whose spans changed now.
+        ids = {s.table_id for n in tick.spans.changed for s in (tick.world.spans.get(n), tick.spans.get(n)) if s}
+        names = set(tick.index.table_stale())
+        for tid in ids:
+            names.update(tick.index.table_names.get(tid, ()))
+        candidates = [tick.world.tables[n] for n in names if n in tick.world.tables]
+    for table in sorted(candidates, key=lambda t: t.name):
         if tick.is_touched(table) or table.changefeed != cf.name or tick.tables_by_id.get(table.table_id) is not table:
             continue
         state = "Removing" if table.deleting else "Active"
-        counts = _counts(per_table.get(table.table_id, []))
+        counts = _state_counts(tick, table.table_id)
         if (table.state, table.message, table.span_counts, table.observed_generation) == (
             state,
             "",
@@ -276,4 +412,4 @@ def _status(
             continue
         updated = replace(table, state=state, message="", span_counts=counts, observed_generation=table.generation)
         tick.emit(f"table {table.name} status", [WriteStatus(updated)])
-    return published
+    return published, waiting

@@ -11,6 +11,10 @@ still lower bounds). The checkpoint then only waits; it never passes what a span
 
 Why the exact set and not "the dispatcher is in the report": a digest can only say which set, not
 whether one member belongs to it; and the count is checked first because it is free.
+
+Incremental decisions (``World.index``) do not scan the dispatchers: the index keeps each (capture,
+mode)'s Working dispatchers and the digest of their uids, recomputed only when that set changes
+(``Index.working``), so judging the reports costs O(captures) per decision (:func:`group_reports`).
 """
 
 from __future__ import annotations
@@ -68,4 +72,34 @@ def covered(tick: Tick) -> dict[str, int]:
         if exact(entry, ds) or tick.mutant(MUTANT_BEYOND_COVERAGE):
             for d in ds:
                 out[d.name] = entry.checkpoint_ts
+    return out
+
+
+#: An incremental decision uses no report at all (deliberate bug: the agreement check must see it).
+MUTANT_INCREMENTAL_IGNORES = "incremental-ignores-progress-reports"
+
+
+def group_reports(tick: Tick) -> dict[tuple[str, Mode], int]:
+    """Per (capture, mode) with Working dispatchers of the changefeed: the minimum of that capture's report
+    when it covers exactly those dispatchers (what :func:`covered` gives each of them), from the index."""
+    index = tick.index
+    assert index is not None
+    out: dict[tuple[str, Mode], int] = {}
+    if tick.mutant(MUTANT_INCREMENTAL_IGNORES):
+        return out
+    cf = tick.changefeed.name
+    for name, cap in tick.world.captures.items():
+        if cap.progress is None:
+            continue
+        for mode in Mode:
+            key = (name, mode)
+            members = index.working.get(key)
+            if not members:
+                continue
+            entry = cap.progress.entry(cf, mode)
+            if entry is None:
+                continue
+            exact = entry.dispatchers == len(members) and entry.digest == index.working_digest(key)
+            if exact or tick.mutant(MUTANT_BEYOND_COVERAGE):
+                out[key] = entry.checkpoint_ts
     return out

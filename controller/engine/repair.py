@@ -7,13 +7,16 @@ only these level-triggered rules, applied to whatever no in-flight operator owns
    validated: inside their table's range, of an enabled mode, overlapping no accepted span. They
    become Absent, or Invalid with a reason; an invalid span touches nothing else.
 2. Spans: Replicating whose dispatcher is missing, closed, deleting or on a lost capture -> Absent;
-   Scheduling/Removing with no operator -> Replicating if their dispatcher is Working, else Absent;
-   Absent with a Working dispatcher that matches exactly -> adopted (Replicating), not duplicated.
+   a placement in flight (Scheduling, no operator, its destination recorded: placement.py) is driven
+   one step; Scheduling/Removing whose operator is gone -> Replicating if their dispatcher is Working,
+   else Absent; Absent with a Working dispatcher that matches exactly -> adopted (Replicating), not
+   duplicated.
 3. Dispatchers no span claims (no span, a deleted span, a duplicate for a span that names another)
    are deleted; on a lost capture their finalizer is released too (it fenced itself).
-4. Coverage: a live table with no spans gets its initial spans (pre-split policy); a hole in a
-   table's coverage gets an Absent span; an overlap no operator explains is resolved by removing
-   the newer span; spans of a disabled mode or an unknown table are removed.
+4. Coverage: a live table with no spans gets its initial spans (pre-split policy), placed at once
+   when a capture can take them (whole tables, up to ``basicBatchSize`` new spans a decision, at
+   least one table); a hole in a table's coverage gets a span; an overlap no operator explains is
+   resolved by removing the newer span; spans of a disabled mode or an unknown table are removed.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from controller.engine import controller, naming
+from controller.engine import controller, naming, placement
 from controller.engine.intents import Write
 from controller.engine.operators.common import set_span
-from controller.engine.world import Tick
+from controller.engine.world import Tick, is_placement
 from controller.model.keys import KeyError_, KeyRange, gaps, overlapping_pairs
 from controller.model.records import Dispatcher, Span, SpanOperator, Table
 from controller.model.states import (
@@ -49,7 +52,12 @@ def run(tick: Tick) -> None:
 
 def _owned_dispatchers(tick: Tick) -> set[str]:
     names: set[str] = set()
-    for op in (*tick.world.operators.values(), *tick.operators.values()):
+    if tick.index is None:
+        ops = [*tick.world.operators.values(), *tick.operators.values()]
+    else:  # only Running operators count: those of the snapshot, and those this decision changed
+        ops = [tick.world.operators[n] for n in tick.index.running]
+        ops += [o for o in (tick.operators.get(n) for n in tick.operators.changed) if o is not None]
+    for op in ops:
         if op.phase is OpPhase.RUNNING:
             names.update(o.dispatcher for o in op.origins)
             names.update(t.dispatcher for t in op.targets if t.dispatcher)
@@ -59,7 +67,8 @@ def _owned_dispatchers(tick: Tick) -> set[str]:
 def _planned_ranges(tick: Tick) -> dict[tuple[int, Mode], list[KeyRange]]:
     """Ranges that in-flight operators will create (split children, merged spans), per table and mode."""
     planned: dict[tuple[int, Mode], list[KeyRange]] = defaultdict(list)
-    for op in tick.operators.values():
+    ops = tick.in_flight() if tick.index is not None else list(tick.operators.values())
+    for op in ops:
         if op.phase is not OpPhase.RUNNING or op.type not in (OpType.SPLIT, OpType.MERGE):
             continue
         template = next((tick.world.spans[s] for s in op.spans if s in tick.world.spans), None)
@@ -67,6 +76,8 @@ def _planned_ranges(tick: Tick) -> dict[tuple[int, Mode], list[KeyRange]]:
             template = next((tick.world.spans[t.span] for t in op.targets if t.span in tick.world.spans), None)
         if template is not None:
             planned[(template.table_id, template.mode)].extend(t.key_range for t in op.targets)
+    for ranges in planned.values():
+        ranges.sort()
     return planned
 
 
@@ -74,14 +85,20 @@ def _planned_ranges(tick: Tick) -> dict[tuple[int, Mode], list[KeyRange]]:
 
 
 def validate_new_spans(tick: Tick) -> None:
+    pool = tick.span_candidates(tick.index.by_state[None]) if tick.index is not None else tick.spans.values()
     new = sorted(
-        (s for s in tick.spans.values() if s.state is None and not s.deleting and not tick.busy(s.name)),
+        (s for s in pool if s.state is None and not s.deleting and not tick.busy(s.name)),
         key=lambda s: (s.created, s.name),
     )
     if not new:
         return
     accepted: dict[tuple[int, Mode], list[tuple[str, KeyRange]]] = defaultdict(list)
-    for s in tick.spans.values():
+    if tick.index is None:
+        others: list[Span] = list(tick.spans.values())
+    else:  # only the tables (and modes) of the new spans are asked about
+        keys = {(s.table_id, s.mode) for s in new}
+        others = tick.span_candidates(*(tick.index.spans_by_table.get(k, ()) for k in keys))
+    for s in sorted(others, key=lambda s: s.name):
         # A span an operator owns is taken even before its status is written (a split child, or a
         # span re-created under the name an in-flight Add still targets).
         taken = s.state is not None or tick.busy(s.name)
@@ -129,10 +146,26 @@ def _usable(tick: Tick, d: Dispatcher | None) -> bool:
 def repair_spans(tick: Tick) -> None:
     orphans: dict[tuple[int, Mode, KeyRange], list[Dispatcher]] = defaultdict(list)
     owned_d = _owned_dispatchers(tick)
-    for x in tick.dispatchers.values():
+    if tick.index is None:
+        pool: list[Span] = list(tick.spans.values())
+        disp_pool: list[Dispatcher] = list(tick.dispatchers.values())
+    else:
+        # Candidates: every span not Replicating, the Replicating ones whose dispatcher is not a Working
+        # one of theirs, and those on (or naming a dispatcher on) a capture that is not alive.
+        lost_spans, _ = tick.on_lost_captures()
+        by_state = tick.index.by_state
+        pool = tick.span_candidates(
+            by_state[SpanState.ABSENT],
+            by_state[SpanState.SCHEDULING],
+            by_state[SpanState.REMOVING],
+            () if tick.mutant("incremental-skips-suspect-spans") else tick.index.suspect,
+            lost_spans,
+        )
+        disp_pool = tick.dispatcher_candidates(tick.index.orphans)
+    for x in sorted(disp_pool, key=lambda d: (d.created, d.name)):
         if x.name not in owned_d and x.span not in tick.spans and _usable(tick, x):
             orphans[(x.table_id, x.mode, x.key_range)].append(x)
-    for span in sorted(tick.spans.values(), key=lambda s: s.name):
+    for span in sorted(pool, key=lambda s: s.name):
         if tick.busy(span.name) or span.deleting or tick.is_touched(span) or span.state is None:
             continue
         d = tick.dispatchers.get(span.dispatcher) if span.dispatcher else None
@@ -141,6 +174,13 @@ def repair_spans(tick: Tick) -> None:
                 continue
             why = "its dispatcher is gone" if d is None else f"its dispatcher {d.name} is {d.state or 'lost'}"
             _absent(tick, span, d, f"span {span.name} was Replicating but {why}")
+        elif is_placement(span):
+            if tick.table_live(span.table_id) and tick.mode_enabled(span.mode):
+                tick.emit(f"place {span.name}", placement.advance(tick, span))
+            else:
+                # Table deleted (or mode disabled) mid-placement: given up, as an Add is canceled, so that its
+                # in-flight slot goes to the Remove that takes the span (and closes what was made for it).
+                tick.emit(f"place {span.name} canceled", placement.cancel(tick, span))
         elif span.state in (SpanState.SCHEDULING, SpanState.REMOVING):
             if (
                 span.state is SpanState.SCHEDULING
@@ -201,7 +241,12 @@ def _absent(tick: Tick, span: Span, d: Dispatcher | None, why: str) -> None:
 
 def repair_dispatchers(tick: Tick) -> None:
     owned_d = _owned_dispatchers(tick)
-    for d in sorted(tick.dispatchers.values(), key=lambda d: d.name):
+    if tick.index is None:
+        pool = list(tick.dispatchers.values())
+    else:  # those no span claims, those being deleted, those on a capture that is not alive
+        _, lost = tick.on_lost_captures()
+        pool = tick.dispatcher_candidates(tick.index.unclaimed, tick.index.deleting_dispatchers, lost)
+    for d in sorted(pool, key=lambda d: d.name):
         if d.name in owned_d or tick.busy(d.span) or tick.is_touched(d):
             continue
         if d.deleting:
@@ -218,7 +263,11 @@ def repair_dispatchers(tick: Tick) -> None:
                 tick.repairs.append(f"dispatcher {d.name}: its span {d.span} does not exist")
                 tick.emit(f"orphan {d.name}", tick.close_dispatcher(d))
             continue
-        claimed = span.state is SpanState.REPLICATING and span.dispatcher == d.name and not span.deleting
+        claimed = (
+            (span.state is SpanState.REPLICATING or is_placement(span))
+            and span.dispatcher == d.name
+            and not span.deleting
+        )
         if claimed and _usable(tick, d):
             continue
         if claimed:
@@ -228,7 +277,11 @@ def repair_dispatchers(tick: Tick) -> None:
 
 
 def _claimer(tick: Tick, d: Dispatcher) -> Span | None:
-    for s in tick.spans.values():
+    if tick.index is None:
+        pool: list[Span] = list(tick.spans.values())
+    else:
+        pool = tick.span_candidates(tick.index.spans_naming.get(d.name, ()))
+    for s in sorted(pool, key=lambda s: s.name):
         if s.dispatcher == d.name and s.state is SpanState.REPLICATING:
             return s
     return None
@@ -240,7 +293,14 @@ def _claimer(tick: Tick, d: Dispatcher) -> Span | None:
 def coverage(tick: Tick) -> None:
     by_table: dict[tuple[int, Mode], list[Span]] = defaultdict(list)
     stray: list[Span] = []
-    for s in tick.spans.values():
+    wanted: set[tuple[int, Mode]] | None = None  # the (table, mode) to look at; None: all of them
+    if tick.index is None:
+        pool: list[Span] = list(tick.spans.values())
+    else:
+        # Tables (and modes) whose spans may not partition their range, and those whose spans changed now.
+        wanted = set(tick.index.coverage_problems()) | tick.coverage_changed()
+        pool = tick.span_candidates(tick.index.stray, *(tick.index.spans_by_table.get(k, ()) for k in wanted))
+    for s in sorted(pool, key=lambda s: s.name):
         if s.deleting or s.state is SpanState.INVALID:
             continue
         table = tick.tables_by_id.get(s.table_id)
@@ -251,14 +311,26 @@ def coverage(tick: Tick) -> None:
         if not table.deleting:
             by_table[(s.table_id, s.mode)].append(s)
     planned = _planned_ranges(tick)
-    for table in sorted(tick.tables_by_id.values(), key=lambda t: t.table_id):
+    # New tables' spans, whole tables at a time, up to basicBatchSize a decision (at least one table): they
+    # are placed as they are created, and a decision's writes must stay a batch, not the whole changefeed.
+    initial_left = tick.changefeed.scheduler.basic_batch_size
+    if wanted is None:
+        tables = list(tick.tables_by_id.values())
+    else:
+        tables = [t for t in (tick.tables_by_id.get(tid) for tid in {k[0] for k in wanted}) if t is not None]
+    for table in sorted(tables, key=lambda t: t.table_id):
         if table.deleting or table.changefeed != tick.changefeed.name:
             continue
         for mode in tick.changefeed.modes:
+            if wanted is not None and (table.table_id, mode) not in wanted:
+                continue
             spans = by_table.get((table.table_id, mode), [])
             ranges = [s.key_range for s in spans] + planned.get((table.table_id, mode), [])
             if not ranges:
-                _initial_spans(tick, table, mode)
+                if initial_left <= 0:
+                    tick.coverage_deferred = True  # next decision (which this decision's writes wake)
+                    continue
+                initial_left -= _initial_spans(tick, table, mode)
                 continue
             for hole in gaps(table.key_range, ranges):
                 tick.repairs.append(f"table {table.name} ({mode}): hole {hole} filled with an Absent span")
@@ -268,7 +340,8 @@ def coverage(tick: Tick) -> None:
         _remove_spans(tick, stray, "span of an unknown table or a disabled mode")
 
 
-def _initial_spans(tick: Tick, table: Table, mode: Mode) -> None:
+def _initial_spans(tick: Tick, table: Table, mode: Mode) -> int:
+    """Create ``table``'s first spans in ``mode`` (its pre-split); returns how many."""
     rng = table.key_range
     try:
         if table.pre_split_keys:
@@ -285,9 +358,12 @@ def _initial_spans(tick: Tick, table: Table, mode: Mode) -> None:
         )
     for r in ranges:
         _new_span(tick, table, mode, r)
+    return len(ranges)
 
 
 def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
+    """Create a span for ``rng`` (initial spans, a hole), placed at once if a capture can take it: create,
+    record the placement, create the dispatcher (placement.py); else created Absent."""
     start = max(tick.checkpoint_floor, table.start_ts)
     span = Span(
         name=naming.span_name(tick.changefeed.name, table.table_id, mode, rng),
@@ -315,7 +391,13 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
             )
         return
     accepted = replace(span, state=SpanState.ABSENT, checkpoint_ts=start)
-    tick.emit(f"span {span.name} new", [tick.create(span), tick.write_status(accepted)])
+    create = tick.create(span)
+    # Within the in-flight limit only: the batch is counted in spans created (whole tables, coverage above),
+    # and a span created now and placed later would cost a write more.
+    room = placement.room(tick, batch=False)
+    capture = placement.destination(tick) if not tick.changefeed.paused and room > 0 else ""
+    bind = placement.bind(tick, accepted, capture) if capture else []
+    tick.emit(f"span {span.name} new", [create, *(bind or [tick.write_status(accepted)])])
 
 
 def _resolve_overlaps(tick: Tick, spans: list[Span]) -> None:

@@ -1,31 +1,34 @@
 """The basic scheduler: every Absent span goes to the least-loaded live, non-draining capture.
 
-It creates one Add operator per span (as a SpanOperator, so the placement survives a crash) and
-starts it in the same chain, within ``maxInFlightOperators`` and ``basicBatchSize`` per tick. Names
-are derived from the span and its resourceVersion: the same decision from the same snapshot names the
-same operator, so a retried create is AlreadyExists, not a second operator.
+Each is placed without an operator: the placement is recorded in the span's own status before its
+dispatcher is created (``placement.py``), so it survives a crash; within ``maxInFlightOperators`` (Running
+operators and placements in flight together) and ``basicBatchSize`` placements per decision. Also the
+helpers every automatic scheduler shares (operator names, what may be moved, how many may start).
 """
 
 from __future__ import annotations
 
-from controller.engine import controller, naming
+from controller.engine import naming, placement
 from controller.engine.world import Tick
 from controller.model.records import Span, SpanOperator
 from controller.model.states import OpSource, OpType, SpanState
 
 
 def basic(tick: Tick) -> None:
-    left = room(tick, tick.changefeed.scheduler.basic_batch_size)
+    left = placement.room(tick)
     if left <= 0:
         return
     captures = tick.schedulable_captures()
     if not captures:
         return
     load = tick.load()
+    pool = (
+        tick.span_candidates(tick.index.by_state[SpanState.ABSENT]) if tick.index is not None else tick.spans.values()
+    )
     absent = sorted(
         (
             s
-            for s in tick.spans.values()
+            for s in pool
             if s.state is SpanState.ABSENT
             and not s.deleting
             and not tick.busy(s.name)
@@ -43,23 +46,12 @@ def basic(tick: Tick) -> None:
         if span.name in pending:
             continue  # a queued operator already names it
         capture = min(captures, key=lambda c: (load.get(c, 0), c))
+        writes = placement.bind(tick, span, capture)
+        if not writes:
+            continue  # another span's dispatcher still runs some of its keys: it waits
         load[capture] = load.get(capture, 0) + 1
-        name = _add_name(tick, span.name, span.resource_version)
-        if not name:
-            continue  # made from this very snapshot already and still in flight
-        op = scheduler_operator(tick, name, OpType.ADD, (span.name,), target=capture)
-        controller.admit(tick, op, create=True)
+        tick.emit(f"place {span.name} on {capture}", writes)
         left -= 1
-
-
-def _add_name(tick: Tick, span: str, resource_version: str) -> str:
-    """The Add's name for this span at this resourceVersion; "" if that operator is still in flight.
-
-    A finished operator of the same name does not block a new one: an Add whose start chain broke
-    before it bound the span and whose capture was then lost fails without writing the span, so the
-    span is Absent again at the very same resourceVersion (simulator seed 103).
-    """
-    return fresh_operator_name(tick, OpType.ADD, (span,), (resource_version,))
 
 
 def fresh_operator_name(tick: Tick, type_: OpType, spans: tuple[str, ...], basis: tuple[object, ...]) -> str:

@@ -16,11 +16,15 @@ from controller.engine.intents import AddFinalizer, RemoveFinalizer, WriteStatus
 from controller.engine.operators.common import owned_spans, record
 from controller.engine.world import Tick
 from controller.model.records import SpanOperator, Table
-from controller.model.states import TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType
+from controller.model.states import TABLE_FINALIZER, Kind, Mode, OpPhase, OpSource, OpType
 
 
 def lifecycle(tick: Tick) -> None:
-    for table in sorted(tick.world.tables.values(), key=lambda t: (t.created, t.name)):
+    if tick.index is None:
+        tables = list(tick.world.tables.values())
+    else:  # only the tables that may need something: duplicates, deleted ones, those without the finalizer
+        tables = [tick.world.tables[n] for n in tick.index.table_attention]
+    for table in sorted(tables, key=lambda t: (t.created, t.name)):
         if table.changefeed != tick.changefeed.name:
             continue
         if tick.tables_by_id.get(table.table_id) is not table:
@@ -46,8 +50,14 @@ def _invalid(tick: Tick, table: Table) -> None:
 
 
 def _removing(tick: Tick, table: Table) -> None:
-    spans = sorted(s.name for s in tick.spans.values() if s.table_id == table.table_id and not s.deleting)
-    leftover = [d for d in tick.dispatchers.values() if d.table_id == table.table_id]
+    if tick.index is None:
+        span_pool, disp_pool = list(tick.spans.values()), list(tick.dispatchers.values())
+    else:
+        keys = [(table.table_id, m) for m in Mode]
+        span_pool = tick.span_candidates(*(tick.index.spans_by_table.get(k, ()) for k in keys))
+        disp_pool = tick.dispatcher_candidates(*(tick.index.disp_by_table.get(k, ()) for k in keys))
+    spans = sorted(s.name for s in span_pool if s.table_id == table.table_id and not s.deleting)
+    leftover = [d for d in disp_pool if d.table_id == table.table_id]
     if not spans and not leftover:
         if TABLE_FINALIZER in table.finalizers:
             tick.emit(f"table {table.name} released", [RemoveFinalizer(Kind.TABLE, table.name, TABLE_FINALIZER)])

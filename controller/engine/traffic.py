@@ -70,7 +70,7 @@ def run(tick: Tick, counters: Counters) -> Counters:
     cfg = tick.changefeed.scheduler
     if not enabled(tick) or tick.now - counters.checked_at < cfg.traffic_check_interval_seconds:
         return counters
-    loads = _loads(tick)
+    loads = _loads(tick, counters)
     old_hot, old_cold = counters.hot, counters.cold
     hot: dict[str, int] = {}
     cold: dict[str, int] = {}
@@ -114,10 +114,17 @@ def _hot_spot(name: str, load: _Load, children: Mapping[str, float]) -> bool:
     return parent is not None and load.rate > parent / 2
 
 
-def _loads(tick: Tick) -> dict[str, _Load]:
-    """What each Replicating span's Working dispatcher last reported."""
+def _loads(tick: Tick, counters: Counters) -> dict[str, _Load]:
+    """What each Replicating span's Working dispatcher last reported.
+
+    In an incremental decision, only for the spans that can count: those the index finds hot or cold now,
+    and those counted before (their count ends)."""
     out: dict[str, _Load] = {}
-    for s in tick.spans.values():
+    if tick.index is None:
+        pool: list[Span] = list(tick.spans.values())
+    else:
+        pool = tick.span_candidates(tick.index.hot, tick.index.cold, counters.hot, counters.cold)
+    for s in sorted(pool, key=lambda s: s.name):
         if s.state is not SpanState.REPLICATING or s.deleting or not s.dispatcher:
             continue
         d = tick.dispatchers.get(s.dispatcher)
@@ -145,9 +152,16 @@ def _busy_tables(tick: Tick) -> set[tuple[int, Mode]]:
     return busy
 
 
-def _spans_by_table(tick: Tick) -> dict[tuple[int, Mode], list[Span]]:
+def _spans_by_table(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> dict[tuple[int, Mode], list[Span]]:
+    """Spans per table and mode (not deleting, not Invalid), key-ordered; in an incremental decision only
+    for ``keys`` (the tables the caller asks about)."""
     groups: dict[tuple[int, Mode], list[Span]] = {}
-    for s in tick.spans.values():
+    if tick.index is None:
+        pool: list[Span] = list(tick.spans.values())
+    else:
+        pool = tick.span_candidates(*(tick.index.spans_by_table.get(k, ()) for k in sorted(keys or ())))
+        pool = [s for s in pool if (s.table_id, s.mode) in (keys or ())]
+    for s in pool:
         if not s.deleting and s.state is not SpanState.INVALID:
             groups.setdefault((s.table_id, s.mode), []).append(s)
     for spans in groups.values():
@@ -183,7 +197,8 @@ def _split(
 ) -> set[tuple[int, Mode]]:
     cfg = tick.changefeed.scheduler
     done: set[tuple[int, Mode]] = set()
-    groups = _spans_by_table(tick)
+    due = [n for n, c in hot.items() if c >= cfg.split_checks]
+    groups = _spans_by_table(tick, {(tick.spans[n].table_id, tick.spans[n].mode) for n in due})
     left = room(tick, cfg.max_in_flight_operators)
     for name in sorted(n for n, c in hot.items() if c >= cfg.split_checks):
         span = tick.spans[name]
@@ -231,7 +246,11 @@ def _merge(tick: Tick, loads: Mapping[str, _Load], cold: dict[str, int], busy: s
     if cfg.merge_write_threshold <= 0:
         return
     left = min(cfg.merge_max_per_round, room(tick, cfg.merge_max_per_round))
-    for key, spans in sorted(_spans_by_table(tick).items()):
+    # Only a table with a span cold for long enough can merge anything.
+    ripe = {(tick.spans[n].table_id, tick.spans[n].mode) for n, c in cold.items() if c >= cfg.merge_checks}
+    for key, spans in sorted(_spans_by_table(tick, ripe).items()):
+        if key not in ripe:
+            continue
         if left <= 0:
             return
         table = tick.tables_by_id.get(key[0])

@@ -1,23 +1,67 @@
 """The engine's input: a snapshot of one changefeed's world, and the per-tick view built over it.
 
 ``World`` is what the caller gathers (from informer caches in production, from the simulated API in
-the simulator): plain records, nothing else. ``Tick`` is the engine's scratch space for one decision:
-indexes over the snapshot, an overlay of the records this decision has already changed (so that later
-phases see earlier phases' effects), and the chains it has decided on.
+the simulator): plain records, and optionally the ``Index`` the caller keeps over them per event
+(``controller.engine.index``). ``Tick`` is the engine's scratch space for one decision: lookups over the
+snapshot, an overlay of the records this decision has already changed (so that later phases see
+earlier phases' effects), and the chains it has decided on.
+
+A decision is *incremental* when the world comes with an index (``Tick.index`` set): each phase then
+visits the index's candidates for its rule (plus whatever this decision changed) instead of every
+record, and the aggregates (load, counts, checkpoint) come from the index adjusted by the overlay. A
+*full* decision (no index: tests, the periodic audit, the simulator's agreement check) visits every
+record, as the rules are written. Both must decide exactly the same; the simulator checks it.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from controller.engine.intents import Chain, Create, Delete, Event, FenceCapture, RemoveFinalizer, WriteStatus
 from controller.model import progress
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
 from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
+
+if TYPE_CHECKING:
+    from controller.engine.index import Index
+
+V = TypeVar("V")
+
+
+def is_placement(span: Span | None) -> bool:
+    """``span`` is being placed without an operator: its status records the destination (placement.py)."""
+    return span is not None and span.state is SpanState.SCHEDULING and not span.operator and bool(span.capture)
+
+
+def covers_differently(old: Span | None, new: Span | None) -> bool:
+    """``old`` and ``new`` (versions of one span) count differently towards their table's coverage: one
+    exists and the other not, or one is deleting, Invalid or not yet validated and the other not. A
+    change of state among accepted ones (Absent, Scheduling, Replicating, Removing) does not matter."""
+    if old is None or new is None:
+        return old is not new
+    return (
+        old.deleting != new.deleting
+        or (old.state is SpanState.INVALID) != (new.state is SpanState.INVALID)
+        or (old.state is None) != (new.state is None)
+    )
+
+
+def _load_of_span(span: Span | None) -> str:
+    """The capture a span counts towards in ``Tick.load`` ("" for none)."""
+    if span is None or not span.capture:
+        return ""
+    return span.capture if span.state is SpanState.REPLICATING or is_placement(span) else ""
+
+
+def _load_of_operator(op: SpanOperator | None) -> list[str]:
+    if op is None or not op.in_flight:
+        return []
+    return [t.capture for t in op.targets if t.capture and not t.done]
 
 
 @dataclass(frozen=True)
@@ -31,6 +75,61 @@ class World:
     dispatchers: Mapping[str, Dispatcher] = field(default_factory=dict)
     operators: Mapping[str, SpanOperator] = field(default_factory=dict)
     captures: Mapping[str, Capture] = field(default_factory=dict)
+    #: The caller's index over exactly these records (``tables`` .. ``operators`` are its own maps then);
+    #: None: decide over everything (a full decision).
+    index: Index | None = field(default=None, compare=False)
+
+
+class Overlay(Mapping[str, V], Generic[V]):
+    """A mapping over ``base`` (never changed) with this decision's changes on top; O(1) to make.
+
+    ``changed`` holds every name set or deleted here. Iterating visits the whole base: only a full
+    decision does that."""
+
+    __slots__ = ("base", "changed")
+
+    def __init__(self, base: Mapping[str, V]) -> None:
+        self.base = base
+        self.changed: dict[str, V | None] = {}
+
+    def __getitem__(self, name: str) -> V:
+        if name in self.changed:
+            value = self.changed[name]
+            if value is None:
+                raise KeyError(name)
+            return value
+        return self.base[name]
+
+    def get(self, name: str, default: V | None = None) -> V | None:  # type: ignore[override]
+        if name in self.changed:
+            value = self.changed[name]
+            return default if value is None else value
+        return self.base.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        if name in self.changed:
+            return self.changed[name] is not None  # type: ignore[index]
+        return name in self.base
+
+    def __iter__(self) -> Iterator[str]:
+        for name in self.base:
+            if name not in self.changed or self.changed[name] is not None:
+                yield name
+        for name, value in self.changed.items():
+            if value is not None and name not in self.base:
+                yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __setitem__(self, name: str, value: V) -> None:
+        self.changed[name] = value
+
+    def pop(self, name: str, default: V | None = None) -> V | None:
+        value = self.get(name, default)
+        if name in self:
+            self.changed[name] = None
+        return value
 
 
 #: Switches for the simulator's mutation check: each names a deliberate bug. Production passes none.
@@ -45,6 +144,11 @@ MUTANTS = frozenset(
         "tables-never-detached",  # a deleted Changefeed's Tables keep the finalizer (teardown and janitor)
         "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)
         "reshape-without-capture-skips-new-spans",  # no capture at CreateSpans: Succeeded, new spans never made
+        "placement-waits-for-a-lost-capture",  # a placement whose destination is lost waits forever
+        "placement-starts-ahead",  # a placement's dispatcher starts above the span's checkpoint (a gap)
+        "incremental-skips-suspect-spans",  # an incremental decision misses Replicating spans whose dispatcher died
+        "incremental-skips-lost-captures",  # an incremental decision misses what is on a capture that was lost
+        "incremental-ignores-progress-reports",  # an incremental checkpoint uses no capture's progress report
         "release-before-fence",  # finalizers of a lapsed capture released without taking its Lease first
         # Not the engine's: the simulator's capture model and the maintainer's liveness clock.
         "capture-resumes-after-takeover",  # a paused capture resumes though its Lease was taken meanwhile
@@ -55,9 +159,18 @@ MUTANTS = frozenset(
 )
 
 
+#: Seconds between full audits (every rule over every record) by default: the backstop of incremental
+#: decisions. A full decision at 50,000 spans takes seconds; this keeps its share of a core small.
+AUDIT_INTERVAL = 300.0
+
+
 @dataclass(frozen=True)
 class Options:
     mutants: frozenset[str] = frozenset()
+    #: Every this many seconds a decision ignores the world's index and evaluates every rule over
+    #: everything (the full audit), so that a candidate the index failed to offer can delay a repair but
+    #: never lose it. 0: every decision is full.
+    audit_interval: float = AUDIT_INTERVAL
 
     def __post_init__(self) -> None:
         unknown = self.mutants - MUTANTS
@@ -68,8 +181,10 @@ class Options:
 class Tick:
     """One decision's working state. Only the engine creates and mutates it."""
 
-    def __init__(self, world: World, epoch: int, options: Options) -> None:
+    def __init__(self, world: World, epoch: int, options: Options, full: bool = False) -> None:
         self.world = world
+        #: The world's index, unless this decision is full (then every phase visits every record).
+        self.index: Index | None = None if full else world.index
         self.now = world.now
         self.epoch = epoch
         self.options = options
@@ -77,14 +192,22 @@ class Tick:
         #: Nothing is ever started below this: the published checkpoint, or the changefeed's start ts.
         self.checkpoint_floor = max(world.changefeed.checkpoint_ts, world.changefeed.start_ts)
         self.chains: list[Chain] = []
-        # Overlay: records as this decision leaves them (None: deleted).
-        self.spans: dict[str, Span] = dict(world.spans)
-        self.operators: dict[str, SpanOperator] = dict(world.operators)
-        self.dispatchers: dict[str, Dispatcher] = dict(world.dispatchers)
+        # Overlay: records as this decision leaves them.
+        self.spans: Overlay[Span] = Overlay(world.spans)
+        self.operators: Overlay[SpanOperator] = Overlay(world.operators)
+        self.dispatchers: Overlay[Dispatcher] = Overlay(world.dispatchers)
         self.touched: set[tuple[Kind, str]] = set()
         self._by_span: defaultdict[str, list[Dispatcher]] | None = None
-        self._by_table: dict[tuple[int, Mode], tuple[list[bytes], list[bytes], list[str]]] | None = None
-        self._created: defaultdict[tuple[int, Mode], list[str]] = defaultdict(list)
+        #: Dispatchers this decision creates, by span (an incremental decision's ``dispatchers_of_span``).
+        self._new_by_span: defaultdict[str, list[str]] = defaultdict(list)
+        self._by_table: dict[tuple[int, Mode], tuple[list[bytes], list[bytes], list[str]]] = {}
+        #: Dispatchers this decision creates, per table and mode, in key order: (start keys, end keys, names).
+        #: They never overlap one another (each was created only when no dispatcher ran any of its keys), so
+        #: a query bisects; if that ever failed to hold, ``_created_unsorted`` makes queries scan them.
+        self._created: defaultdict[tuple[int, Mode], tuple[list[bytes], list[bytes], list[str]]] = defaultdict(
+            lambda: ([], [], [])
+        )
+        self._created_unsorted: set[tuple[int, Mode]] = set()
         self.repairs: list[str] = []
         self.alive = {n for n, c in world.captures.items() if c.alive(world.now)}
         self._fencing: set[str] = set()  # captures whose Lease this decision takes
@@ -92,7 +215,7 @@ class Tick:
         # Running operators and the spans they own, kept current as operators change in this tick.
         self.owner: dict[str, str] = {}
         self.running = 0
-        for op in self.operators.values():
+        for op in self._running_in_world():
             self._count(op, +1)
         #: Operators Running in the snapshot, and the ones this decision starts. Slots freed by an
         #: operator finishing in this decision are not reused before the next one: chains fail
@@ -102,9 +225,114 @@ class Tick:
         #: the next one: the releasing write may fail while a new claim in another chain lands.
         self.snapshot_owner: dict[str, str] = dict(self.owner)
         self.started: set[str] = set()
+        #: Placements in flight (spans Scheduling with no operator: placement.py); they take in-flight slots
+        #: like Running operators. ``started_placements``: those this decision starts.
+        if self.index is not None:
+            self.placing = len(self.index.placing)
+        else:
+            self.placing = sum(1 for s in self.spans.values() if is_placement(s))
+        self.snapshot_placing = self.placing
+        self.started_placements: set[str] = set()
+        self._load: dict[str, int] | None = None
+        #: Coverage left some new tables' spans for the next decision (its batch was full): no balancing.
+        self.coverage_deferred = False
+        #: Span states per table, for the status phase of a full decision (built once, at that phase).
+        self.per_table_states: dict[int, list[SpanState | None]] | None = None
         self.tables_by_id: dict[int, Table] = {}
-        for t in sorted(world.tables.values(), key=lambda t: (t.created, t.name)):
-            self.tables_by_id.setdefault(t.table_id, t)
+        if self.index is not None:
+            self.tables_by_id = self.index.tables_by_id
+        else:
+            for t in sorted(world.tables.values(), key=lambda t: (t.created, t.name)):
+                self.tables_by_id.setdefault(t.table_id, t)
+
+    def _running_in_world(self) -> list[SpanOperator]:
+        """The snapshot's Running operators, oldest first."""
+        if self.index is not None:
+            ops = [self.world.operators[n] for n in self.index.running]
+        else:
+            ops = [op for op in self.world.operators.values() if op.phase is OpPhase.RUNNING]
+        return sorted(ops, key=lambda o: (o.created, o.name))
+
+    # -- candidates (an incremental decision visits these; a full one, everything) ----------------
+
+    @property
+    def incremental(self) -> bool:
+        return self.index is not None
+
+    def span_candidates(self, *names: Iterable[str]) -> list[Span]:
+        """Spans (as this decision left them) to visit: in a full decision every span; in an incremental
+        one the spans named (the index's candidates for the rule) and every span this decision changed.
+        Unsorted: each rule sorts, and applies its full predicate."""
+        if self.index is None:
+            return list(self.spans.values())
+        wanted: set[str] = set(self.spans.changed)
+        for group in names:
+            wanted.update(group)
+        for d in self.dispatchers.changed:  # a span's rules look at its dispatcher
+            wanted.update(self.index.spans_naming.get(d, ()))
+            x = self.dispatchers.get(d) or self.world.dispatchers.get(d)
+            if x is not None:
+                wanted.add(x.span)
+        out = []
+        for name in wanted:
+            span = self.spans.get(name)
+            if span is not None:
+                out.append(span)
+        return out
+
+    def dispatcher_candidates(self, *names: Iterable[str]) -> list[Dispatcher]:
+        """As ``span_candidates``, for dispatchers (also those of spans this decision changed)."""
+        if self.index is None:
+            return list(self.dispatchers.values())
+        wanted: set[str] = set(self.dispatchers.changed)
+        for group in names:
+            wanted.update(group)
+        for span in self.spans.changed:
+            wanted.update(self.index.disp_by_span.get(span, ()))
+            wanted.update(self._new_by_span.get(span, ()))
+            for x in (self.world.spans.get(span), self.spans.get(span)):  # the dispatcher it names
+                if x is not None and x.dispatcher:
+                    wanted.add(x.dispatcher)
+        out = []
+        for name in wanted:
+            d = self.dispatchers.get(name)
+            if d is not None:
+                out.append(d)
+        return out
+
+    def lost_holders(self) -> list[str]:
+        """Capture names that spans or dispatchers of this changefeed refer to and that are not alive."""
+        assert self.index is not None
+        return sorted(c for c in {*self.index.spans_by_capture, *self.index.disp_by_capture} if c not in self.alive)
+
+    def on_lost_captures(self) -> tuple[set[str], set[str]]:
+        """Spans and dispatchers (of the snapshot) on captures that are not alive: the dynamic candidates of
+        the repair rules (a capture's Lease lapses with time, not with an event)."""
+        assert self.index is not None
+        spans: set[str] = set()
+        dispatchers: set[str] = set()
+        if self.mutant("incremental-skips-lost-captures"):
+            return spans, dispatchers  # deliberate bug for the mutation check (the agreement check sees it)
+        for c in self.lost_holders():
+            spans.update(self.index.spans_by_capture.get(c, ()))
+            for d in self.index.disp_by_capture.get(c, ()):
+                dispatchers.add(d)
+                spans.update(self.index.spans_naming.get(d, ()))
+        return spans, dispatchers
+
+    def coverage_changed(self) -> set[tuple[int, Mode]]:
+        """Tables (and modes) whose coverage this decision changed: a span created, deleted, refused..."""
+        keys: set[tuple[int, Mode]] = set()
+        for name in self.spans.changed:
+            old, new = self.world.spans.get(name), self.spans.get(name)
+            if covers_differently(old, new):
+                keys.update((s.table_id, s.mode) for s in (old, new) if s is not None)
+        return keys
+
+    def in_flight_names(self) -> set[str]:
+        """Operators that may be in flight now: the snapshot's in flight and those this decision changed."""
+        assert self.index is not None
+        return self.index.in_flight | set(self.operators.changed)
 
     # -- switches -------------------------------------------------------------------------------
 
@@ -142,11 +370,15 @@ class Tick:
         return mode in self.changefeed.modes
 
     def dispatchers_of_span(self, span: str) -> list[Dispatcher]:
-        if self._by_span is None:
-            self._by_span = defaultdict(list)
-            for d in self.dispatchers.values():
-                self._by_span[d.span].append(d)
-        found = [self.dispatchers.get(d.name) for d in self._by_span.get(span, ())]
+        if self.index is not None:
+            names = [*self.index.disp_by_span.get(span, ()), *self._new_by_span.get(span, ())]
+            found = [self.dispatchers.get(n) for n in names]
+        else:
+            if self._by_span is None:
+                self._by_span = defaultdict(list)
+                for d in self.dispatchers.values():
+                    self._by_span[d.span].append(d)
+            found = [self.dispatchers.get(d.name) for d in self._by_span.get(span, ())]
         # A span may also claim, through status.dispatcher, a dispatcher it adopted whose spec names a
         # span that no longer exists (repair rule 2): it is that span's dispatcher all the same.
         owner = self.spans.get(span)
@@ -163,19 +395,25 @@ class Tick:
         Called once per placement, so it must not scan the table: per table and mode, the snapshot's
         dispatchers are sorted by start key with a running maximum of end keys; a query bisects to
         the last start below ``rng.end`` and walks back only while an earlier range could still reach
-        ``rng.start``. Dispatchers created in this decision are few and checked one by one.
+        ``rng.start``. Dispatchers created in this decision (a new table's, thousands) are kept in key
+        order as they are created, and bisected likewise.
         """
-        if self._by_table is None:
-            groups: defaultdict[tuple[int, Mode], list[Dispatcher]] = defaultdict(list)
-            for d in self.world.dispatchers.values():
-                groups[(d.table_id, d.mode)].append(d)
-            self._by_table = {}
-            for key, ds in groups.items():
-                ds.sort(key=lambda d: d.key_range.start)
+        key = (table_id, mode)
+        if key not in self._by_table:
+            # Per table and mode, built on the first query of the decision (from the index's dispatchers of
+            # the table, or a scan of the snapshot in a full decision).
+            groups: dict[tuple[int, Mode], list[Dispatcher]] = {key: []}
+            if self.index is not None:
+                groups[key] = [self.world.dispatchers[n] for n in self.index.disp_by_table.get(key, ())]
+            else:
+                for d in self.world.dispatchers.values():
+                    groups.setdefault((d.table_id, d.mode), []).append(d)
+            for k, ds in groups.items():
+                ds.sort(key=lambda d: (d.key_range.start, d.name))
                 reach: list[bytes] = []
                 for d in ds:
                     reach.append(max(reach[-1], d.key_range.end) if reach else d.key_range.end)
-                self._by_table[key] = ([d.key_range.start for d in ds], reach, [d.name for d in ds])
+                self._by_table[k] = ([d.key_range.start for d in ds], reach, [d.name for d in ds])
         found: list[Dispatcher] = []
         starts, reach, names = self._by_table.get((table_id, mode), ([], [], []))
         j = bisect.bisect_left(starts, rng.end) - 1
@@ -184,28 +422,69 @@ class Tick:
             if hit is not None and hit.key_range.overlaps(rng):
                 found.append(hit)
             j -= 1
-        for name in self._created.get((table_id, mode), ()):
-            new = self.dispatchers.get(name)
-            if new is not None and new.key_range.overlaps(rng):
-                found.append(new)
+        created = self._created.get((table_id, mode))
+        if created is not None:
+            c_starts, c_ends, c_names = created
+            if (table_id, mode) in self._created_unsorted:
+                hits = range(len(c_names))
+            else:  # disjoint and sorted: the ends are sorted too; walk back from the last start below the end
+                last = bisect.bisect_left(c_starts, rng.end) - 1
+                first = last
+                while first >= 0 and c_ends[first] > rng.start:
+                    first -= 1
+                hits = range(first + 1, last + 1)
+            for i in hits:
+                new = self.dispatchers.get(c_names[i])
+                if new is not None and new.key_range.overlaps(rng):
+                    found.append(new)
         return sorted(found, key=lambda d: d.name)
 
     def in_flight(self) -> list[SpanOperator]:
-        ops = (o for o in self.operators.values() if o.in_flight)
+        if self.index is not None:
+            found = (self.operators.get(n) for n in self.in_flight_names())
+            ops = [o for o in found if o is not None and o.in_flight]
+        else:
+            ops = [o for o in self.operators.values() if o.in_flight]
         return sorted(ops, key=lambda o: (o.created, o.name))
 
     def load(self) -> dict[str, int]:
-        """Spans per capture: replicating ones, plus in-flight operator targets."""
-        counts: dict[str, int] = defaultdict(int)
-        for s in self.spans.values():
-            if s.state is SpanState.REPLICATING and s.capture:
-                counts[s.capture] += 1
-        for op in self.operators.values():
-            if op.in_flight:
-                for t in op.targets:
-                    if t.capture and not t.done:
-                        counts[t.capture] += 1
-        return counts
+        """Spans per capture: replicating ones and placements in flight, plus in-flight operator targets.
+
+        Computed once per decision, then kept current as the decision changes records (``note``); the
+        caller gets a copy it may change."""
+        if self._load is None:
+            counts: dict[str, int] = defaultdict(int)
+            if self.index is not None:
+                counts.update(self.index.span_load)
+                for name in self.spans.changed:
+                    for c, sign in (
+                        (_load_of_span(self.world.spans.get(name)), -1),
+                        (_load_of_span(self.spans.get(name)), 1),
+                    ):
+                        if c:
+                            counts[c] += sign
+                ops: Iterable[SpanOperator] = self.in_flight()
+            else:
+                for s in self.spans.values():
+                    c = _load_of_span(s)
+                    if c:
+                        counts[c] += 1
+                ops = self.operators.values()
+            for op in ops:
+                for c in _load_of_operator(op):
+                    counts[c] += 1
+            self._load = counts
+        return defaultdict(int, self._load)
+
+    def _adjust_load(self, minus: list[str], plus: list[str]) -> None:
+        if self._load is None:
+            return
+        for c in minus:
+            if c:
+                self._load[c] -= 1
+        for c in plus:
+            if c:
+                self._load[c] = self._load.get(c, 0) + 1
 
     # -- recording decisions --------------------------------------------------------------------
 
@@ -215,8 +494,11 @@ class Tick:
             self.chains.append(Chain(ws, why))  # type: ignore[arg-type]
 
     def slots_used(self) -> int:
-        """Operators that may be Running once this decision's chains land (in any subset)."""
-        return max(self.running, self.snapshot_running + len(self.started))
+        """Operators that may be Running, and placements in flight, once this decision's chains land (in any
+        subset): a slot freed in this decision is not reused before the next one."""
+        now = self.running + self.placing
+        snapshot = self.snapshot_running + self.snapshot_placing + len(self.started) + len(self.started_placements)
+        return max(now, snapshot)
 
     def _count(self, op: SpanOperator, sign: int) -> None:
         if op.phase is not OpPhase.RUNNING:
@@ -232,11 +514,17 @@ class Tick:
         """Record ``obj`` as this decision leaves it, so later phases of the tick see it."""
         self.touched.add((obj.kind, obj.name))
         if isinstance(obj, Span):
+            old_span = self.spans.get(obj.name)
             self.spans[obj.name] = obj
+            self.placing += is_placement(obj) - is_placement(old_span)
+            if is_placement(obj) and not is_placement(self.world.spans.get(obj.name)):
+                self.started_placements.add(obj.name)
+            self._adjust_load([_load_of_span(old_span)], [_load_of_span(obj)])
         elif isinstance(obj, SpanOperator):
             old = self.operators.get(obj.name)
             if old is not None:
                 self._count(old, -1)
+            self._adjust_load(_load_of_operator(old), _load_of_operator(obj))
             self.operators[obj.name] = obj
             self._count(obj, +1)
             before = self.world.operators.get(obj.name)
@@ -246,19 +534,31 @@ class Tick:
             if obj.name not in self.dispatchers and self._by_span is not None:
                 self._by_span[obj.span].append(obj)
             if obj.name not in self.world.dispatchers and obj.name not in self.dispatchers:
-                self._created[(obj.table_id, obj.mode)].append(obj.name)
+                key = (obj.table_id, obj.mode)
+                starts, ends, names = self._created[key]
+                i = bisect.bisect_left(starts, obj.key_range.start)
+                if (i > 0 and ends[i - 1] > obj.key_range.start) or (i < len(starts) and starts[i] < obj.key_range.end):
+                    self._created_unsorted.add(key)  # overlaps one created before: queries scan (never seen)
+                starts.insert(i, obj.key_range.start)
+                ends.insert(i, obj.key_range.end)
+                names.insert(i, obj.name)
+                if obj.name not in self._new_by_span[obj.span]:
+                    self._new_by_span[obj.span].append(obj.name)
             self.dispatchers[obj.name] = obj
 
     def forget(self, kind: Kind, name: str) -> None:
         self.touched.add((kind, name))
         if kind is Kind.SPAN:
-            self.spans.pop(name, None)
+            old_span = self.spans.pop(name, None)
+            self.placing -= is_placement(old_span)
+            self._adjust_load([_load_of_span(old_span)], [])
         elif kind is Kind.DISPATCHER:
             self.dispatchers.pop(name, None)
         elif kind is Kind.OPERATOR:
             old = self.operators.pop(name, None)
             if old is not None:
                 self._count(old, -1)
+            self._adjust_load(_load_of_operator(old), [])
 
     def is_touched(self, obj: Record) -> bool:
         return (obj.kind, obj.name) in self.touched

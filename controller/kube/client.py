@@ -171,10 +171,13 @@ class Client:
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
-            text = await resp.text()
+            # Parsed from the bytes (no decoded copy of a LIST of 50,000 objects beside them).
+            body = await resp.read()
+            text = body.decode("utf-8", "replace") if resp.status >= 400 or not body else ""
             try:
-                payload: JSON = json.loads(text) if text else {}
+                payload: JSON = json.loads(body) if body else {}
             except ValueError:
+                text = body.decode("utf-8", "replace")
                 if resp.status >= 400:  # e.g. a proxy's HTML error page: the status still says what happened
                     raise ApiError(resp.status, str(resp.status), text[:200]) from None
                 problem = f"HTTP {resp.status} with a body that is not JSON: {text[:120]!r}"

@@ -101,7 +101,7 @@ class Executor:
         creates for a changefeed are garbage-collected with it if its teardown finalizer is taken off by
         hand. No ``blockOwnerDeletion``: it would need the ``changefeeds/finalizers`` permission where the
         OwnerReferencesPermissionEnforcement admission plugin is on, and the teardown orders deletions."""
-        return changefeed_owner(self.informer.store.objects.get("Changefeed", {}).get(changefeed))
+        return self.informer.store.owner_reference(changefeed)
 
     def _failed(self, reason: str) -> None:
         self.errors[reason] += 1
@@ -216,13 +216,12 @@ class Executor:
         self.informer.offer(LEASE, taken)
 
     async def _finalizer(self, w: I.AddFinalizer | I.RemoveFinalizer, local: dict[tuple[str, str], str]) -> None:
-        current = self.informer.store.objects.get(w.kind.value, {}).get(w.name)
+        current = self.informer.store.record(w.kind, w.name)
         if current is None:
             if isinstance(w, I.RemoveFinalizer):
                 return
             raise ApiError(404, "NotFound", f"{w.kind} {w.name} not in cache")
-        meta = current["metadata"]
-        have = list(meta.get("finalizers", []))
+        have = list(current.finalizers)
         if isinstance(w, I.AddFinalizer):
             if w.finalizer in have:
                 return
@@ -231,7 +230,7 @@ class Executor:
             if w.finalizer not in have:
                 return
             want = [f for f in have if f != w.finalizer]
-        rv = local.get((w.kind.value, w.name), meta.get("resourceVersion", ""))
+        rv = local.get((w.kind.value, w.name), current.resource_version)
         patch = {"metadata": {"finalizers": want, "resourceVersion": rv}}
         try:
             updated = await self.client.patch(RESOURCES[w.kind], self.namespace, w.name, patch)

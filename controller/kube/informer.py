@@ -23,21 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.engine.index import Index
 from controller.engine.liveness import Silence, ViewClock
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Resource
 from controller.model import resources as conv
-from controller.model.records import Capture, Record
-from controller.model.states import Kind
+from controller.model.progress import PROGRESS_ANNOTATION, ProgressEntry
+from controller.model.records import Capture, Dispatcher, Record, Span
+from controller.model.states import API_VERSION, Kind
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 LEASE = "Lease"
-CAPTURE_LEASE_PREFIX = conv.lease_name("")
 #: Reconnect backoff: doubling from ``MIN_BACKOFF`` up to this (a returning API is used within ~1 s).
 MIN_BACKOFF = 0.25
 MAX_BACKOFF = 1.0
@@ -57,93 +59,321 @@ def _rv(obj: JSON) -> int:
         return 0
 
 
+#: Kinds kept as records only (their raw objects are dropped once converted): the many. Captures and
+#: Leases (a few per capture and changefeed) keep their raw objects: a Capture's record is computed
+#: from its object and its Lease together.
+RECORD_ONLY = frozenset(
+    {Kind.CHANGEFEED.value, Kind.TABLE.value, Kind.SPAN.value, Kind.DISPATCHER.value, Kind.OPERATOR.value}
+)
+SPAN, DISPATCHER = Kind.SPAN.value, Kind.DISPATCHER.value
+#: Seconds a LIST waits for another kind's LIST to end before it goes ahead all the same.
+LIST_PATIENCE = 5.0
+#: At most this many distinct label and finalizer tuples are shared (``Store._compact``).
+MAX_INTERNED = 10_000
+#: Lease names that are captures' (``capture-<name>``); the maintainers' own are ``cfm-<changefeed>``.
+CAPTURE_LEASE_PREFIX = conv.lease_name("")
+
+
+def _report(lease: JSON | None) -> tuple[ProgressEntry, ...] | None:
+    """The entries of the progress report a Lease carries (() if none; None if it does not parse). Only
+    the entries matter to a decision, not when the report was made."""
+    annotations = ((lease or {}).get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(PROGRESS_ANNOTATION) if isinstance(annotations, dict) else None
+    if not text:
+        return ()
+    report = conv.progress_from_json(text)
+    return None if report is None else report.entries
+
+
+def _report_changefeeds(
+    before: tuple[ProgressEntry, ...] | None, after: tuple[ProgressEntry, ...] | None
+) -> set[str] | None:
+    """The changefeeds whose entries differ between two reports (None, every changefeed, if one of them
+    does not parse)."""
+    if before is None or after is None:
+        return None
+    old = {(e.changefeed, e.mode): e for e in before}
+    new = {(e.changefeed, e.mode): e for e in after}
+    return {key[0] for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
+
+
 @dataclass
 class Store:
-    """Raw objects per kind by name, with tombstones; records are converted lazily and memoised."""
+    """Records per kind by name, with tombstones, and the engine's per-changefeed ``Index`` over them.
+
+    Spans, Dispatchers, SpanOperators, Tables and Changefeeds are converted to records as they arrive and
+    their raw objects dropped (at 50,000 spans the raw JSON would be most of the process's memory);
+    each record is also routed to the ``Index`` of its changefeed, which keeps the candidate sets and
+    aggregates a decision needs (``controller.engine.index``). Captures and Leases keep their raw
+    objects (few), and a Capture's record is converted lazily with its Lease.
+
+    ``last_change`` says, after each ``put``/``remove``, which changefeeds the change concerns: a set of
+    names (a record of theirs; a capture's Lease whose progress report changed for them, which may move
+    their checkpoint), ``None`` for every changefeed (a Capture, a capture's Lease that may change its
+    liveness or whether it is taken), or an empty set (nothing a decision depends on: a live capture's
+    Lease renewal with the same report, a maintainer's Lease).
+    """
 
     objects: dict[str, dict[str, JSON]] = field(default_factory=dict)
     tombstones: dict[str, dict[str, int]] = field(default_factory=dict)
     records: dict[str, dict[str, Record]] = field(default_factory=dict)
-    invalid: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: name -> (resourceVersion, message) of an object that could not be converted.
+    invalid: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
     #: The health of our view of Leases (driven by the informer's Lease stream), on the monotonic clock.
     lease_view: ViewClock = field(default_factory=lambda: ViewClock(fresh=LEASE_FRESH))
     #: Per Lease: when its renewTime last changed, on ``lease_view``.
     silence: Silence = field(init=False)
+    indexes: dict[str, Index] = field(default_factory=dict)
+    last_change: set[str] | None = field(default_factory=set)
+    #: Capture records as converted with their Lease (memo; ``renew_time`` is put on our clock on reads).
+    _captures: dict[str, Capture] = field(default_factory=dict)
+    #: Label and finalizer tuples shared by the records that carry equal ones (``_compact``).
+    _tuples: dict[tuple[object, ...], tuple[object, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.silence = Silence(self.lease_view)
 
-    def _observe_lease(self, obj: JSON, now: float) -> None:
+    def _observe_lease(self, obj: JSON, now: float) -> set[str] | None:
         """Liveness is judged on *our* clock, as client-go does: a capture is alive while the renewTime
         of its Lease keeps changing, whatever its clock says, and only time during which our view of the
         Leases was current counts (``engine.liveness``). Skew can then delay the verdict "lost" (after a
-        restart, by one lease duration) but never make a live capture look lost."""
-        renew = str(obj.get("spec", {}).get("renewTime") or "")
-        self.silence.observe(obj["metadata"]["name"], renew, now)
+        restart, by one lease duration) but never make a live capture look lost.
+
+        Returns which changefeeds' decisions could see a difference (``last_change``'s convention): every
+        one (None) for a new Lease, a new holder (a Lease taken or released: ``Capture.lease_taken``), a
+        new duration, or a renewal of a Lease that had run out on our clock; the changefeeds named in the
+        old or new progress report when the report changed (the checkpoint may move); none for a live
+        capture's plain renewal (it only moves the time its Lease would run out, which
+        ``Decision.next_due`` follows). ``now`` is monotonic."""
+        name = obj["metadata"]["name"]
+        spec = obj.get("spec") or {}
+        renew = str(spec.get("renewTime") or "")
+        old = self.objects.get(LEASE, {}).get(name)
+        old_spec = (old or {}).get("spec") or {}
+        silent = self.silence.of(name, now)
+        concerned: set[str] | None = set()
+        if (
+            silent is None
+            or old is None
+            or old_spec.get("holderIdentity") != spec.get("holderIdentity")
+            or old_spec.get("leaseDurationSeconds") != spec.get("leaseDurationSeconds")
+        ):
+            concerned = None
+        elif str(old_spec.get("renewTime") or "") != renew:
+            try:
+                duration = float(spec.get("leaseDurationSeconds") or 0)
+            except (TypeError, ValueError):
+                duration = 0.0
+            if silent >= duration:
+                concerned = None  # it had run out on our clock: alive again
+        if concerned is not None:
+            before, after = _report(old), _report(obj)
+            if before != after:
+                concerned = _report_changefeeds(before, after)
+        self.silence.observe(name, renew, now)
+        return concerned
 
     def _bucket(self, kind: str) -> dict[str, JSON]:
         return self.objects.setdefault(kind, {})
 
+    def _current_rv(self, kind: str, name: str) -> int | None:
+        if kind in RECORD_ONLY:
+            rec = self.records.get(kind, {}).get(name)
+            if rec is not None:
+                return int(rec.resource_version or 0)
+            bad = self.invalid.get(kind, {}).get(name)
+            return bad[0] if bad is not None else None
+        obj = self._bucket(kind).get(name)
+        return _rv(obj) if obj is not None else None
+
+    # -- routing to the indexes ------------------------------------------------------------------
+
+    def index(self, changefeed: str) -> Index:
+        """The index of ``changefeed``'s records (made empty on first use)."""
+        idx = self.indexes.get(changefeed)
+        if idx is None:
+            idx = self.indexes[changefeed] = Index(changefeed)
+        return idx
+
+    @staticmethod
+    def _changefeed_of(rec: Record | None) -> str | None:
+        if rec is None:
+            return None
+        if rec.kind is Kind.CHANGEFEED:
+            return rec.name
+        return getattr(rec, "changefeed", None)
+
+    def _route(self, old: Record | None, new: Record | None) -> set[str]:
+        """Keep the indexes current with ``old`` replaced by ``new``; the changefeeds concerned."""
+        before, after = self._changefeed_of(old), self._changefeed_of(new)
+        touched: set[str] = set()
+        if old is not None and before is not None and before != after:
+            self.index(before).remove(old.kind, old.name)
+            touched.add(before)
+        if new is not None and after is not None:
+            self.index(after).put(new)
+            touched.add(after)
+        if old is not None and new is None and before is not None:
+            touched.add(before)
+        for cf in touched:
+            idx = self.indexes.get(cf)
+            if idx is not None and idx.empty():
+                del self.indexes[cf]
+        return touched
+
+    # -- events ------------------------------------------------------------------------------------
+
     def put(self, kind: str, obj: JSON) -> bool:
         name = obj["metadata"]["name"]
         rv = _rv(obj)
-        current = self._bucket(kind).get(name)
-        if current is not None and _rv(current) >= rv:
+        current = self._current_rv(kind, name)
+        self.last_change = set()
+        if current is not None and current >= rv:
             return False
         if self.tombstones.get(kind, {}).get(name, -1) >= rv:
             return False
-        self._bucket(kind)[name] = obj
-        if kind == LEASE:
-            self._observe_lease(obj, time.monotonic())
         self.tombstones.get(kind, {}).pop(name, None)
-        self.records.get(kind, {}).pop(name, None)
-        return True
-
-    def remove(self, kind: str, name: str, rv: int) -> None:
-        current = self._bucket(kind).get(name)
-        if current is not None and _rv(current) > rv:
-            return
-        self._bucket(kind).pop(name, None)
+        if kind in RECORD_ONLY:
+            self._put_record(kind, name, rv, obj)
+            return True
+        if kind == LEASE:
+            concerned = self._observe_lease(obj, time.monotonic())
+            self._bucket(kind)[name] = obj
+            capture = name[len(CAPTURE_LEASE_PREFIX) :] if name.startswith(CAPTURE_LEASE_PREFIX) else ""
+            self._captures.pop(capture, None)
+            self.last_change = concerned if capture else set()
+            return True
+        self._bucket(kind)[name] = obj
         self.records.get(kind, {}).pop(name, None)
         self.invalid.get(kind, {}).pop(name, None)
-        self.tombstones.setdefault(kind, {})[name] = rv
-        if kind == LEASE:
-            self.silence.forget(name)
+        self._captures.pop(name, None)
+        self.last_change = None  # a Capture: every changefeed's decisions look at the captures
+        return True
 
-    def replace_all(self, kind: str, items: Iterable[JSON]) -> None:
-        self.objects[kind] = {o["metadata"]["name"]: o for o in items}
-        if kind == LEASE:
-            now = time.monotonic()
-            for gone in set(self.silence.seen) - set(self.objects[kind]):
-                self.silence.forget(gone)
-            for o in items:
-                self._observe_lease(o, now)
-        self.records[kind] = {}
-        self.invalid[kind] = {}
+    def _compact(self, rec: Record) -> Record:
+        """``rec`` sharing what it repeats of other records: label and finalizer tuples, the changefeed,
+        capture and namespace strings, and a Dispatcher its Span's key range and name (a few hundred bytes
+        a span at 50,000 spans). Equal values, fewer objects."""
+        changes: dict[str, object] = {}
+        for attr, table in (("labels", self._tuples), ("finalizers", self._tuples)):
+            value = getattr(rec, attr)
+            if len(table) < MAX_INTERNED:
+                shared = table.setdefault(value, value)
+                if shared is not value:
+                    changes[attr] = shared
+        for attr in ("namespace", "changefeed", "capture"):
+            value = getattr(rec, attr, None)
+            if isinstance(value, str) and value:
+                interned = sys.intern(value)
+                if interned is not value:
+                    changes[attr] = interned
+        if isinstance(rec, Dispatcher):
+            span = self.records.get(SPAN, {}).get(rec.span)
+            if isinstance(span, Span):
+                changes["span"] = span.name
+                if span.key_range == rec.key_range:
+                    changes["key_range"] = span.key_range
+        elif isinstance(rec, Span):
+            d = self.records.get(DISPATCHER, {}).get(rec.dispatcher) if rec.dispatcher else None
+            if d is not None:
+                changes["dispatcher"] = d.name
+            old = self.records.get(SPAN, {}).get(rec.name)
+            if isinstance(old, Span) and old.key_range == rec.key_range:
+                changes["key_range"] = old.key_range
+        if changes:
+            # ``rec`` is fresh from conversion and not shared yet: fill in the shared values in place rather
+            # than copy it (records are frozen for their users; this is where they are made).
+            rec.__dict__.update(changes)
+        return rec
+
+    def _put_record(self, kind: str, name: str, rv: int, obj: JSON) -> None:
+        old = self.records.get(kind, {}).get(name)
+        try:
+            rec: Record | None = self._compact(conv.from_resource(obj))
+        except conv.InvalidResource as exc:
+            self.invalid.setdefault(kind, {})[name] = (rv, str(exc))
+            rec = None
+        if rec is None:
+            self.records.get(kind, {}).pop(name, None)
+        else:
+            self.invalid.get(kind, {}).pop(name, None)
+            self.records.setdefault(kind, {})[name] = rec
+        self.last_change = self._route(old, rec)
+
+    def remove(self, kind: str, name: str, rv: int) -> None:
+        self.last_change = set()
+        current = self._current_rv(kind, name)
+        if current is not None and current > rv:
+            return
+        self._bucket(kind).pop(name, None)
+        old = self.records.get(kind, {}).pop(name, None)
+        self.invalid.get(kind, {}).pop(name, None)
+        self.tombstones.setdefault(kind, {})[name] = rv
+        if kind in RECORD_ONLY:
+            self.last_change = self._route(old, None)
+        elif kind == LEASE:
+            self.silence.forget(name)
+            capture = name[len(CAPTURE_LEASE_PREFIX) :] if name.startswith(CAPTURE_LEASE_PREFIX) else ""
+            self._captures.pop(capture, None)
+            self.last_change = None if capture else set()
+        else:
+            self._captures.pop(name, None)
+            self.last_change = None
+
+    def replace_all(self, kind: str, items: list[JSON]) -> None:
+        """What a LIST says is all there is of ``kind``. Items are dropped from ``items`` as they are
+        converted (the caller's list), so the raw objects do not all stay alive until the end."""
         self.tombstones[kind] = {}
+        if kind not in RECORD_ONLY:
+            self.objects[kind] = {o["metadata"]["name"]: o for o in items}
+            if kind == LEASE:
+                now = time.monotonic()
+                for gone in set(self.silence.seen) - set(self.objects[kind]):
+                    self.silence.forget(gone)
+                for o in items:
+                    self._observe_lease(o, now)
+            self._captures.clear()
+            self.last_change = None
+            return
+        listed: set[str] = set()
+        touched: set[str] = set()
+        for i, obj in enumerate(items):
+            name = obj["metadata"]["name"]
+            listed.add(name)
+            self._put_record(kind, name, _rv(obj), obj)
+            touched |= self.last_change or set()
+            items[i] = {"metadata": {"name": name}}  # the raw object is no longer needed
+        for name in [n for n in self.records.get(kind, {}) if n not in listed]:
+            old = self.records[kind].pop(name)
+            touched |= self._route(old, None)
+        for name in [n for n in self.invalid.get(kind, {}) if n not in listed]:
+            del self.invalid[kind][name]
+        self.last_change = touched
 
     def record(self, kind: Kind, name: str) -> Record | None:
-        memo = self.records.setdefault(kind.value, {})
-        if name in memo:
-            return memo[name]
+        if kind.value in RECORD_ONLY:
+            return self.records.get(kind.value, {}).get(name)
+        if kind is not Kind.CAPTURE:
+            return None
         obj = self._bucket(kind.value).get(name)
         if obj is None:
             return None
         try:
-            if kind is Kind.CAPTURE:
-                rec: Record = self._capture(obj, self._bucket(LEASE).get(conv.lease_name(name)))
-            else:
-                rec = conv.from_resource(obj)
+            return self._capture(obj, self._bucket(LEASE).get(conv.lease_name(name)))
         except conv.InvalidResource as exc:
-            self.invalid.setdefault(kind.value, {})[name] = str(exc)
+            self.invalid.setdefault(kind.value, {})[name] = (_rv(obj), str(exc))
             return None
-        if kind is not Kind.CAPTURE:  # a Capture's record also depends on its Lease
-            memo[name] = rec
-        return rec
 
-    def _capture(self, obj: JSON, lease: JSON | None) -> Capture:
-        """The Capture with its Lease, ``renew_time`` on our clock: now minus its silence as we count it."""
-        rec = conv.capture_from_resources(obj, lease)
+    def _capture(self, obj: JSON, lease: JSON | None, memo: bool = True) -> Capture:
+        """The Capture with its Lease, ``renew_time`` on our clock: now minus its silence as we count it.
+        The conversion is kept (``memo``) until the Capture or its Lease changes; the clock is read on every
+        call, since silence grows with time."""
+        name = obj["metadata"]["name"]
+        rec = self._captures.get(name) if memo else None
+        if rec is None:
+            rec = conv.capture_from_resources(obj, lease)
+            if memo:
+                self._captures[name] = rec
         silent = self.silence.of(conv.lease_name(rec.name), time.monotonic()) if lease is not None else None
         if silent is not None and rec.renew_time is not None:
             rec = rec.evolve(renew_time=time.time() - silent)
@@ -164,18 +394,39 @@ class Store:
                 meta["namespace"] = lease["metadata"]["namespace"]
             stub = {"kind": "Capture", "metadata": meta}
             try:
-                out[name] = self._capture(stub, lease).evolve(deleting=True)
+                out[name] = self._capture(stub, lease, memo=False).evolve(deleting=True)
             except conv.InvalidResource:
                 continue
         return out
 
     def all(self, kind: Kind) -> dict[str, Record]:
+        """Every record of ``kind`` (a live view for the record-only kinds: do not change it)."""
+        if kind.value in RECORD_ONLY:
+            return self.records.setdefault(kind.value, {})
         out = {}
         for name in list(self._bucket(kind.value)):
             rec = self.record(kind, name)
             if rec is not None:
                 out[name] = rec
         return out
+
+    def names(self, kind: Kind) -> list[str]:
+        if kind.value in RECORD_ONLY:
+            return list(self.records.get(kind.value, {}))
+        return list(self._bucket(kind.value))
+
+    def owner_reference(self, changefeed: str) -> JSON | None:
+        """The ownerReference naming Changefeed ``changefeed`` as cached (None if unknown or without uid)."""
+        cf = self.records.get(Kind.CHANGEFEED.value, {}).get(changefeed)
+        if cf is None or not cf.uid:
+            return None
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "Changefeed",
+            "name": cf.name,
+            "uid": cf.uid,
+            "controller": True,
+        }
 
 
 class Informer:
@@ -197,6 +448,7 @@ class Informer:
         self._listed: set[str] = set()
         self.last_seen: dict[str, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._list_gate = asyncio.Lock()
         self.kinds: dict[str, Resource] = {k.value: r for k, r in RESOURCES.items()}
         self.kinds[LEASE] = LEASES
 
@@ -272,6 +524,13 @@ class Informer:
         if failures == 1 or failures % 20 == 0:
             log.warning("watch %s broke (%d attempts): %r; retrying in %.2fs", kind, failures, error, backoff)
 
+    async def _gate(self) -> bool:
+        try:
+            await asyncio.wait_for(self._list_gate.acquire(), LIST_PATIENCE)
+        except TimeoutError:
+            return False
+        return True
+
     async def _run(self, kind: str, res: Resource) -> None:
         rv = ""
         backoff = MIN_BACKOFF
@@ -279,8 +538,17 @@ class Informer:
         while True:
             try:
                 if not rv:
-                    items, rv = await self.client.list(res, self.namespace)
-                    self.store.replace_all(kind, items)
+                    # One kind's LIST at a time: at 50,000 spans a LIST's raw objects are a few hundred MB
+                    # until converted, and two at once would double the process's peak memory. A LIST that
+                    # hangs holds the others back for LIST_PATIENCE seconds at most.
+                    held = await self._gate()
+                    try:
+                        items, rv = await self.client.list(res, self.namespace)
+                        self.store.replace_all(kind, items)
+                        del items
+                    finally:
+                        if held:
+                            self._list_gate.release()
                     self._listed.add(kind)
                     self._heard(kind)
                     if failures:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import kopf
 import prometheus_client
 
+from controller.engine.world import AUDIT_INTERVAL
 from controller.kube.probes import parse_endpoint
 from controller.maintainer import operator
 from controller.maintainer.runner import Settings, default_identity
@@ -23,7 +24,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig (default: in-cluster)")
     p.add_argument("--context", default=None)
     p.add_argument("--identity", default=None, help="leader-election identity (default: pod name + random)")
-    p.add_argument("--tick", type=float, default=0.5, help="seconds between decisions when nothing happens")
+    p.add_argument(
+        "--tick",
+        type=float,
+        default=30.0,
+        help="at most this many seconds between decisions when nothing happens (decisions come on events and "
+        "when something is due; default 30)",
+    )
+    p.add_argument(
+        "--audit-interval",
+        type=float,
+        default=AUDIT_INTERVAL,
+        help="seconds between full audits, decisions over every record instead of the index's candidates "
+        f"(0: every decision; default {AUDIT_INTERVAL:g})",
+    )
     p.add_argument("--lease-duration", type=float, default=15.0)
     p.add_argument("--renew-deadline", type=float, default=10.0)
     p.add_argument("--retry-period", type=float, default=2.0)
@@ -73,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         namespace=a.namespace,
         identity=a.identity or default_identity(),
         tick=a.tick,
+        audit_interval=a.audit_interval,
         lease_duration=a.lease_duration,
         renew_deadline=a.renew_deadline,
         retry=a.retry_period,

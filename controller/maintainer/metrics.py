@@ -270,6 +270,16 @@ class StateCollector(Collector):
             value=m.stats.loop_crashes,
         )
         yield CounterMetricFamily(
+            PREFIX + "audits",
+            "Full audits made (decisions over every record instead of the index's candidates).",
+            value=m.stats.audits,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "audit_disagreements",
+            "Full audits that decided otherwise than the incremental decision would have (an index bug).",
+            value=m.stats.audit_disagreements,
+        )
+        yield CounterMetricFamily(
             PREFIX + "failed_chains",
             "Write chains abandoned at a failed write (retried from a fresh snapshot).",
             value=m.stats.failed_chains,

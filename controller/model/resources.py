@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeGuard, TypeVar
 
 from controller.model.keys import MAX_TABLE_ID, KeyRange
 from controller.model.progress import PROGRESS_ANNOTATION, Progress, ProgressEntry
@@ -579,6 +579,22 @@ def _type_name(value: object) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
+_KIND_NAMES = {k: k.value for k in Kind}
+
+
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, quick for the usual plain dict (an ABC check is slow, and converting a
+    record made a dozen of them)."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+@functools.cache
+def _enum_values(enum: type[StrEnum]) -> tuple[str, ...]:
+    """The non-empty values of ``enum`` (memoised: converting a record read them a dozen times, and an
+    enum member's ``.value`` is a property: at 50,000 spans a LIST spent seconds there)."""
+    return tuple(e.value for e in enum if e.value)
+
+
 class _Reader:
     """Typed, path-aware access to one resource; every problem raises ``InvalidResource``."""
 
@@ -599,7 +615,7 @@ class _Reader:
         value = self.raw(m, key, path, required)
         if value is None:
             return {}
-        if not isinstance(value, Mapping):
+        if not _is_mapping(value):
             self.fail(path, f"expected an object, got {_type_name(value)}")
         return value
 
@@ -659,11 +675,11 @@ class _Reader:
 
     def enum(self, m: Mapping[str, Any], key: str, path: str, enum: type[E], default: E) -> E:
         """A member of ``enum``; absent or ``""``: ``default``."""
-        text = self.choice(m, key, path, [e.value for e in enum if e.value])
+        text = self.choice(m, key, path, _enum_values(enum))
         return enum(text) if text else default
 
     def required_enum(self, m: Mapping[str, Any], key: str, path: str, enum: type[E]) -> E:
-        return enum(self.choice(m, key, path, [e.value for e in enum if e.value], required=True))
+        return enum(self.choice(m, key, path, _enum_values(enum), required=True))
 
     def time(self, m: Mapping[str, Any], key: str, path: str) -> float | None:
         value = self.raw(m, key, path, False)
@@ -728,13 +744,14 @@ class _Reader:
 
 def _start(obj: Mapping[str, Any], kind: Kind) -> tuple[_Reader, dict[str, Any], Mapping[str, Any], Mapping[str, Any]]:
     """Check kind and apiVersion, read metadata: (reader, metadata kwargs, spec, status)."""
-    if not isinstance(obj, Mapping):
-        raise InvalidResource(kind.value, "<unknown>", "", f"expected an object, got {_type_name(obj)}")
+    kind_name = _KIND_NAMES[kind]
+    if not _is_mapping(obj):
+        raise InvalidResource(kind_name, "<unknown>", "", f"expected an object, got {_type_name(obj)}")
     raw_meta = obj.get("metadata")
-    raw_name = raw_meta.get("name") if isinstance(raw_meta, Mapping) else None
-    reader = _Reader(kind.value, raw_name if isinstance(raw_name, str) and raw_name else "<unnamed>")
-    if obj.get("kind") not in (None, kind.value):
-        reader.fail("kind", f"expected {kind.value!r}, got {obj.get('kind')!r}")
+    raw_name = raw_meta.get("name") if _is_mapping(raw_meta) else None
+    reader = _Reader(kind_name, raw_name if isinstance(raw_name, str) and raw_name else "<unnamed>")
+    if obj.get("kind") not in (None, kind_name):
+        reader.fail("kind", f"expected {kind_name!r}, got {obj.get('kind')!r}")
     if obj.get("apiVersion") not in (None, API_VERSION):
         reader.fail("apiVersion", f"expected {API_VERSION!r}, got {obj.get('apiVersion')!r}")
     meta = reader.obj(obj, "metadata", "metadata", required=True)
@@ -845,7 +862,7 @@ def table_from_resource(obj: Mapping[str, Any]) -> Table:
 
 def span_from_resource(obj: Mapping[str, Any]) -> Span:
     reader, common, spec, status = _start(obj, Kind.SPAN)
-    state = reader.choice(status, "state", "status.state", [s.value for s in SpanState])
+    state = reader.choice(status, "state", "status.state", _enum_values(SpanState))
     return Span(
         **common,
         changefeed=reader.str_(spec, "changefeed", "spec.changefeed", required=True),

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from controller.engine.world import MUTANTS
+from controller.sim import maintainer as sim_maintainer
 from controller.sim.history import DEFAULT_STEPS, Result, run_history
 
 MUTANT_SEEDS = 500
@@ -28,6 +29,11 @@ def replay_line(seed: int, mutants: Iterable[str] = (), steps: int = DEFAULT_STE
     extra = "".join(f" --mutant {m}" for m in sorted(mutants))
     if steps != DEFAULT_STEPS:
         extra += f" --steps {steps}"
+    checks, default = sim_maintainer.CHECKS, sim_maintainer.Checks()
+    if checks.agree_every != default.agree_every:
+        extra += f" --agree-every {checks.agree_every}"
+    if checks.verify_every != default.verify_every:
+        extra += f" --verify-every {checks.verify_every}"
     return f"python -m controller.sim --seed {seed}{extra}"
 
 
@@ -107,7 +113,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="random steps per history")
     p.add_argument("--mutants", action="store_true", help="mutation check: every mutant must be caught")
     p.add_argument("--mutant", action="append", default=[], help="run with this mutant switched on")
+    default = sim_maintainer.Checks()
+    p.add_argument(
+        "--agree-every",
+        type=int,
+        default=default.agree_every,
+        help="compare the incremental decision with the full one every N decisions (1: all; 0: never; "
+        f"default {default.agree_every})",
+    )
+    p.add_argument(
+        "--verify-every",
+        type=int,
+        default=default.verify_every,
+        help=f"rebuild the index and compare it every N decisions (0: never; default {default.verify_every})",
+    )
     a = p.parse_args(argv)
+    # Set before the worker processes fork, so they inherit it.
+    sim_maintainer.CHECKS = sim_maintainer.Checks(agree_every=a.agree_every, verify_every=a.verify_every)
     mutants = tuple(sorted(a.mutant))
     if a.mutants:
         return mutation_check(a.start, min(a.seeds, MUTANT_SEEDS) if a.seeds != 100 else MUTANT_SEEDS, a.steps, a.jobs)

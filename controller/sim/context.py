@@ -118,6 +118,8 @@ class Ctx:
     #: view, and nothing fences a zombie's status writes to other operators, so during a failover the
     #: zombie's admissions come on top of the new maintainer's: the bound is checked without them.
     zombie_ops: set[str] = field(default_factory=set)
+    #: Spans whose placement (placement.py) a superseded maintainer recorded: left out of the bound likewise.
+    zombie_placed: set[str] = field(default_factory=set)
     #: Every object a zombie created (kind, name): after a Changefeed's teardown, only these may outlive it
     #: (nothing fences a create; the garbage collector removes them, see Sim.collect_garbage).
     zombie_made: set[tuple[Kind, str]] = field(default_factory=set)

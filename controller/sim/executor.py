@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.engine import intents as I
+from controller.engine.index import Index
 from controller.engine.maintainer import Decision
 from controller.model.records import Record
 from controller.model.states import Kind
@@ -26,15 +27,23 @@ class Cache:
     """An informer-style cache: per kind, the newest version seen (by watch or write-through).
 
     Tombstones remember the resourceVersion at which an object was deleted, so that a late watch
-    event of an older version cannot resurrect it.
+    event of an older version cannot resurrect it. With ``changefeed`` set, it also keeps the engine's
+    ``Index`` of that changefeed's records, per event, as the production informer does.
     """
 
     objects: dict[Kind, dict[str, Record]] = field(default_factory=lambda: {k: {} for k in KINDS})
     tombstones: dict[tuple[Kind, str], int] = field(default_factory=dict)
+    changefeed: str = ""
+    index: Index | None = None
 
     @staticmethod
     def _rv(obj: Record) -> int:
         return int(obj.resource_version or 0)
+
+    def _mine(self, obj: Record) -> bool:
+        if obj.kind is Kind.CHANGEFEED:
+            return obj.name == self.changefeed
+        return getattr(obj, "changefeed", None) == self.changefeed
 
     def offer(self, obj: Record) -> None:
         rv = self._rv(obj)
@@ -43,11 +52,18 @@ class Cache:
         cur = self.objects[obj.kind].get(obj.name)
         if cur is None or self._rv(cur) < rv:
             self.objects[obj.kind][obj.name] = obj
+            if self.index is not None:
+                if self._mine(obj):
+                    self.index.put(obj)
+                elif cur is not None and self._mine(cur):
+                    self.index.remove(obj.kind, obj.name)
 
     def remove(self, kind: Kind, name: str, rv: int) -> None:
         cur = self.objects[kind].get(name)
         if cur is not None and self._rv(cur) <= rv:
             del self.objects[kind][name]
+            if self.index is not None and self._mine(cur):
+                self.index.remove(kind, name)
         self.tombstones[(kind, name)] = max(rv, self.tombstones.get((kind, name), 0))
 
     def apply(self, ev: WatchEvent) -> None:
@@ -57,10 +73,12 @@ class Cache:
             self.offer(ev.obj)
 
     @classmethod
-    def listed(cls, api: Api) -> Cache:
-        c = cls()
+    def listed(cls, api: Api, changefeed: str = "") -> Cache:
+        c = cls(changefeed=changefeed)
         for kind in KINDS:
             c.objects[kind] = api.list(kind)
+        if changefeed:
+            c.index = Index.build(changefeed, [o for kind in KINDS for o in c.objects[kind].values() if c._mine(o)])
         return c
 
 

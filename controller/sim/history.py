@@ -337,7 +337,7 @@ class Sim:
         world = self.api_world()
         problems = invariants.unexplained_overlaps(world, ignore=self._zombie_tainted(world))
         problems += invariants.single_owner(self.captures.running())
-        problems += invariants.bounded(world, ignore=ctx.zombie_ops)
+        problems += invariants.bounded(world, ignore=ctx.zombie_ops, ignore_spans=ctx.zombie_placed)
         if problems:
             ctx.fail("; ".join(problems[:4]))
         cp = world.changefeed.checkpoint_ts

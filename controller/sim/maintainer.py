@@ -15,14 +15,14 @@ that view was current (it could reach the API). The mutant ``outage-counts-as-si
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from dataclasses import dataclass, replace
 
 from controller.engine import intents as I
 from controller.engine.intents import Create, WriteStatus
 from controller.engine.liveness import Silence, ViewClock
-from controller.engine.maintainer import Memory, decide
-from controller.engine.world import Options, World
-from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
+from controller.engine.maintainer import Decision, Memory, decide
+from controller.engine.world import Options, World, is_placement
+from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator
 from controller.model.states import Kind, OpPhase
 from controller.sim import executor
 from controller.sim.api import Watcher
@@ -32,6 +32,20 @@ from controller.sim.executor import Cache
 
 #: The view of Leases counts as current this long after the last step that reached the API.
 VIEW_FRESH = 0.5
+
+
+@dataclass
+class Checks:
+    """How often a maintainer's decision is checked beyond the invariants (``python -m controller.sim
+    --agree-every N --verify-every N``; 0: never). The checks only read: a history is the same with any."""
+
+    #: Every how many decisions the full decision is computed beside the incremental one and compared.
+    agree_every: int = 3
+    #: Every how many decisions the index is rebuilt from its records and compared (``Index.verify``).
+    verify_every: int = 10
+
+
+CHECKS = Checks()
 
 
 class SimMaintainer:
@@ -45,7 +59,7 @@ class SimMaintainer:
         self.memory = Memory(epoch=epoch, identity=self.identity)
         # Watch first, then LIST: nothing written in between can be missed.
         self.watcher: Watcher = ctx.api.watch(self.identity)
-        self.cache = Cache.listed(ctx.api)
+        self.cache = Cache.listed(ctx.api, changefeed)
         self.view.heard(ctx.now)
         self._observe_leases()
         self.alive = True
@@ -53,6 +67,7 @@ class SimMaintainer:
         self.zombie_until = 0.0
         self.kill_after: int | None = None  # die after this many more writes
         self.events: list[str] = []
+        self.decisions = 0
         ctx.trace.add(f"  {self.identity} started at epoch {epoch} (cache synced by LIST)")
 
     def stop(self) -> None:
@@ -85,14 +100,18 @@ class SimMaintainer:
             silent = self.silence.of(name, now)
             renew = None if c.renew_time is None else now - (silent or 0.0)
             captures[name] = c.evolve(renew_time=renew, lease_duration=LEASE, lease_version=c.resource_version)
+        index = self.cache.index
+        assert index is not None
+        # As production (controller.maintainer.runner.snapshot): the index's own maps, and the index.
         return World(
             now=self.ctx.now,
             changefeed=cf,
-            tables=cast("dict[str, Table]", dict(objs[Kind.TABLE])),
-            spans=cast("dict[str, Span]", dict(objs[Kind.SPAN])),
-            dispatchers=cast("dict[str, Dispatcher]", dict(objs[Kind.DISPATCHER])),
-            operators=cast("dict[str, SpanOperator]", dict(objs[Kind.OPERATOR])),
+            tables=index.tables,
+            spans=index.spans,
+            dispatchers=index.dispatchers,
+            operators=index.operators,
             captures=captures,
+            index=index,
         )
 
     def tick(self) -> None:
@@ -106,6 +125,7 @@ class SimMaintainer:
             return
         world = self.world()
         decision = decide(world, self.memory, self.options)
+        self._check_agreement(world, decision)
         self.memory = decision.memory
         who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
         if decision.fenced:
@@ -128,10 +148,9 @@ class SimMaintainer:
                 if isinstance(o, Span) and o.state is not None and getattr(world.spans.get(o.name), "state", 0) is None
             )
             started = [w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus)]
-            ctx.zombie_ops.update(
-                o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING
-            )
+            ctx.zombie_ops.update(o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING)
             ctx.zombie_written_ops.update(o.name for o in started if isinstance(o, SpanOperator))
+            ctx.zombie_placed.update(o.name for o in started if isinstance(o, Span) and is_placement(o))
         out = executor.apply(
             ctx.api, self.cache, decision, kill, self.events, ctx.trace.add, client=self.identity, guard=self._guard
         )
@@ -155,6 +174,28 @@ class SimMaintainer:
                 "names it (the capture could resume it)"
             )
 
+    def _check_agreement(self, world: World, decision: Decision) -> None:
+        """The incremental decision (over the index's candidates) must be the full one (every rule over
+        every record), and the index must be what a rebuild from its records gives."""
+        ctx = self.ctx
+        self.decisions += 1
+        agree, verify = CHECKS.agree_every, CHECKS.verify_every
+        if not decision.full and agree and self.decisions % agree == 0:
+            full = decide(replace(world, index=None), self.memory, self.options)
+            mine = (decision.chains, decision.repairs, decision.fenced, decision.next_due)
+            theirs = (full.chains, full.repairs, full.fenced, full.next_due)
+            if mine != theirs or replace(decision.memory, audited_at=0.0) != replace(full.memory, audited_at=0.0):
+                ctx.fail(
+                    f"agreement: the incremental decision differs from the full one: {_difference(decision, full)}"
+                )
+            ctx.bump("agreement checks")
+        if verify and self.decisions % verify == 0:
+            assert world.index is not None
+            problems = world.index.verify()
+            if problems:
+                ctx.fail("index: " + "; ".join(problems[:3]))
+            ctx.bump("index verifications")
+
     def _kill_check(self) -> bool:
         if self.kill_after is None:
             return False
@@ -162,3 +203,19 @@ class SimMaintainer:
             return True
         self.kill_after -= 1
         return False
+
+
+def _difference(a: Decision, b: Decision) -> str:
+    """The first difference between two decisions, for a person."""
+    for i, (x, y) in enumerate(zip(a.chains, b.chains, strict=False)):
+        if x != y:
+            return f"chain {i}: incremental [{x.describe()}] vs full [{y.describe()}]"
+    if len(a.chains) != len(b.chains):
+        extra = a.chains[len(b.chains) :] or b.chains[len(a.chains) :]
+        who = "incremental" if len(a.chains) > len(b.chains) else "full"
+        return f"{who} has {len(extra)} more chain(s), first: [{extra[0].describe()}]"
+    if a.repairs != b.repairs:
+        return f"repairs {a.repairs} vs {b.repairs}"
+    if a.next_due != b.next_due:
+        return f"next due {a.next_due} vs {b.next_due}"
+    return f"memory {a.memory} vs {b.memory}"

@@ -62,6 +62,8 @@ class Workload:
         # The automatic schedulers, on simulated-time scales (a history lasts a few minutes).
         sched = SchedulerConfig(
             max_in_flight_operators=limit,
+            # Small batches: placements and new tables' spans spread over several decisions (repair.coverage).
+            basic_batch_size=rng.choice([1, 3, 512, 512]),
             balance_interval_seconds=rng.choice([0.0, 3.0, 10.0, 10.0]),
             balance_max_moves=rng.choice([1, 4, 1024]),
             drain_batch_size=rng.choice([1, 3, 512]),

@@ -171,11 +171,12 @@ class Scenario:
             assert always(w) == []
             stages = {n: (o.phase, o.stage) for n, o in w.operators.items()}
             users_held = all(stages.get(n) == ("Running", "RemoveOrigin") for n in self.ops)
-            adds = [o for o in w.operators.values() if o.type == "Add" and o.phase in IN_FLIGHT]
+            # New tables' spans are placed without an operator: Scheduling, their destination in the Span status.
+            adds = [s for s in w.spans.values() if s.state == "Scheduling" and not s.operator and s.capture]
             removes = [o for o in w.operators.values() if o.type == "Remove" and o.phase in IN_FLIGHT]
             return w if users_held and adds and removes else None
 
-        wait_for(f"{cf}: Move, Split, Merge held in RemoveOrigin, Adds and a Remove in flight", held, timeout=120)
+        wait_for(f"{cf}: Move, Split, Merge held in RemoveOrigin, placements and a Remove in flight", held, timeout=120)
 
     def release(self) -> None:
         set_hooks(self.k, self.hooked, HOLD_CLOSE, None)

@@ -107,7 +107,8 @@ class InFlight:
 
 
 def held(flight: InFlight, expect_adds: bool, modes: tuple[str, ...]) -> object:
-    """Every tracked operator Running in its stage with its step issued; Adds for every new span."""
+    """Every tracked operator Running in its stage with its step issued; every new span's placement recorded
+    (Scheduling with its destination, no operator: engine/placement.py) and its dispatcher created."""
 
     def check(s: Snap) -> object:
         for name, stage in flight.stages.items():
@@ -129,16 +130,12 @@ def held(flight: InFlight, expect_adds: bool, modes: tuple[str, ...]) -> object:
                 if len(spans) != len(modes):
                     return f"t{table_id}: spans {[sp.name for sp in spans]}"
                 for sp in spans:
-                    add = adds_of(s, sp.name)
-                    if not add or add.stage is not Stage.ADD_DEST or add.targets[0].dispatcher not in s.dispatchers:
-                        return f"t{table_id}: span {sp.name} add {add and (add.phase, add.stage)}"
+                    placed = sp.state is SpanState.SCHEDULING and not sp.operator and sp.capture
+                    if not placed or sp.dispatcher not in s.dispatchers:
+                        return f"t{table_id}: span {sp.name} {sp.state} on {sp.capture!r}, dispatcher {sp.dispatcher!r}"
         return True
 
     return check
-
-
-def adds_of(s: Snap, span: str) -> SpanOperator | None:
-    return next((o for o in s.operators.values() if o.type is OpType.ADD and o.spans == (span,) and o.in_flight), None)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -210,7 +207,8 @@ def test_every_operator_finishes_after_maintainer_sigkill(api: Api, system: Syst
         flight.adds[table_id] = sorted(sp.name for m in modes for sp in snap.spans_of(table_id, m))
     # The new tables are replicated from the checkpoint at which the maintainer took them on.
     since = {t: min(sp.start_ts for m in modes for sp in snap.spans_of(t, m)) for t in flight.adds}
-    add_ops = sorted(o.name for t in flight.adds.values() for sp in t if (o := adds_of(snap, sp)) is not None)
+    # Where each new span is being placed, as recorded before the kill: it must end there.
+    destinations = {sp: snap.spans[sp].capture for names in flight.adds.values() for sp in names}
     removal = ""
     if flight.removed_spans:
         removal = next(
@@ -218,7 +216,7 @@ def test_every_operator_finishes_after_maintainer_sigkill(api: Api, system: Syst
             for o in snap.operators.values()
             if o.type is OpType.REMOVE and set(o.spans) & set(flight.removed_spans)
         )
-    tracked = [*flight.stages, *add_ops, *([removal] if removal else [])]
+    tracked = [*flight.stages, *([removal] if removal else [])]
 
     system.signal("m1", signal.SIGKILL)
     in_flight = sum(1 for o in watch.poll().operators.values() if o.in_flight)
@@ -275,11 +273,14 @@ def test_every_operator_finishes_after_maintainer_sigkill(api: Api, system: Syst
         for (table_id, m), names in others.items():
             assert [sp.name for sp in final.spans_of(table_id, m)] == names
 
-        # Add: the new tables' spans (the same ones) Replicating.
+        # Placements: the new tables' spans (the same ones) Replicating on the capture recorded before the kill,
+        # their dispatcher (re-made: the first carried the old epoch, which the capture refused) at the new epoch.
         for table_id, names in flight.adds.items():
             spans = [sp for m in modes for sp in final.spans_of(table_id, m)]
             assert sorted(sp.name for sp in spans) == names
             assert all(sp.state is SpanState.REPLICATING for sp in spans)
+            assert {sp.name: sp.capture for sp in spans} == {n: destinations[n] for n in names}
+            assert all(final.dispatchers[sp.dispatcher].epoch == epoch2 for sp in spans)
 
     # Remove: the table, its spans and dispatchers gone, and they stay gone.
     if hold == "close":

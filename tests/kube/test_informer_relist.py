@@ -84,8 +84,8 @@ def test_maintainer_informer_relists_on_an_expired_watch(server: ApiServerHandle
                 # Every watch resumes from a compacted resourceVersion, gets the ERROR 410 event, and relists.
                 await until(lambda: client.requests["list"] >= listed + len(informer.kinds), "a relist of every kind")
                 await client.create(RESOURCES[Kind.SPAN], ns, span("after"))
-                await until(lambda: "after" in informer.store.objects.get("Span", {}), "the watch to run again")
-                assert "before" in informer.store.objects["Span"]
+                await until(lambda: "after" in informer.store.records.get("Span", {}), "the watch to run again")
+                assert "before" in informer.store.records["Span"]
                 healthy, why = informer.healthy()
                 assert healthy, why
             finally:

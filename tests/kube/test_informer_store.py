@@ -7,7 +7,7 @@ from typing import Any
 
 from controller.kube.informer import LEASE, Store
 from controller.model.records import Capture
-from controller.model.states import Kind
+from controller.model.states import Kind, SpanState
 
 CAPTURE = {
     "apiVersion": "cdc.maintainer.dev/v1alpha1",
@@ -101,3 +101,95 @@ def test_lease_holder_and_version_and_leases_without_a_capture() -> None:
     got = s.captures()
     assert sorted(got) == ["c0", "c9"]
     assert (got["c9"].deleting, got["c9"].lease_taken, got["c9"].alive(time.time())) == (True, False, False)
+
+
+def _span(name: str, rv: int, cf: str = "cf", state: str = "Replicating") -> dict[str, Any]:
+    from controller.model import resources as conv
+    from controller.model.keys import KeyRange
+    from controller.model.records import Span
+    from controller.model.states import SpanState
+
+    span = Span(
+        name=name,
+        changefeed=cf,
+        table_id=1,
+        key_range=KeyRange.of_table(1),
+        state=SpanState(state),
+        capture="c0",
+        resource_version=str(rv),
+        uid=f"u-{name}",
+    )
+    return conv.to_resource(span)
+
+
+def test_records_only_and_routed_to_their_changefeeds_index() -> None:
+    """Spans are kept as records (no raw object beside them) and in the index of their changefeed."""
+    s = Store()
+    assert s.put("Span", _span("a", 3))
+    assert s.last_change == {"cf"}
+    assert "Span" not in s.objects  # the raw object is dropped once converted
+    assert s.indexes["cf"].spans["a"].state == "Replicating"
+    assert s.put("Span", _span("a", 4, state="Absent"))
+    assert s.indexes["cf"].by_state[SpanState.ABSENT] == {"a"}
+    s.remove("Span", "a", 5)
+    assert s.last_change == {"cf"}
+    assert "cf" not in s.indexes  # an index with nothing left goes
+    s.replace_all("Span", [_span("b", 7, cf="other")])
+    assert set(s.indexes) == {"other"}
+    assert s.indexes["other"].verify() == []
+
+
+def test_a_live_captures_lease_renewal_wakes_no_changefeed() -> None:
+    """Lease renewals of a live capture change nothing a decision acts on now (Decision.next_due follows
+    when it would run out): they must not wake every changefeed's loop. A new Lease, a new holder, or the
+    renewal of a Lease that ran out on our clock do."""
+    s = Store()
+    s.put("Capture", CAPTURE)
+    assert s.last_change is None
+    s.put(LEASE, lease(6, "2020-01-01T00:00:00.000000Z"))
+    assert s.last_change is None  # new
+    s.put(LEASE, lease(7, "2020-01-01T00:00:02.000000Z"))
+    assert s.last_change == set()  # a renewal within the duration
+    age(s, "capture-c0", 30.0)
+    s.put(LEASE, lease(8, "2020-01-01T00:00:04.000000Z"))
+    assert s.last_change is None  # it had run out on our clock: alive again
+    maintainer = lease(9, "2020-01-01T00:00:00.000000Z")
+    maintainer["metadata"]["name"] = "cfm-cf"
+    s.put(LEASE, maintainer)
+    assert s.last_change == set()  # a maintainer's own Lease
+
+
+def _reported(rv: int, renew: str, checkpoint: int, at: float, changefeed: str = "cf") -> dict[str, Any]:
+    from controller.model import resources as conv
+    from controller.model.progress import PROGRESS_ANNOTATION, Progress, ProgressEntry
+    from controller.model.states import Mode
+
+    entry = ProgressEntry(changefeed=changefeed, mode=Mode.DEFAULT, checkpoint_ts=checkpoint, dispatchers=1, digest="d")
+    report = Progress(incarnation="i1", at=at, entries=(entry,))
+    obj = lease(rv, renew)
+    obj["metadata"]["annotations"] = {PROGRESS_ANNOTATION: conv.progress_to_json(report)}
+    return obj
+
+
+def test_a_lease_renewal_with_a_new_progress_report_wakes_the_changefeeds_it_names() -> None:
+    """A capture's progress report rides on its Lease renewals: a report whose entries changed may move the
+    checkpoint of the changefeeds it names, so it wakes those (and only those); a report that only says it
+    was made later wakes nobody; a Lease taken (holder cleared) wakes every changefeed."""
+    s = Store()
+    s.put("Capture", CAPTURE)
+    s.put(LEASE, _reported(6, "2020-01-01T00:00:00.000000Z", checkpoint=100, at=1.0))
+    assert s.last_change is None  # new
+    s.put(LEASE, _reported(7, "2020-01-01T00:00:02.000000Z", checkpoint=100, at=3.0))
+    assert s.last_change == set()  # same entries, made later
+    s.put(LEASE, _reported(8, "2020-01-01T00:00:04.000000Z", checkpoint=150, at=5.0))
+    assert s.last_change == {"cf"}
+    s.put(LEASE, _reported(9, "2020-01-01T00:00:06.000000Z", checkpoint=150, at=7.0, changefeed="other"))
+    assert s.last_change == {"cf", "other"}  # cf's entry went, other's came
+    rec = s.captures()["c0"]
+    assert rec.progress is not None
+    assert [e.changefeed for e in rec.progress.entries] == ["other"]
+    taken = _reported(10, "2020-01-01T00:00:06.000000Z", checkpoint=150, at=7.0, changefeed="other")
+    taken["spec"]["holderIdentity"] = ""
+    s.put(LEASE, taken)
+    assert s.last_change is None
+    assert s.captures()["c0"].lease_taken

@@ -205,7 +205,7 @@ def test_an_outage_is_not_the_captures_silence(server: ApiServerHandle) -> None:
             try:
                 # Spans are placed on c1 (their dispatchers stay Pending: no agent runs here).
                 dispatchers = RESOURCES[Kind.DISPATCHER]
-                await until(lambda: m.informer.store.objects.get("Dispatcher"), "a dispatcher on c1")
+                await until(lambda: m.informer.store.records.get("Dispatcher"), "a dispatcher on c1")
                 epoch = m.stats.epochs[CF]
                 client.down = True  # an outage of the API: nobody gets through (the capture neither)
                 renewing = False

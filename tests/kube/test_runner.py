@@ -18,7 +18,7 @@ import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
 from controller.engine.maintainer import Decision, Memory
-from controller.engine.world import World
+from controller.engine.world import Options, World
 from controller.kube.client import LEASES, RESOURCES, Client, Config
 from controller.maintainer import runner
 from controller.maintainer.runner import Maintainer, Settings
@@ -83,11 +83,11 @@ def test_an_error_in_a_decision_does_not_end_the_changefeeds_loop(
     real = runner.decide
     calls = {"n": 0}
 
-    def flaky(world: World, memory: Memory) -> Decision:
+    def flaky(world: World, memory: Memory, options: Options | None = None) -> Decision:
         calls["n"] += 1
         if calls["n"] == 2:  # the first decision publishes the epoch; the second fails
             raise KeyError("an engine bug")
-        return real(world, memory)
+        return real(world, memory, options)
 
     monkeypatch.setattr(runner, "decide", flaky)
 

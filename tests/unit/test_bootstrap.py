@@ -221,9 +221,10 @@ def test_bootstrap_repairs_orphan_duplicate_hole_and_adopts():
     assert last_status(dec, Kind.SPAN, "a").state is SpanState.REPLICATING
     (hole,) = created(dec, Kind.SPAN)
     assert hole.key_range == P[1]
-    assert last_status(dec, Kind.SPAN, hole.name).state is SpanState.ABSENT
+    placed = last_status(dec, Kind.SPAN, hole.name)
+    assert placed.state is SpanState.SCHEDULING  # the hole's span is placed as it is created (placement.py)
     assert not created(dec, Kind.OPERATOR)  # "a" is adopted, not added a second time
-    assert [d.name for d in created(dec, Kind.DISPATCHER)] == []
+    assert [d.span for d in created(dec, Kind.DISPATCHER)] == [hole.name]  # none for "a"
 
 
 def test_bootstrap_two_dispatchers_for_one_span():

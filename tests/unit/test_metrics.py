@@ -81,7 +81,7 @@ class Harness:
 
     def relist(self, kind: Kind) -> None:
         store = self.m.informer.store
-        store.replace_all(kind.value, list(store.objects.get(kind.value, {}).values()))
+        store.replace_all(kind.value, [conv.to_resource(r) for r in store.all(kind).values()])
         self.m.informer._notify(kind.value, "")
 
 

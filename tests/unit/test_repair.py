@@ -63,14 +63,34 @@ def test_two_dispatchers_for_one_span_keep_the_named_one():
     assert flat(dec) == [("delete", "Dispatcher", "da2")]
 
 
-def test_hole_filled_with_absent_span_for_exactly_the_hole():
+def test_hole_filled_with_a_span_for_exactly_the_hole_placed_at_once():
     dec = decide(world(table(1), *CAPS, A, DA), memory())
     (new,) = created(dec, Kind.SPAN)
     assert new.key_range == P[1]
     assert new.name == naming.span_name("cf", 1, Mode.DEFAULT, P[1])
     st = last_status(dec, Kind.SPAN, new.name)
-    assert st.state is SpanState.ABSENT
-    assert flat(dec)[:2] == [("create", "Span", new.name), ("status", "Span", new.name)]
+    # Placed as it is created: its status records the destination before the dispatcher exists.
+    assert (st.state, st.operator, st.checkpoint_ts) == (SpanState.SCHEDULING, "", new.start_ts)
+    (d,) = created(dec, Kind.DISPATCHER)
+    assert (d.name, d.capture, d.span, d.start_ts, d.operator) == (
+        st.dispatcher,
+        st.capture,
+        new.name,
+        st.checkpoint_ts,
+        "",
+    )
+    assert flat(dec)[:3] == [
+        ("create", "Span", new.name),
+        ("status", "Span", new.name),
+        ("create", "Dispatcher", d.name),
+    ]
+
+
+def test_hole_filled_with_absent_span_when_no_capture_can_take_it():
+    dec = decide(world(table(1), capture("c0", alive=False), A, DA), memory())
+    (new,) = created(dec, Kind.SPAN)
+    assert last_status(dec, Kind.SPAN, new.name).state is SpanState.ABSENT
+    assert created(dec, Kind.DISPATCHER) == []
 
 
 def test_unexplained_overlap_removes_newer_span():
@@ -213,8 +233,15 @@ def test_adopted_orphan_dispatcher_satisfies_settled():
     a = span("a", key_range=P[0], state=SpanState.ABSENT)
     b = span("b", key_range=P[1], capture="c1", dispatcher="db")
     orphan = dispatcher("orph", replace(a, name="vanished"), "c0", created=NOW - 30)
-    st.add(Changefeed(name="cf", start_ts=100, epoch=1, holder="m1"), table(1), *CAPS, a, b, orphan,
-           dispatcher("db", b, "c1"))
+    st.add(
+        Changefeed(name="cf", start_ts=100, epoch=1, holder="m1"),
+        table(1),
+        *CAPS,
+        a,
+        b,
+        orphan,
+        dispatcher("db", b, "c1"),
+    )
     mem = Memory(epoch=1, identity="m1")
     for _ in range(10):
         _, mem = st.step(mem)

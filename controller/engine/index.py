@@ -1,0 +1,832 @@
+"""Indexes over one changefeed's records, kept current per event, so that a decision costs what changed.
+
+Why: every rule of the engine is level-triggered ("a Replicating span whose dispatcher is gone goes
+Absent"), and evaluated over the whole world it costs O(spans) per decision, about a second at 10,000
+spans. But at rest almost every record satisfies every rule, and only a handful can need anything: the
+spans that are not Replicating, the Replicating ones whose dispatcher is not Working, the dispatchers
+no span claims, the tables whose spans do not partition their range... This module keeps those sets
+(and the aggregates the decision reports: span counts, load per capture, the lowest checkpoint) as
+*functions of the current records*, updated on every event in O(the records the event touches).
+
+How it stays exact: for every span and dispatcher the index stores the facts it derived from the
+record and the few records they depend on (a span's facts depend on the dispatcher its status names,
+on its table and on the changefeed's modes and thresholds; a dispatcher's on its span and the spans
+that name it). An event retracts the facts of every record whose facts it can change and asserts
+them afresh. Nothing here is an edge ("this changed, look at it once"): a set holds a span for as long
+as the rule may apply to it, so a decision that fails to act leaves it there for the next one.
+
+Who uses it: ``decide`` (``World.index``) iterates these candidate sets instead of every record, and
+applies each rule's full predicate to the candidates, so a candidate too many costs a lookup and a
+candidate missing would be a bug. Two backstops catch such a bug: the periodic full audit (``decide``
+ignores the index every ``Options.audit_interval`` seconds and evaluates every rule over everything), and
+in the simulator, a full decision beside every incremental one, which must be equal, and ``verify``,
+which rebuilds the index from its records and compares.
+
+The index is maintained by the informer in production (``controller.kube.informer``) and by the
+simulator's cache, from the same calls (``put`` and ``remove``): the simulator drives exactly this code.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
+
+from controller.model.keys import KeyRange
+from controller.model.progress import digest
+from controller.model.records import Changefeed, Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
+from controller.model.states import TABLE_FINALIZER, DispatcherState, Kind, Mode, OpPhase, OpSource, SpanState
+
+#: Span states kept as sets (Replicating and Invalid spans are the bulk at rest and need no pass).
+TRACKED_STATES: tuple[SpanState | None, ...] = (None, SpanState.ABSENT, SpanState.SCHEDULING, SpanState.REMOVING)
+
+TableKey = tuple[int, Mode]
+#: A capture and a mode: the unit of a capture's progress report for this changefeed (engine/progress.py).
+ReportKey = tuple[str, Mode]
+
+
+def _add(index: dict[object, set[str]], key: object, name: str) -> None:
+    index.setdefault(key, set()).add(name)
+
+
+def _discard(index: dict[object, set[str]], key: object, name: str) -> None:
+    names = index.get(key)
+    if names is not None:
+        names.discard(name)
+        if not names:
+            del index[key]
+
+
+class MultiMap:
+    """key -> names, for indexes where almost every key has one name (a span's dispatchers, the spans
+    naming a dispatcher): a lone name is stored as itself, not in a set of its own (a set costs ~200 bytes,
+    twice per span at 50,000 spans)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self) -> None:
+        self._d: dict[str, str | set[str]] = {}
+
+    def add(self, key: str, name: str) -> None:
+        cur = self._d.get(key)
+        if cur is None:
+            self._d[key] = name
+        elif isinstance(cur, str):
+            if cur != name:
+                self._d[key] = {cur, name}
+        else:
+            cur.add(name)
+
+    def discard(self, key: str, name: str) -> None:
+        cur = self._d.get(key)
+        if cur is None:
+            return
+        if isinstance(cur, str):
+            if cur == name:
+                del self._d[key]
+            return
+        cur.discard(name)
+        if len(cur) == 1:
+            self._d[key] = next(iter(cur))
+        elif not cur:
+            del self._d[key]
+
+    def get(self, key: str, default: Collection[str] = ()) -> Collection[str]:
+        cur = self._d.get(key)
+        if cur is None:
+            return default
+        return (cur,) if isinstance(cur, str) else cur
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def normalized(self) -> dict[str, frozenset[str]]:
+        return {k: frozenset(self.get(k)) for k in self._d}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MultiMap) and self.normalized() == other.normalized()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def is_placement(span: Span | None) -> bool:
+    """``span`` is being placed without an operator (engine/placement.py); the same test as ``world``'s."""
+    return span is not None and span.state is SpanState.SCHEDULING and not span.operator and bool(span.capture)
+
+
+def span_counts(counts: Counter[SpanState | None]) -> SpanCounts:
+    """Spans per state, as ``Changefeed.status.spans`` and ``Table.status.spans`` report them."""
+    return SpanCounts(
+        absent=counts[SpanState.ABSENT],
+        scheduling=counts[SpanState.SCHEDULING],
+        replicating=counts[SpanState.REPLICATING],
+        removing=counts[SpanState.REMOVING],
+        invalid=counts[SpanState.INVALID],
+    )
+
+
+def exact_partition(outer: KeyRange, parts: list[KeyRange]) -> bool:
+    """``parts`` cover ``outer`` exactly: no hole, no overlap, nothing outside."""
+    if not parts:
+        return False
+    ordered = sorted(parts)
+    if ordered[0].start != outer.start or ordered[-1].end != outer.end:
+        return False
+    return all(a.end == b.start for a, b in itertools.pairwise(ordered))
+
+
+class MinTracker:
+    """The lowest value over named entries, with updates in O(log n): a heap with lazy deletion."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+        self._heap: list[tuple[int, str]] = []
+
+    def set(self, name: str, value: int | None) -> None:
+        if value is None:
+            self.values.pop(name, None)
+            return
+        if self.values.get(name) == value:
+            return
+        self.values[name] = value
+        heapq.heappush(self._heap, (value, name))
+        if len(self._heap) > 2 * len(self.values) + 64:
+            self._heap = [(v, n) for n, v in self.values.items()]
+            heapq.heapify(self._heap)
+
+    def min_excluding(self, exclude: Collection[str] = ()) -> int | None:
+        """The lowest value of an entry not in ``exclude`` (None if there is none). Stale heap entries
+        found on the way are dropped; excluded ones are put back."""
+        held: list[tuple[int, str]] = []
+        found: int | None = None
+        while self._heap:
+            value, name = self._heap[0]
+            if self.values.get(name) != value:
+                heapq.heappop(self._heap)
+                continue
+            if name in exclude:
+                held.append(heapq.heappop(self._heap))
+                continue
+            found = value
+            break
+        for entry in held:
+            heapq.heappush(self._heap, entry)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class SpanFacts:
+    """What the index derived from one span (and the records it depends on) the last time it looked."""
+
+    state: SpanState | None
+    capture: str
+    table: TableKey
+    covered: bool  # counts in its table's coverage: not being deleted, not Invalid
+    key_range: KeyRange  # the spec cannot change, but a new incarnation (relisted) may replace the span
+    dispatcher: str
+    load: str  # the capture the span counts towards in the load ("" none): Replicating or a placement
+    placing: bool
+    holding: bool  # on a capture and not Absent: a capture lost while holding it is reported
+    suspect: bool  # Replicating, but its dispatcher is not a Working dispatcher of it
+    stray: bool  # of a table that is not the changefeed's, or of a disabled mode
+    hot: bool
+    cold: bool
+    checkpoint: int | None  # what it contributes to the changefeed checkpoint (None: nothing)
+    #: The (capture, mode) whose progress report may raise ``checkpoint`` (its Working dispatcher's): the
+    #: span's value is then max(checkpoint, that report's minimum) when the report covers exactly the
+    #: capture's Working dispatchers (engine/progress.py). None: nothing raises it.
+    reporter: ReportKey | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherFacts:
+    span: str
+    capture: str
+    table: TableKey
+    deleting: bool
+    orphan: bool  # its span does not exist
+    unclaimed: bool  # no span claims it (repair rule 3 looks at it)
+    uid: str = ""
+    working: bool = False  # Working (deleting or not): in the set its capture's report must cover
+
+
+class Index:
+    """The records of one changefeed and the indexes over them. See the module docstring."""
+
+    def __init__(self, changefeed: str) -> None:
+        self.name = changefeed
+        self.changefeed: Changefeed | None = None
+        self.tables: dict[str, Table] = {}
+        self.spans: dict[str, Span] = {}
+        self.dispatchers: dict[str, Dispatcher] = {}
+        self.operators: dict[str, SpanOperator] = {}
+        # -- spans
+        self.span_facts: dict[str, SpanFacts] = {}
+        self.by_state: dict[SpanState | None, set[str]] = {s: set() for s in TRACKED_STATES}
+        self.placing: set[str] = set()
+        self.suspect: set[str] = set()
+        self.stray: set[str] = set()
+        self.hot: set[str] = set()
+        self.cold: set[str] = set()
+        self.spans_by_capture: dict[str, set[str]] = {}
+        self.holding: Counter[str] = Counter()
+        self.spans_by_table: dict[TableKey, set[str]] = {}
+        self.spans_naming = MultiMap()
+        self.state_counts: Counter[SpanState | None] = Counter()
+        self.table_counts: dict[int, Counter[SpanState | None]] = {}
+        self.span_load: Counter[str] = Counter()
+        #: Replicating spans per capture (what the balance scheduler weighs).
+        self.replicating_by_capture: Counter[str] = Counter()
+        #: What spans contribute to the checkpoint: those no report can raise, and per (capture, mode) those
+        #: whose Working dispatcher that capture's report may cover (engine/checkpoint.py takes, per group,
+        #: max(lowest, the report's minimum): the minimum over max(value, report) is max(minimum, report)).
+        self.checkpoints = MinTracker()
+        self.reported_checkpoints: dict[ReportKey, MinTracker] = {}
+        # -- dispatchers
+        self.dispatcher_facts: dict[str, DispatcherFacts] = {}
+        self.disp_by_span = MultiMap()
+        self.disp_by_capture: dict[str, set[str]] = {}
+        self.disp_by_table: dict[TableKey, set[str]] = {}
+        self.unclaimed: set[str] = set()
+        self.orphans: set[str] = set()
+        self.deleting_dispatchers: set[str] = set()
+        #: Per (capture, mode): the Working dispatchers (name -> uid) the maintainer believes that capture runs
+        #: for this changefeed, and the digest of their uids (computed when first asked after a change).
+        self.working: dict[ReportKey, dict[str, str]] = {}
+        self._digests: dict[ReportKey, str] = {}
+        # -- operators
+        self.in_flight: set[str] = set()
+        self.running: set[str] = set()
+        self._gc: dict[bool, list[tuple[float, str]]] = {True: [], False: []}  # user? -> heap of (base, name)
+        # -- tables
+        self.tables_by_id: dict[int, Table] = {}
+        self.table_names: dict[int, set[str]] = {}
+        self.table_attention: set[str] = set()
+        self._table_stale: set[str] = set()
+        #: Table IDs whose tables' status may have become stale (span counts changed): recomputed lazily.
+        self._stale_dirty: set[int] = set()
+        # -- coverage: (table, mode) whose spans may not partition the table's range; recomputed lazily
+        self._coverage_dirty: set[TableKey] = set()
+        self._coverage_problems: set[TableKey] = set()
+
+    # -- what the changefeed says ------------------------------------------------------------------
+
+    def modes(self) -> tuple[Mode, ...]:
+        return self.changefeed.modes if self.changefeed is not None else (Mode.DEFAULT,)
+
+    def table_live(self, table_id: int) -> bool:
+        table = self.tables_by_id.get(table_id)
+        return table is not None and not table.deleting
+
+    def _thresholds(self) -> tuple[float, int, float]:
+        if self.changefeed is None:
+            return (0.0, 0, 0.0)
+        cfg = self.changefeed.scheduler
+        return (cfg.split_write_threshold, cfg.split_region_threshold, cfg.merge_write_threshold)
+
+    # -- events ------------------------------------------------------------------------------------
+
+    def put(self, record: Record) -> None:
+        if isinstance(record, Span):
+            self._put_span(record)
+        elif isinstance(record, Dispatcher):
+            self._put_dispatcher(record)
+        elif isinstance(record, SpanOperator):
+            self._put_operator(record)
+        elif isinstance(record, Table):
+            self._put_table(record)
+        elif isinstance(record, Changefeed):
+            self._put_changefeed(record)
+
+    def remove(self, kind: Kind, name: str) -> None:
+        if kind is Kind.SPAN:
+            self._put_span(None, name)
+        elif kind is Kind.DISPATCHER:
+            self._put_dispatcher(None, name)
+        elif kind is Kind.OPERATOR:
+            self._put_operator(None, name)
+        elif kind is Kind.TABLE:
+            self._put_table(None, name)
+        elif kind is Kind.CHANGEFEED:
+            self._put_changefeed(None)
+
+    def empty(self) -> bool:
+        return self.changefeed is None and not (self.tables or self.spans or self.dispatchers or self.operators)
+
+    @classmethod
+    def build(cls, name: str, records: Iterable[Record]) -> Index:
+        """An index of ``records`` (those of changefeed ``name``), as a LIST followed by no event leaves it."""
+        index = cls(name)
+        for record in records:
+            index.put(record)
+        return index
+
+    # -- changefeed ----------------------------------------------------------------------------------
+
+    def _put_changefeed(self, cf: Changefeed | None) -> None:
+        before = (self.modes(), self._thresholds())
+        self.changefeed = cf
+        if (self.modes(), self._thresholds()) != before:
+            # Every span's facts depend on the modes (stray, checkpoint) and thresholds (hot, cold).
+            for name in list(self.spans):
+                self._refresh_span(name)
+            self._coverage_dirty.update((tid, m) for tid in self.tables_by_id for m in Mode)
+
+    # -- tables --------------------------------------------------------------------------------------
+
+    def _put_table(self, table: Table | None, name: str = "") -> None:
+        name = table.name if table is not None else name
+        old = self.tables.get(name)
+        if old is not None:
+            _discard(self.table_names, old.table_id, name)  # type: ignore[arg-type]
+        if table is None:
+            self.tables.pop(name, None)
+        else:
+            self.tables[name] = table
+            _add(self.table_names, table.table_id, name)  # type: ignore[arg-type]
+        for tid in sorted({t.table_id for t in (old, table) if t is not None}):
+            self._refresh_table_id(tid)
+        self._refresh_table(name)
+
+    def _refresh_table_id(self, tid: int) -> None:
+        """The table ID's canonical Table (the first created) and everything that depends on it."""
+        names = self.table_names.get(tid, set())
+        before = self.tables_by_id.get(tid)
+        first = min((self.tables[n] for n in names), key=lambda t: (t.created, t.name), default=None)
+        if first is None:
+            self.tables_by_id.pop(tid, None)
+        else:
+            self.tables_by_id[tid] = first
+        if (before is not None, before is not None and before.deleting) != (
+            first is not None,
+            first is not None and first.deleting,
+        ):
+            # Whether the table exists and is live: stray and checkpoint facts of its spans.
+            for mode in Mode:
+                for span in list(self.spans_by_table.get((tid, mode), ())):
+                    self._refresh_span(span)
+        for mode in Mode:
+            self._coverage_dirty.add((tid, mode))
+        for n in sorted(names):
+            self._refresh_table(n)
+        if before is not None and before.name not in names:
+            self._refresh_table(before.name)
+
+    def _refresh_table(self, name: str) -> None:
+        table = self.tables.get(name)
+        self.table_attention.discard(name)
+        self._table_stale.discard(name)
+        if table is None:
+            return
+        canonical = self.tables_by_id.get(table.table_id) is table
+        if not canonical or table.deleting or TABLE_FINALIZER not in table.finalizers:
+            self.table_attention.add(name)
+        self._stale_dirty.add(table.table_id)
+
+    def table_stale(self) -> set[str]:
+        """Tables (the canonical one per ID) whose status differs from what it should say (their span
+        counts, state, generation). Recomputed for the IDs events touched since the last call."""
+        for tid in self._stale_dirty:
+            for name in self.table_names.get(tid, ()):
+                self._table_stale.discard(name)
+            table = self.tables_by_id.get(tid)
+            if table is not None and self._table_status_differs(table):
+                self._table_stale.add(table.name)
+        self._stale_dirty.clear()
+        return self._table_stale
+
+    def _table_status_differs(self, table: Table) -> bool:
+        counts = span_counts(self.table_counts.get(table.table_id, Counter()))
+        state = "Removing" if table.deleting else "Active"
+        return (table.state, table.message, table.span_counts, table.observed_generation) != (
+            state,
+            "",
+            counts,
+            table.generation,
+        )
+
+    # -- spans ---------------------------------------------------------------------------------------
+
+    def _put_span(self, span: Span | None, name: str = "") -> None:
+        name = span.name if span is not None else name
+        old = self.spans.get(name)
+        if span is None:
+            self.spans.pop(name, None)
+        else:
+            self.spans[name] = span
+        self._refresh_span(name)
+        # Dispatchers whose facts depend on this span: those of it (orphan, claimed), those it names (the
+        # claim of an orphan by a span naming it).
+        for d in list(self.disp_by_span.get(name, ())):
+            self._refresh_dispatcher(d)
+        for d in {x.dispatcher for x in (old, span) if x is not None and x.dispatcher}:
+            if d in self.dispatchers:
+                self._refresh_dispatcher(d)
+        if (old is None) != (span is None):
+            # A span created or deleted: a span that adopted a dispatcher of this name's spec is suspect now
+            # (or no longer).
+            for d in list(self.disp_by_span.get(name, ())):
+                for s in list(self.spans_naming.get(d, ())):
+                    if s != name:
+                        self._refresh_span(s)
+
+    def _span_facts(self, s: Span) -> SpanFacts:
+        d = self.dispatchers.get(s.dispatcher) if s.dispatcher else None
+        working = d is not None and not d.deleting and d.state is DispatcherState.WORKING
+        belongs = d is not None and (
+            d.span == s.name
+            or (d.span not in self.spans and (d.table_id, d.mode, d.key_range) == (s.table_id, s.mode, s.key_range))
+        )
+        enabled = s.mode in self.modes()
+        ours = s.table_id in self.tables_by_id
+        accepted = s.state not in (None, SpanState.INVALID)
+        measured = s.state is SpanState.REPLICATING and not s.deleting and working and d is not None
+        split_rate, split_regions, merge_rate = self._thresholds()
+        hot = (
+            measured
+            and d is not None
+            and (
+                (split_rate > 0 and d.write_rate > split_rate) or (split_regions > 0 and d.region_count > split_regions)
+            )
+        )
+        cold = measured and d is not None and merge_rate > 0 and d.write_rate < merge_rate
+        checkpoint: int | None = None
+        reporter: ReportKey | None = None
+        if accepted and enabled and self.table_live(s.table_id):
+            if s.state is SpanState.REPLICATING and d is not None and d.state is DispatcherState.WORKING:
+                checkpoint = max(d.known_checkpoint, s.known_checkpoint)
+                reporter = (d.capture, d.mode)
+            else:
+                checkpoint = s.known_checkpoint
+        placing = is_placement(s)
+        return SpanFacts(
+            state=s.state,
+            capture=s.capture,
+            table=(s.table_id, s.mode),
+            covered=not s.deleting and s.state is not SpanState.INVALID,
+            key_range=s.key_range,
+            dispatcher=s.dispatcher,
+            load=s.capture if s.capture and (s.state is SpanState.REPLICATING or placing) else "",
+            placing=placing,
+            holding=bool(s.capture) and s.state is not SpanState.ABSENT,
+            suspect=s.state is SpanState.REPLICATING and not (working and belongs),
+            stray=not s.deleting and accepted and (not ours or not enabled),
+            hot=hot,
+            cold=cold,
+            checkpoint=checkpoint,
+            reporter=reporter,
+        )
+
+    def _refresh_span(self, name: str) -> None:
+        old = self.span_facts.pop(name, None)
+        if old is not None:
+            self._span_out(name, old)
+        span = self.spans.get(name)
+        new = self._span_facts(span) if span is not None else None
+        if new is not None:
+            self.span_facts[name] = new
+            self._span_in(name, new)
+        if (old and (old.table, old.covered, old.key_range)) != (new and (new.table, new.covered, new.key_range)):
+            self._coverage_dirty.update(f.table for f in (old, new) if f is not None)
+        if (old and (old.table, old.state)) != (new and (new.table, new.state)):
+            self._stale_dirty.update(f.table[0] for f in (old, new) if f is not None)
+
+    def _span_out(self, name: str, f: SpanFacts) -> None:
+        if f.state in self.by_state:
+            self.by_state[f.state].discard(name)
+        if f.placing:
+            self.placing.discard(name)
+        if f.suspect:
+            self.suspect.discard(name)
+        if f.stray:
+            self.stray.discard(name)
+        if f.hot:
+            self.hot.discard(name)
+        if f.cold:
+            self.cold.discard(name)
+        if f.capture:
+            _discard(self.spans_by_capture, f.capture, name)  # type: ignore[arg-type]
+        if f.holding:
+            self.holding[f.capture] -= 1
+            if not self.holding[f.capture]:
+                del self.holding[f.capture]
+        _discard(self.spans_by_table, f.table, name)  # type: ignore[arg-type]
+        if f.dispatcher:
+            self.spans_naming.discard(f.dispatcher, name)
+        self.state_counts[f.state] -= 1
+        counts = self.table_counts[f.table[0]]
+        counts[f.state] -= 1
+        if not counts[f.state]:
+            del counts[f.state]
+            if not counts:
+                del self.table_counts[f.table[0]]
+        if f.load:
+            self.span_load[f.load] -= 1
+            if not self.span_load[f.load]:
+                del self.span_load[f.load]
+        if f.capture and f.state is SpanState.REPLICATING:
+            self.replicating_by_capture[f.capture] -= 1
+            if not self.replicating_by_capture[f.capture]:
+                del self.replicating_by_capture[f.capture]
+        if f.reporter is None:
+            self.checkpoints.set(name, None)
+        else:
+            tracker = self.reported_checkpoints[f.reporter]
+            tracker.set(name, None)
+            if not tracker.values:
+                del self.reported_checkpoints[f.reporter]
+
+    def _span_in(self, name: str, f: SpanFacts) -> None:
+        if f.state in self.by_state:
+            self.by_state[f.state].add(name)
+        if f.placing:
+            self.placing.add(name)
+        if f.suspect:
+            self.suspect.add(name)
+        if f.stray:
+            self.stray.add(name)
+        if f.hot:
+            self.hot.add(name)
+        if f.cold:
+            self.cold.add(name)
+        if f.capture:
+            _add(self.spans_by_capture, f.capture, name)  # type: ignore[arg-type]
+        if f.holding:
+            self.holding[f.capture] += 1
+        _add(self.spans_by_table, f.table, name)  # type: ignore[arg-type]
+        if f.dispatcher:
+            self.spans_naming.add(f.dispatcher, name)
+        self.state_counts[f.state] += 1
+        self.table_counts.setdefault(f.table[0], Counter())[f.state] += 1
+        if f.load:
+            self.span_load[f.load] += 1
+        if f.capture and f.state is SpanState.REPLICATING:
+            self.replicating_by_capture[f.capture] += 1
+        if f.reporter is None:
+            self.checkpoints.set(name, f.checkpoint)
+        else:
+            self.reported_checkpoints.setdefault(f.reporter, MinTracker()).set(name, f.checkpoint)
+
+    # -- dispatchers ---------------------------------------------------------------------------------
+
+    def _put_dispatcher(self, d: Dispatcher | None, name: str = "") -> None:
+        name = d.name if d is not None else name
+        if d is None:
+            self.dispatchers.pop(name, None)
+        else:
+            self.dispatchers[name] = d
+        self._refresh_dispatcher(name)
+        for s in list(self.spans_naming.get(name, ())):
+            self._refresh_span(s)
+
+    def _dispatcher_facts(self, d: Dispatcher) -> DispatcherFacts:
+        span = self.spans.get(d.span)
+        if span is None:
+            claimed = any(
+                self.spans[s].state is SpanState.REPLICATING
+                for s in self.spans_naming.get(d.name, ())
+                if s in self.spans
+            )
+        else:
+            claimed = (
+                (span.state is SpanState.REPLICATING or is_placement(span))
+                and span.dispatcher == d.name
+                and not span.deleting
+            )
+        return DispatcherFacts(
+            span=d.span,
+            capture=d.capture,
+            table=(d.table_id, d.mode),
+            deleting=d.deleting,
+            orphan=span is None,
+            unclaimed=not claimed,
+            uid=d.uid,
+            working=d.state is DispatcherState.WORKING,
+        )
+
+    def _refresh_dispatcher(self, name: str) -> None:
+        old = self.dispatcher_facts.pop(name, None)
+        if old is not None:
+            self.disp_by_span.discard(old.span, name)
+            _discard(self.disp_by_capture, old.capture, name)  # type: ignore[arg-type]
+            _discard(self.disp_by_table, old.table, name)  # type: ignore[arg-type]
+            self.unclaimed.discard(name)
+            self.orphans.discard(name)
+            self.deleting_dispatchers.discard(name)
+        d = self.dispatchers.get(name)
+        f = self._dispatcher_facts(d) if d is not None else None
+        self._working_change(name, old, f)
+        if d is None or f is None:
+            return
+        self.dispatcher_facts[name] = f
+        self.disp_by_span.add(f.span, name)
+        _add(self.disp_by_capture, f.capture, name)  # type: ignore[arg-type]
+        _add(self.disp_by_table, f.table, name)  # type: ignore[arg-type]
+        if f.unclaimed:
+            self.unclaimed.add(name)
+        if f.orphan:
+            self.orphans.add(name)
+        if f.deleting:
+            self.deleting_dispatchers.add(name)
+
+    def _working_change(self, name: str, old: DispatcherFacts | None, new: DispatcherFacts | None) -> None:
+        """Keep ``working`` (and the digests' validity) current as dispatcher ``name`` goes from ``old`` to ``new``."""
+        before = (old.capture, old.table[1], old.uid) if old is not None and old.working else None
+        after = (new.capture, new.table[1], new.uid) if new is not None and new.working else None
+        if before == after:
+            return
+        if before is not None:
+            key: ReportKey = (before[0], before[1])
+            group = self.working[key]
+            del group[name]
+            if not group:
+                del self.working[key]
+            self._digests.pop(key, None)
+        if after is not None:
+            key = (after[0], after[1])
+            self.working.setdefault(key, {})[name] = after[2]
+            self._digests.pop(key, None)
+
+    def working_digest(self, key: ReportKey) -> str:
+        """The digest of the uids of the Working dispatchers of ``key`` (what an exact report carries)."""
+        found = self._digests.get(key)
+        if found is None:
+            found = self._digests[key] = digest(self.working.get(key, {}).values())
+        return found
+
+    def lowest_reported(self, key: ReportKey, exclude: Collection[str] = ()) -> int | None:
+        """The lowest value of the spans whose report group is ``key`` (not in ``exclude``)."""
+        tracker = self.reported_checkpoints.get(key)
+        return tracker.min_excluding(exclude) if tracker is not None else None
+
+    # -- operators -----------------------------------------------------------------------------------
+
+    def _put_operator(self, op: SpanOperator | None, name: str = "") -> None:
+        name = op.name if op is not None else name
+        if op is None:
+            self.operators.pop(name, None)
+        else:
+            self.operators[name] = op
+        self.in_flight.discard(name)
+        self.running.discard(name)
+        if op is None:
+            return
+        if op.in_flight:
+            self.in_flight.add(name)
+        if op.phase is OpPhase.RUNNING:
+            self.running.add(name)
+        if op.phase.terminal and not op.deleting:
+            heapq.heappush(self._gc[op.source is OpSource.USER], (max(op.finished_at, op.created), name))
+
+    def _gc_valid(self, name: str, base: float, user: bool) -> bool:
+        op = self.operators.get(name)
+        return (
+            op is not None
+            and op.phase.terminal
+            and not op.deleting
+            and (op.source is OpSource.USER) == user
+            and max(op.finished_at, op.created) == base
+        )
+
+    def gc_due(self, now: float, keep_user: float, keep_other: float) -> list[str]:
+        """Finished operators past their retention (the heap entries of others are left in place)."""
+        due: list[str] = []
+        for user, keep in ((True, keep_user), (False, keep_other)):
+            heap = self._gc[user]
+            held: list[tuple[float, str]] = []
+            while heap and now - heap[0][0] >= keep:
+                base, name = heapq.heappop(heap)
+                if self._gc_valid(name, base, user):
+                    held.append((base, name))
+                    due.append(name)
+            for entry in held:
+                heapq.heappush(heap, entry)
+        return sorted(set(due))
+
+    def gc_next(self, keep_user: float, keep_other: float) -> float | None:
+        """When the next finished operator's retention ends (None: no finished operator)."""
+        out: float | None = None
+        for user, keep in ((True, keep_user), (False, keep_other)):
+            heap = self._gc[user]
+            while heap and not self._gc_valid(heap[0][1], heap[0][0], user):
+                heapq.heappop(heap)
+            if heap:
+                at = heap[0][0] + keep
+                out = at if out is None else min(out, at)
+        return out
+
+    # -- coverage ------------------------------------------------------------------------------------
+
+    def coverage_problems(self) -> set[TableKey]:
+        """(table, mode) of live tables and enabled modes whose accepted spans do not partition the table's
+        range exactly (a hole, an overlap, no span at all). Recomputed for the tables events touched."""
+        modes = self.modes()
+        for key in self._coverage_dirty:
+            tid, mode = key
+            self._coverage_problems.discard(key)
+            if not self.table_live(tid) or mode not in modes:
+                continue
+            ranges = [
+                s.key_range
+                for s in (self.spans[n] for n in self.spans_by_table.get(key, ()))
+                if not s.deleting and s.state is not SpanState.INVALID
+            ]
+            if not exact_partition(KeyRange.of_table(tid), ranges):
+                self._coverage_problems.add(key)
+        self._coverage_dirty.clear()
+        return self._coverage_problems
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    def verify(self) -> list[str]:
+        """Differences between this index and one rebuilt from its own records (empty: it is exact)."""
+        fresh = Index.build(
+            self.name,
+            [
+                *([self.changefeed] if self.changefeed is not None else []),
+                *self.tables.values(),
+                *self.spans.values(),
+                *self.dispatchers.values(),
+                *self.operators.values(),
+            ],
+        )
+        problems = []
+        for attr in (
+            "span_facts",
+            "by_state",
+            "placing",
+            "suspect",
+            "stray",
+            "hot",
+            "cold",
+            "spans_by_capture",
+            "holding",
+            "spans_by_table",
+            "spans_naming",
+            "table_counts",
+            "span_load",
+            "replicating_by_capture",
+            "dispatcher_facts",
+            "disp_by_span",
+            "disp_by_capture",
+            "disp_by_table",
+            "unclaimed",
+            "orphans",
+            "deleting_dispatchers",
+            "in_flight",
+            "running",
+            "tables_by_id",
+            "table_attention",
+            "table_stale",
+        ):
+            mine, theirs = getattr(self, attr), getattr(fresh, attr)
+            if callable(mine):
+                mine, theirs = mine(), theirs()
+            if attr == "table_counts":
+                mine = {k: +v for k, v in mine.items() if +v}
+                theirs = {k: +v for k, v in theirs.items() if +v}
+            if attr in ("state_counts", "holding", "span_load", "replicating_by_capture"):
+                mine, theirs = +mine, +theirs
+            if mine != theirs:
+                problems.append(f"index {attr} differs from a rebuilt one: {_diff(mine, theirs)}")
+        if +self.state_counts != +fresh.state_counts:
+            problems.append(f"index state_counts differs: {+self.state_counts} != {+fresh.state_counts}")
+        if self.checkpoints.values != fresh.checkpoints.values:
+            problems.append("index checkpoints differ from a rebuilt one")
+        if self.checkpoints.min_excluding() != fresh.checkpoints.min_excluding():
+            problems.append("index lowest checkpoint differs from a rebuilt one")
+        mine_r = {k: t.values for k, t in self.reported_checkpoints.items()}
+        theirs_r = {k: t.values for k, t in fresh.reported_checkpoints.items()}
+        if mine_r != theirs_r:
+            problems.append(f"index reported checkpoints differ from a rebuilt one: {_diff(mine_r, theirs_r)}")
+        for key in {*self.reported_checkpoints, *fresh.reported_checkpoints}:
+            if self.lowest_reported(key) != fresh.lowest_reported(key):
+                problems.append(f"index lowest checkpoint of {key} differs from a rebuilt one")
+        if self.working != fresh.working:
+            diff = _diff(self.working, fresh.working)
+            problems.append(f"index working dispatchers differ from a rebuilt one: {diff}")
+        for key in self.working:
+            if self.working_digest(key) != fresh.working_digest(key):
+                problems.append(f"index digest of {key} differs from a rebuilt one")
+        mine, theirs = sorted(self.coverage_problems()), sorted(fresh.coverage_problems())
+        if mine != theirs:
+            problems.append(f"index coverage problems differ: {mine} != {theirs}")
+        return problems
+
+
+def _diff(mine: object, theirs: object) -> str:
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        keys = sorted({*mine, *theirs}, key=repr)
+        parts = [f"{k!r}: {mine.get(k)!r} != {theirs.get(k)!r}" for k in keys if mine.get(k) != theirs.get(k)]
+        return "; ".join(parts[:4])
+    if isinstance(mine, set) and isinstance(theirs, set):
+        return f"extra {sorted(mine - theirs, key=repr)[:4]}, missing {sorted(theirs - mine, key=repr)[:4]}"
+    return f"{mine!r} != {theirs!r}"

@@ -1,0 +1,196 @@
+"""The engine's index (engine/index.py): kept per event, it must always be what a rebuild from its records
+gives, and a decision over it must be the decision over everything (the simulator checks both over whole
+histories; these are the direct cases)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from controller.engine.index import Index, MinTracker, MultiMap
+from controller.engine.maintainer import decide
+from controller.engine.world import World
+from controller.model.keys import KeyRange
+from controller.model.records import Changefeed, Dispatcher, SchedulerConfig, Span, SpanOperator, Table
+from controller.model.states import (
+    TABLE_FINALIZER,
+    DispatcherState,
+    Kind,
+    Mode,
+    OpPhase,
+    OpSource,
+    OpType,
+    SpanState,
+)
+from tests.unit.fixtures import EPOCH, IDENTITY, capture, memory
+
+CF = "cf"
+
+
+def test_min_tracker_follows_updates_and_exclusions() -> None:
+    m = MinTracker()
+    for name, value in (("a", 5), ("b", 3), ("c", 9)):
+        m.set(name, value)
+    assert m.min_excluding() == 3
+    assert m.min_excluding({"b"}) == 5
+    m.set("b", 10)  # raised: its old entry is stale
+    assert m.min_excluding() == 5
+    m.set("a", None)
+    assert m.min_excluding() == 9
+    assert m.min_excluding({"b", "c"}) is None
+    assert m.min_excluding({"c"}) == 10  # what was excluded is put back
+    for i in range(500):  # many updates: the heap is compacted, the minimum stays right
+        m.set("c", 1000 - i)
+    assert m.min_excluding() == 10
+    m.set("b", None)
+    assert m.min_excluding() == 501
+
+
+def test_multimap_keeps_a_lone_name_without_a_set() -> None:
+    m = MultiMap()
+    m.add("k", "a")
+    assert list(m.get("k")) == ["a"]
+    m.add("k", "b")
+    assert set(m.get("k")) == {"a", "b"}
+    m.discard("k", "a")
+    assert list(m.get("k")) == ["b"]
+    m.discard("k", "b")
+    assert "k" not in m
+    assert list(m.get("k")) == []
+
+
+def _records(rng: random.Random, now: float) -> list[object]:
+    """A random world: two tables (one split in two spans), dispatchers in every state, operators."""
+    out: list[object] = [Changefeed(name=CF, redo=rng.random() < 0.5)]
+    for tid in (1, 2, 3):
+        out.append(
+            Table(
+                name=f"t{tid}",
+                changefeed=CF,
+                table_id=tid,
+                deleting=rng.random() < 0.2,
+                finalizers=(TABLE_FINALIZER,) if rng.random() < 0.7 else (),
+                created=float(tid),
+            )
+        )
+    for tid in (1, 2, 4):
+        rng_t = KeyRange.of_table(tid)
+        parts = rng_t.split_at(rng_t.even_split_keys(2)) if rng.random() < 0.5 else (rng_t,)
+        for i, part in enumerate(parts):
+            state = rng.choice([None, *SpanState])
+            name = f"s{tid}-{i}"
+            d = f"d{tid}-{i}"
+            out.append(
+                Span(
+                    name=name,
+                    changefeed=CF,
+                    table_id=tid,
+                    mode=rng.choice(list(Mode)),
+                    key_range=part,
+                    state=state,
+                    capture=rng.choice(["", "c0", "c1"]),
+                    dispatcher=d if rng.random() < 0.8 else "",
+                    checkpoint_ts=rng.randint(100, 200),
+                    operator=rng.choice(["", "op"]),
+                    deleting=rng.random() < 0.1,
+                )
+            )
+            if rng.random() < 0.8:
+                out.append(
+                    Dispatcher(
+                        name=d,
+                        changefeed=CF,
+                        span=name if rng.random() < 0.9 else "gone",
+                        table_id=tid,
+                        key_range=part,
+                        capture=rng.choice(["c0", "c1", "c9"]),
+                        start_ts=100,
+                        epoch=1,
+                        state=rng.choice(list(DispatcherState)),
+                        checkpoint_ts=rng.randint(100, 300),
+                        write_rate=rng.choice([0.0, 50.0, 500.0]),
+                        deleting=rng.random() < 0.1,
+                    )
+                )
+    for i in range(3):
+        out.append(
+            SpanOperator(
+                name=f"op{i}",
+                changefeed=CF,
+                type=rng.choice([OpType.MOVE, OpType.REMOVE]),
+                spans=("s1-0",),
+                target="c1",
+                phase=rng.choice(list(OpPhase)),
+                source=rng.choice(list(OpSource)),
+                finished_at=now - rng.choice([0, 400, 4000]),
+            )
+        )
+    return out
+
+
+def test_an_index_kept_per_event_is_a_rebuilt_one() -> None:
+    """Random puts and removes, in random order: after each, the index equals a rebuild from its records."""
+    for seed in range(30):
+        rng = random.Random(seed)
+        index = Index(CF)
+        for _ in range(6):
+            records = _records(rng, 1000.0)
+            rng.shuffle(records)
+            for rec in records:
+                if rng.random() < 0.15:
+                    index.remove(rec.kind, rec.name)  # type: ignore[attr-defined]
+                else:
+                    index.put(rec)  # type: ignore[arg-type]
+                assert index.verify() == [], f"seed {seed}"
+
+
+def test_a_decision_over_the_index_is_the_decision_over_everything() -> None:
+    for seed in range(40):
+        rng = random.Random(seed)
+        records = _records(rng, 1000.0)
+        cf = next(r for r in records if isinstance(r, Changefeed))
+        cf = replace(cf, epoch=EPOCH, holder=IDENTITY, scheduler=SchedulerConfig(split_write_threshold=100.0))
+        records = [cf if isinstance(r, Changefeed) else r for r in records]
+        index = Index.build(CF, records)  # type: ignore[arg-type]
+        world = World(
+            now=1000.0,
+            changefeed=cf,
+            tables=index.tables,
+            spans=index.spans,
+            dispatchers=index.dispatchers,
+            operators=index.operators,
+            captures={c.name: c for c in (capture("c0"), capture("c1", alive=rng.random() < 0.5))},
+            index=index,
+        )
+        mem = replace(memory(), audited_at=1000.0)  # audited just now: no audit due
+        incremental = decide(world, mem)
+        full = decide(replace(world, index=None), mem)
+        assert not incremental.full
+        assert full.full
+        assert incremental.chains == full.chains, f"seed {seed}"
+        assert incremental.repairs == full.repairs
+        assert replace(incremental.memory, audited_at=0.0) == replace(full.memory, audited_at=0.0)
+
+
+def test_the_audit_is_full_every_interval() -> None:
+    cf = Changefeed(name=CF, epoch=EPOCH, holder=IDENTITY)
+    index = Index.build(CF, [cf])
+    world = World(now=1000.0, changefeed=cf, index=index)
+    first = decide(world, memory(bootstrapped=False))
+    assert not first.full  # the term's first decision counts as the last audit
+    assert first.memory.audited_at == 1000.0
+    assert first.next_due is not None
+    assert first.next_due <= 1300.0
+    later = decide(replace(world, now=1299.0), first.memory)
+    assert not later.full
+    due = decide(replace(world, now=1300.0), first.memory)
+    assert due.full
+    assert due.memory.audited_at == 1300.0
+
+
+def test_removal_of_an_unknown_name_changes_nothing() -> None:
+    index = Index(CF)
+    for kind in (Kind.SPAN, Kind.DISPATCHER, Kind.OPERATOR, Kind.TABLE):
+        index.remove(kind, "nothing")
+    assert index.verify() == []
+    assert index.empty()
