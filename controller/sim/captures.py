@@ -184,6 +184,12 @@ class Captures:
     def alive_names(self) -> list[str]:
         return sorted(n for n, c in self.all.items() if c.alive)
 
+    def holds(self, name: str, uid: str) -> bool:
+        """Ground truth: the process of capture ``name`` runs (or keeps, paused) the dispatcher with ``uid``,
+        so it could resume it. A restarted process (a new incarnation) runs nothing of its predecessor's."""
+        cap = self.all.get(name)
+        return cap is not None and cap.alive and any(r.d.uid == uid for r in cap.runs.values())
+
     def running(self) -> list[Dispatcher]:
         """Ground truth for the single-owner check: what the captures really run (deliver: not paused)."""
         return [r.d for n in sorted(self.all) for _, r in sorted(self.all[n].runs.items()) if not r.paused]
