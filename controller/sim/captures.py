@@ -125,6 +125,12 @@ class Captures:
         self.joined = 0
         #: Mutant: a paused capture that resumes everything, even after its Lease was taken (it re-takes it).
         self.resumes_blindly = "capture-resumes-after-takeover" in mutants
+        ctx.holds = self.holds
+
+    def holds(self, capture: str, uid: str) -> bool:
+        """Whether the capture's current process holds (runs, or keeps paused) the dispatcher object ``uid``."""
+        cap = self.all.get(capture)
+        return cap is not None and cap.alive and any(r.d.uid == uid for r in cap.runs.values())
 
     # -- membership --------------------------------------------------------------------------------
 

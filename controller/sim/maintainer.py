@@ -149,7 +149,10 @@ class SimMaintainer:
         if not isinstance(d, Dispatcher):
             return
         c = self.ctx.api.get(Kind.CAPTURE, d.capture)
-        if isinstance(c, Capture) and not c.lease_taken:
+        # A process of that capture that holds the dispatcher (running or paused) and whose Lease still names
+        # the capture could resume it. (A restarted process that re-took the Lease after the maintainer took
+        # it holds none of its predecessor's dispatchers: seed 1971.)
+        if isinstance(c, Capture) and not c.lease_taken and self.ctx.holds(d.capture, d.uid):
             self.ctx.fail(
                 f"fencing: {self.identity} released the finalizer of {d.name} while {d.capture}'s Lease still "
                 "names it (the capture could resume it)"
