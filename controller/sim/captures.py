@@ -125,6 +125,12 @@ class Captures:
         self.joined = 0
         #: Mutant: a paused capture that resumes everything, even after its Lease was taken (it re-takes it).
         self.resumes_blindly = "capture-resumes-after-takeover" in mutants
+        ctx.holds = self.holds
+
+    def holds(self, capture: str, uid: str) -> bool:
+        """Whether the capture's current process holds (runs, or keeps paused) the dispatcher object ``uid``."""
+        cap = self.all.get(capture)
+        return cap is not None and cap.alive and any(r.d.uid == uid for r in cap.runs.values())
 
     # -- membership --------------------------------------------------------------------------------
 
@@ -183,12 +189,6 @@ class Captures:
 
     def alive_names(self) -> list[str]:
         return sorted(n for n, c in self.all.items() if c.alive)
-
-    def holds(self, name: str, uid: str) -> bool:
-        """Ground truth: the process of capture ``name`` runs (or keeps, paused) the dispatcher with ``uid``,
-        so it could resume it. A restarted process (a new incarnation) runs nothing of its predecessor's."""
-        cap = self.all.get(name)
-        return cap is not None and cap.alive and any(r.d.uid == uid for r in cap.runs.values())
 
     def running(self) -> list[Dispatcher]:
         """Ground truth for the single-owner check: what the captures really run (deliver: not paused)."""

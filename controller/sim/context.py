@@ -11,6 +11,7 @@ import bisect
 import random
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.model.keys import KeyRange
@@ -135,6 +136,9 @@ class Ctx:
     #: Spans a person deleted by hand: an operator that owned one cannot keep its intent for it.
     user_deleted: set[str] = field(default_factory=set)
     quiet: bool = False  # the end phase: no faults, no hooks
+    #: Ground truth for the fencing check: (capture name, dispatcher uid) pairs the capture's current process
+    #: holds (running or paused), i.e. could deliver for again if its Lease still named it. Kept by Captures.
+    holds: Callable[[str, str], bool] = field(default=lambda capture, uid: False)
 
     def upstream(self) -> int:
         """The upstream's logical clock: the highest ts with data; grows with simulated time."""

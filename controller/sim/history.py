@@ -93,7 +93,7 @@ class Sim:
             self.restart_at = self.ctx.now + DT  # it cannot list, nor win the Lease, before the API returns
             return
         self.epochs = max(self.epochs, cf.epoch) + 1
-        m = SimMaintainer(self.ctx, CF, self.epochs, self.options, holds=self.captures.holds)
+        m = SimMaintainer(self.ctx, CF, self.epochs, self.options)
         self.maintainers.append(m)
         self.current = m
         self.restart_at = None

@@ -49,17 +49,8 @@ CHECKS = Checks()
 
 
 class SimMaintainer:
-    def __init__(
-        self,
-        ctx: Ctx,
-        changefeed: str,
-        epoch: int,
-        options: Options,
-        holds: Callable[[str, str], bool] | None = None,
-    ) -> None:
+    def __init__(self, ctx: Ctx, changefeed: str, epoch: int, options: Options) -> None:
         self.ctx = ctx
-        #: Ground truth for the fencing check: whether capture (name) runs the dispatcher (uid) now.
-        self.holds = holds
         self.changefeed = changefeed
         self.options = options
         self.view = ViewClock(fresh=VIEW_FRESH, count_all="outage-counts-as-silence" in options.mutants)
@@ -174,7 +165,7 @@ class SimMaintainer:
 
         One case is not a breach: the Lease was taken, and a restarted process of the capture (a new
         incarnation, which takes its Lease over whoever holds it) took it back before the release landed.
-        That process runs nothing of its predecessor's, so nothing can resume the dispatcher (seed 1587:
+        That process runs nothing of its predecessor's, so nothing can resume the dispatcher (seeds 1587, 1971:
         the maintainer decided from the snapshot showing its own take). What it could still do, start the
         dispatcher from a stale view of it, invariant 2 (single owner, on what captures really run) checks."""
         if not (isinstance(w, I.RemoveFinalizer) and w.kind is Kind.DISPATCHER):
@@ -183,7 +174,7 @@ class SimMaintainer:
         if not isinstance(d, Dispatcher):
             return
         c = self.ctx.api.get(Kind.CAPTURE, d.capture)
-        if isinstance(c, Capture) and not c.lease_taken and (self.holds is None or self.holds(d.capture, d.uid)):
+        if isinstance(c, Capture) and not c.lease_taken and self.ctx.holds(d.capture, d.uid):
             self.ctx.fail(
                 f"fencing: {self.identity} released the finalizer of {d.name} while {d.capture}'s Lease still "
                 "names it (the capture could resume it)"

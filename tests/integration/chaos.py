@@ -52,28 +52,35 @@ class Proxy:
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Tracked from the first moment, and closed on every way out (a cut, the upstream refusing, the
+        # proxies shutting down): a socket left to the garbage collector is a ResourceWarning in the test.
+        self.conns.add(writer)
+        up_writer: asyncio.StreamWriter | None = None
         if self.blackhole:
             self.dead.add(writer)  # accepted, never answered
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            writer.transport.abort()
-            return
-        self.conns |= {writer, up_writer}
+            self.conns.add(up_writer)
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-                while data := await src.read(65536):
-                    if writer in self.dead:
-                        continue  # swallowed
-                    dst.write(data)
-                    await dst.drain()
-            dst.transport.abort()
+            async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+                with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                    while data := await src.read(65536):
+                        if writer in self.dead:
+                            continue  # swallowed
+                        dst.write(data)
+                        await dst.drain()
+                dst.transport.abort()
 
-        try:
             await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except (OSError, asyncio.CancelledError):
+            # Not re-raised: asyncio's stream server logs a handler task that ends cancelled as an error.
+            pass
         finally:
-            self.conns -= {writer, up_writer}
+            for w in (writer, up_writer):
+                if w is not None:
+                    w.transport.abort()
+                    self.conns.discard(w)
+                    self.dead.discard(w)
 
     async def _cut(self) -> None:
         if self.server is not None:
