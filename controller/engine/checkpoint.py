@@ -1,6 +1,7 @@
 """The changefeed checkpoint: the ts up to which every span of every live table has been delivered.
 
-It is the minimum, over the spans of live tables, of what is known for each:
+It is the minimum, over the spans of live tables (and of tables not seen yet: a Span can be seen before its
+Table), of what is known for each:
 
 - a Replicating span: the best of its dispatcher's persisted checkpoint (written when it became
   Working), the span's persisted one, and the minimum its capture reported for a set of dispatchers
@@ -35,7 +36,7 @@ def compute(tick: Tick) -> int:
 
     reported = progress.covered(tick)
     for span in tick.spans.values():
-        if span.state in (None, SpanState.INVALID) or not tick.table_live(span.table_id):
+        if span.state in (None, SpanState.INVALID) or not tick.table_holds_checkpoint(span.table_id):
             continue
         if not tick.mode_enabled(span.mode):
             continue
@@ -46,7 +47,7 @@ def compute(tick: Tick) -> int:
             lower(span.known_checkpoint)
     for op in tick.operators.values():
         if op.phase is OpPhase.RUNNING and op.type is not OpType.REMOVE:
-            if any(tick.table_live(s.table_id) for s in (tick.spans.get(n) for n in op.spans) if s):
+            if any(tick.table_holds_checkpoint(s.table_id) for s in (tick.spans.get(n) for n in op.spans) if s):
                 lower(op.checkpoint_ts)
             for t in op.targets:
                 if not t.done and t.start_ts:
@@ -98,7 +99,7 @@ def _has_hole(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> bool:
 def _span_value(tick: Tick, span: Span, reports: dict[tuple[str, Mode], int]) -> int | None:
     """What one span contributes to the minimum (None: nothing), as ``compute`` counts it; ``reports``:
     ``progress.group_reports``."""
-    if span.state in (None, SpanState.INVALID) or not tick.table_live(span.table_id):
+    if span.state in (None, SpanState.INVALID) or not tick.table_holds_checkpoint(span.table_id):
         return None
     if not tick.mode_enabled(span.mode):
         return None
@@ -134,7 +135,7 @@ def _incremental(tick: Tick) -> int:
     values += [_span_value(tick, s, reports) for s in (tick.spans.get(n) for n in changed) if s is not None]
     for op in tick.in_flight():
         if op.phase is OpPhase.RUNNING and op.type is not OpType.REMOVE:
-            if any(tick.table_live(s.table_id) for s in (tick.spans.get(n) for n in op.spans) if s):
+            if any(tick.table_holds_checkpoint(s.table_id) for s in (tick.spans.get(n) for n in op.spans) if s):
                 values.append(op.checkpoint_ts)
             for t in op.targets:
                 if not t.done and t.start_ts:

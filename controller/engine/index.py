@@ -286,6 +286,11 @@ class Index:
         table = self.tables_by_id.get(table_id)
         return table is not None and not table.deleting
 
+    def table_holds_checkpoint(self, table_id: int) -> bool:
+        """As ``Tick.table_holds_checkpoint``: live, or not seen yet."""
+        table = self.tables_by_id.get(table_id)
+        return table is None or not table.deleting
+
     def _thresholds(self) -> tuple[float, int, float]:
         if self.changefeed is None:
             return (0.0, 0, 0.0)
@@ -460,7 +465,7 @@ class Index:
         cold = measured and d is not None and merge_rate > 0 and d.write_rate < merge_rate
         checkpoint: int | None = None
         reporter: ReportKey | None = None
-        if accepted and enabled and self.table_live(s.table_id):
+        if accepted and enabled and self.table_holds_checkpoint(s.table_id):
             if s.state is SpanState.REPLICATING and d is not None and d.state is DispatcherState.WORKING:
                 checkpoint = max(d.known_checkpoint, s.known_checkpoint)
                 reporter = (d.capture, d.mode)

@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 
 from controller.engine import checkpoint
+from controller.engine.index import Index
 from controller.engine.maintainer import decide
-from controller.engine.world import Options, Tick
+from controller.engine.world import Options, Tick, World
 from tests.unit.fixtures import (
     EPOCH,
     DispatcherState,
@@ -87,3 +88,29 @@ def test_never_backwards(published):
 
 def test_nothing_known_keeps_previous():
     assert compute(cf=changefeed(checkpoint_ts=321)) == 321
+
+
+def test_a_span_of_a_table_not_seen_yet_holds_it_back():
+    """Simulator seed 3023: a deposed maintainer accepted a new Table and made its span (start 150); its
+    successor's Span watch delivered the span before its Table watch delivered the Table. A span of a table
+    the maintainer has not seen must hold the checkpoint (only a table seen being deleted lets go), or the
+    published checkpoint passes keys delivered only up to the span's start."""
+    unseen = span("new", table_id=4, state=SpanState.SCHEDULING, capture="c0", dispatcher="dn", checkpoint_ts=150)
+    assert compute(table(1), capture("c0"), A, B, C, DA, DB, DC, unseen) == 150
+    # The same through the index (an incremental decision) as through the full one.
+    cf = changefeed()
+    recs = [cf, table(1), A, B, C, DA, DB, DC, unseen]
+    index = Index.build(cf.name, recs)
+    w = World(
+        now=1000.0,
+        changefeed=cf,
+        tables=index.tables,
+        spans=index.spans,
+        dispatchers=index.dispatchers,
+        operators=index.operators,
+        captures={"c0": capture("c0")},
+        index=index,
+    )
+    assert checkpoint.compute(Tick(w, EPOCH, Options())) == 150
+    # Once the table is seen being deleted, its span no longer counts.
+    assert compute(table(1), table(4, deleting=True), capture("c0"), A, B, C, DA, DB, DC, unseen) == 260
