@@ -906,8 +906,18 @@ class ApiServer:
                 due = [t for t in (next_mark, pre_timeout, deadline) if t is not None]
                 wait = max(0.0, min(due) - now) if due else None
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(), wait)
+                    # Queued events first: a BOOKMARK says "every event up to this resourceVersion has been
+                    # sent", so one written while events wait in the queue would let a client that resumes
+                    # from it skip them. (On Python 3.11, wait_for with a zero timeout times out even when
+                    # the queue is not empty: this happened after a write to a slow client outlasted the
+                    # pre-timeout mark, and a capture lost four Dispatcher creations.)
+                    if not watcher.queue.empty():
+                        item = watcher.queue.get_nowait()
+                    else:
+                        item = await asyncio.wait_for(watcher.queue.get(), wait)
                 except TimeoutError:
+                    if not watcher.queue.empty():
+                        continue  # an event arrived as the wait ended: it goes before any BOOKMARK
                     now = loop.time()
                     if pre_timeout is not None and now >= pre_timeout:
                         pre_timeout = None
