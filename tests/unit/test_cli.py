@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -1024,8 +1024,16 @@ async def _sigint_on(plural: str, wanted: str) -> None:
         await asyncio.sleep(3600)
 
 
-def test_ctrl_c_is_exit_130_and_says_what_keeps_running(plugin: Plugin) -> None:
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # asyncio.run turns it into a cancel
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler (asyncio.run turns it into a cancel). A process started in the background
+    by a shell without job control inherits SIGINT ignored, and the plugin would never see the Ctrl-C."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_is_exit_130_and_says_what_keeps_running(plugin: Plugin, default_sigint: None) -> None:
     client = FakeClient(world(), watches=[[_sigint]])
     rc, out, err = plugin(client, "move", "a", "--to", "c2", "--wait")
     (name,) = client.attempted
