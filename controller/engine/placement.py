@@ -42,9 +42,10 @@ from dataclasses import replace
 
 from controller.engine import naming
 from controller.engine.intents import Write
+from controller.engine.operators.common import new_dispatcher
 from controller.engine.world import Tick, is_placement
 from controller.model.records import Dispatcher, Span
-from controller.model.states import CLOSED_DISPATCHER_STATES, DISPATCHER_FINALIZER, DispatcherState, SpanState
+from controller.model.states import CLOSED_DISPATCHER_STATES, DispatcherState, SpanState
 
 __all__ = ["advance", "bind", "cancel", "destination", "is_placement", "room"]
 
@@ -107,23 +108,14 @@ def bind(tick: Tick, span: Span, capture: str) -> list[Write]:
 def _dispatcher(tick: Tick, span: Span) -> Dispatcher:
     # The mutant is a deliberate bug for the simulator's mutation check: data below the start is skipped.
     ahead = 50 if tick.mutant("placement-starts-ahead") else 0
-    return Dispatcher(
+    return new_dispatcher(
+        tick,
+        span,
         name=span.dispatcher,
-        namespace=span.namespace,
-        changefeed=tick.changefeed.name,
-        span=span.name,
-        table_id=span.table_id,
-        mode=span.mode,
+        span_name=span.name,
         key_range=span.key_range,
         capture=span.capture,
         start_ts=span.known_checkpoint + ahead,
-        epoch=tick.epoch,
-        created=tick.now,
-        finalizers=(DISPATCHER_FINALIZER,),
-        labels=(
-            ("cdc.maintainer.dev/capture", span.capture),
-            ("cdc.maintainer.dev/changefeed", tick.changefeed.name),
-        ),
     )
 
 

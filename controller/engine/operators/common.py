@@ -17,6 +17,7 @@ from dataclasses import replace
 from controller.engine import naming
 from controller.engine.intents import Write
 from controller.engine.world import Tick
+from controller.model.keys import KeyRange
 from controller.model.records import Dispatcher, Origin, Span, SpanOperator, Target
 from controller.model.states import (
     CLOSED_DISPATCHER_STATES,
@@ -202,25 +203,51 @@ def new_dispatcher_name(tick: Tick, span: str, op: SpanOperator, avoid: str = ""
         attempt += 1
 
 
-def dispatcher_for(tick: Tick, op: SpanOperator, target: Target, span: Span) -> Dispatcher:
+def new_dispatcher(
+    tick: Tick,
+    span: Span,
+    *,
+    name: str,
+    span_name: str,
+    key_range: KeyRange,
+    capture: str,
+    start_ts: int,
+    operator: str = "",
+) -> Dispatcher:
+    """Every Dispatcher the maintainer creates: of ``span``'s table and mode, in this term's epoch, with the
+    finalizer its capture releases once closed and the labels its capture watches by."""
     return Dispatcher(
-        name=target.dispatcher,
+        name=name,
         namespace=span.namespace,
         changefeed=tick.changefeed.name,
-        span=target.span,
+        span=span_name,
         table_id=span.table_id,
         mode=span.mode,
-        key_range=target.key_range,
-        capture=target.capture,
-        start_ts=target.start_ts,
-        operator=op.name,
+        key_range=key_range,
+        capture=capture,
+        start_ts=start_ts,
+        operator=operator,
         epoch=tick.epoch,
         created=tick.now,
         finalizers=(DISPATCHER_FINALIZER,),
         labels=(
-            ("cdc.maintainer.dev/capture", target.capture),
+            ("cdc.maintainer.dev/capture", capture),
             ("cdc.maintainer.dev/changefeed", tick.changefeed.name),
         ),
+    )
+
+
+def dispatcher_for(tick: Tick, op: SpanOperator, target: Target, span: Span) -> Dispatcher:
+    """The dispatcher of an operator's target."""
+    return new_dispatcher(
+        tick,
+        span,
+        name=target.dispatcher,
+        span_name=target.span,
+        key_range=target.key_range,
+        capture=target.capture,
+        start_ts=target.start_ts,
+        operator=op.name,
     )
 
 
@@ -294,9 +321,7 @@ def place_targets(
             continue
         if d is None:
             blockers = [
-                x.name
-                for x in tick.overlapping_dispatchers(span.table_id, span.mode, t.key_range)
-                if x.span != t.span
+                x.name for x in tick.overlapping_dispatchers(span.table_id, span.mode, t.key_range) if x.span != t.span
             ]
             if blockers:
                 # Another span's dispatcher runs some of these keys: only a maintainer superseded
