@@ -85,6 +85,8 @@ def _planned_ranges(tick: Tick) -> dict[tuple[int, Mode], list[KeyRange]]:
 
 
 def validate_new_spans(tick: Tick) -> None:
+    if tick.changefeed.deleting:
+        return  # torn down: a new span is accepted by no one, and the teardown's Removes take it as it is
     pool = tick.span_candidates(tick.index.by_state[None]) if tick.index is not None else tick.spans.values()
     new = sorted(
         (s for s in pool if s.state is None and not s.deleting and not tick.busy(s.name)),
@@ -333,23 +335,41 @@ def coverage(tick: Tick) -> None:
                 initial_left -= _initial_spans(tick, table, mode)
                 continue
             for hole in gaps(table.key_range, ranges):
-                tick.repairs.append(f"table {table.name} ({mode}): hole {hole} filled with an Absent span")
-                _new_span(tick, table, mode, hole)
+                # Cut as the pre-split would have: a term that ended while it created a table's first spans
+                # leaves one hole where the pre-split asked for many spans.
+                cut = _pre_split_cut(table, hole)
+                tick.repairs.append(f"table {table.name} ({mode}): hole {hole} filled with {len(cut)} Absent span(s)")
+                for piece in cut:
+                    _new_span(tick, table, mode, piece)
             _resolve_overlaps(tick, spans)
     if stray:
         _remove_spans(tick, stray, "span of an unknown table or a disabled mode")
+
+
+def _pre_split_keys(table: Table) -> tuple[bytes, ...]:
+    """The keys ``table``'s preSplit cuts its range at (none without one); KeyError_ for keys that cannot."""
+    rng = table.key_range
+    if table.pre_split_keys:
+        rng.split_at(table.pre_split_keys)  # raises for keys not strictly increasing inside the table
+        return tuple(table.pre_split_keys)
+    if table.pre_split_spans > 1:
+        return rng.even_split_keys(min(table.pre_split_spans, MAX_PRE_SPLIT))
+    return ()
+
+
+def _pre_split_cut(table: Table, hole: KeyRange) -> tuple[KeyRange, ...]:
+    """``hole`` (part of ``table``'s range) cut at the preSplit keys inside it; whole if the preSplit is bad."""
+    try:
+        return hole.split_at([k for k in _pre_split_keys(table) if hole.start < k < hole.end])
+    except KeyError_:
+        return (hole,)
 
 
 def _initial_spans(tick: Tick, table: Table, mode: Mode) -> int:
     """Create ``table``'s first spans in ``mode`` (its pre-split); returns how many."""
     rng = table.key_range
     try:
-        if table.pre_split_keys:
-            ranges = rng.split_at(table.pre_split_keys)
-        elif table.pre_split_spans > 1:
-            ranges = rng.split_at(rng.even_split_keys(min(table.pre_split_spans, MAX_PRE_SPLIT)))
-        else:
-            ranges = (rng,)
+        ranges = rng.split_at(_pre_split_keys(table))
     except KeyError_ as exc:
         ranges = (rng,)
         tick.emit(

@@ -210,3 +210,31 @@ def test_tables_of_a_changefeed_that_vanished_without_teardown_are_detached() ->
         f"changefeed {CF} was deleted; this table is replicated by no changefeed",
     )  # type: ignore[attr-defined]
     assert detach_orphans([held], {CF}) == []
+
+
+def test_new_spans_are_not_accepted_while_the_changefeed_is_torn_down() -> None:
+    """Simulator seed 1067 (found by the deferred-Initializing change's sweep): the changefeed deleted while a
+    Split had made its children; the teardown canceled the Split, and the next decision accepted the children
+    beside their origin, which a failed delete kept: overlapping accepted spans no operator explained. Being
+    torn down, the changefeed accepts no new span; the teardown's Removes take them as they are."""
+    from tests.unit.fixtures import OpSource, OpType, operator, pieces
+
+    whole, halves = pieces(1, 1)[0], pieces(1, 2)
+    st = Store()
+    cf = changefeed(deleting=True)
+    origin = span("origin", key_range=whole, state=SpanState.ABSENT)
+    children = [span(f"child{i}", key_range=r, state=None) for i, r in enumerate(halves)]
+    # The teardown's Remove of the table, made by an earlier decision, waits for the origin, which a user
+    # Move still holds (this decision cancels it): the children are no operator's in flight.
+    move = operator("mv", OpType.MOVE, ("origin",), OpPhase.RUNNING, target="c1")
+    remove = operator(
+        "rm", OpType.REMOVE, ("child0", "child1", "origin"), source=OpSource.MAINTAINER, delete_spans=True
+    )
+    st.add(cf, *CAPS, table(1), origin, *children, move, remove)
+    dec = decide(st.world(), Memory(epoch=cf.epoch, identity=cf.holder))
+    accepted = [w for w in flat(dec) if w[0] == "status" and w[2].startswith("child")]
+    assert accepted == []
+    st.apply(dec)
+    assert invariants.unexplained_overlaps(st.world()) == []
+    run_teardown(st, Memory(epoch=cf.epoch, identity=cf.holder))
+    assert left(st) == {"Span": [], "Dispatcher": [], "SpanOperator": []}
