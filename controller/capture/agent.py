@@ -163,6 +163,8 @@ class Run:
     #: Write rate and region count as last written, and when they were last looked at (monotonic).
     written_traffic: tuple[float, int] = (0.0, 0)
     traffic_at: float = 0.0
+    #: When this process started it (monotonic).
+    started_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -202,6 +204,12 @@ class Agent:
     ledger: Ledger | None = None
     _noted: set[tuple[str, str]] = field(default_factory=set)
     _hook_problems: tuple[str, ...] = ()
+    #: When the last full pass began (monotonic); see ``reconcile``.
+    full_at: float = -1e9
+    #: Dispatchers whose step failed: visited again at the next pass.
+    retry: set[str] = field(default_factory=set)
+    #: Runs not settled (see ``_settled``) when last looked at: every pass visits them.
+    active: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.runtime is None:
@@ -537,6 +545,7 @@ class Agent:
             self.rt.resume(name)
         paused_for = time.monotonic() - self.paused_at
         self.paused_at = None
+        self.full_at = -1e9  # everything was skipped while paused: the next pass looks at everything
         log.info(
             "resumed: delivering again",
             extra=fields(resumed=resumed, dropped=dropped, paused_for=round(paused_for, 3)),
@@ -559,24 +568,51 @@ class Agent:
             await sleep_or(self.wake, self.settings.tick)
 
     async def reconcile(self) -> None:
-        """One level-triggered pass over the assigned dispatchers."""
+        """One level-triggered pass over the assigned dispatchers.
+
+        A full pass (every dispatcher) every ``report_interval``, after a resume and when the test hooks
+        change; in between, a pass visits only what can have something to do: the Dispatchers whose objects
+        changed since the last pass (the informer's ``dirty``), the runs not yet Working-and-written, the
+        closes not finished, and the steps that failed. At rest that is nothing, so a capture holding
+        thousands of dispatchers costs a few operations per wake-up instead of one per dispatcher."""
         if self.fence_reason:
             raise Fenced(self.fence_reason)
-        self._read_hooks()
+        if self._read_hooks():
+            self.full_at = -1e9
         paused = self.paused_at is not None
         if not paused:
             await self._refresh_rates()
-        objects = dict(self.dispatchers.objects)
-        for name in sorted(set(self.runs) - set(objects)):
+        live = self.dispatchers.objects
+        changed = self.dispatchers.take_dirty()
+        now = time.monotonic()
+        full = now - self.full_at >= self.settings.report_interval
+        if full:
+            self.full_at = now
+            names: set[str] = set(live)
+            self.retry.clear()
+            self.active = {n for n, r in self.runs.items() if not self._settled(r)}
+            gone = set(self.runs) - names
+            finished = (set(self.closing) | self.rejected | set(self.disowned)) - names
+            self._noted = {n for n in self._noted if n[0] in live}
+        else:
+            names = changed | self.retry
+            self.retry = set()
+            names.update(self.active)
+            names.update(n for n, c in self.closing.items() if not c.released)
+            gone = {n for n in changed if n not in live and n in self.runs}
+            finished = {n for n in changed if n not in live}
+            names &= set(live)
+        # Copied: the steps await, and the informer keeps changing ``live`` meanwhile.
+        objects = {n: live[n] for n in names}
+        for name in sorted(gone):
             # Deleted outright (e.g. the maintainer released the finalizer of a capture it thought lost).
             self.runs.pop(name)
             final = self.rt.close(name)
             log.warning("dispatcher vanished; stopped it", extra=fields(dispatcher=name, checkpointTs=final))
-        for gone in (set(self.closing) | self.rejected | set(self.disowned)) - set(objects):
-            self.closing.pop(gone, None)
-            self.rejected.discard(gone)
-            self.disowned.pop(gone, None)
-        self._noted = {n for n in self._noted if n[0] in objects}
+        for name in finished:
+            self.closing.pop(name, None)
+            self.rejected.discard(name)
+            self.disowned.pop(name, None)
         epochs: Epochs = {}  # strong reads of this pass, shared by its steps
         gate = asyncio.Semaphore(STEP_CONCURRENCY)
         if not paused:
@@ -593,12 +629,17 @@ class Agent:
                 try:
                     await self._step(d, raw, epochs)
                 except API_ERRORS as exc:
+                    self.retry.add(name)  # visited again next pass, not only at the next full one
                     log.warning("dispatcher step failed", extra=fields(dispatcher=name, error=repr(exc)))
+            run = self.runs.get(name)
+            if run is not None and not self._settled(run):
+                self.active.add(name)
+            else:
+                self.active.discard(name)
 
         # Steps of different dispatchers are independent; their writes go out concurrently (a capture
         # with thousands of dispatchers must not report them one request at a time). A TaskGroup: if one
         # step finds the capture fenced, the others are cancelled at once.
-        now = time.monotonic()
         try:
             async with asyncio.TaskGroup() as group:
                 for name in sorted(objects):
@@ -614,10 +655,16 @@ class Agent:
         except API_ERRORS as exc:
             log.warning("Capture status write failed", extra=fields(error=repr(exc)))
 
+    @staticmethod
+    def _settled(run: Run) -> bool:
+        """Working, and its Working status written: nothing to do for it until its object changes (or the
+        next full pass looks at its traffic)."""
+        return run.state is DispatcherState.WORKING and run.written_state is DispatcherState.WORKING
+
     def _quiet(self, run: Run, raw: JSON, now: float) -> bool:
         """A Working dispatcher with nothing to write this pass (the common case at rest): skipped
         without a task or a conversion of its object, so that a pass over thousands stays cheap."""
-        if run.state is not DispatcherState.WORKING or run.written_state is not DispatcherState.WORKING:
+        if not self._settled(run):
             return False
         if (raw.get("metadata") or {}).get("deletionTimestamp"):
             return False
@@ -699,6 +746,11 @@ class Agent:
         now = time.monotonic()
         due = run.written_state is not run.state or progress.traffic_changed(run.written_traffic, self._traffic(d.name))
         if not due:
+            return
+        young = now - run.started_at < self.settings.report_interval
+        if run.written_state is None and run.state is DispatcherState.INITIALIZING and young:
+            # Not yet: most dispatchers are Working within init_delay, and then the one write says so
+            # (Pending -> Working). One still Initializing after report_interval is reported as such.
             return
         state = run.state
         cp = self.rt.checkpoint(d.name)
@@ -840,16 +892,19 @@ class Agent:
             except API_ERRORS as exc:
                 log.warning("could not read the epoch of changefeed", extra=fields(changefeed=cf, error=repr(exc)))
 
-    def _read_hooks(self) -> None:
+    def _read_hooks(self) -> bool:
+        """Read the test hooks from the Capture's annotations; whether they changed."""
         obj = self.captures.objects.get(self.settings.name) or {}
         hooks, problems = hooks_from_annotations((obj.get("metadata") or {}).get("annotations"))
-        if hooks != self.hooks:
+        changed = hooks != self.hooks
+        if changed:
             log.info("test hooks changed", extra=fields(hooks=hooks.describe()))
             self.hooks = hooks
         if tuple(problems) != self._hook_problems:
             self._hook_problems = tuple(problems)
             for problem in problems:
                 log.warning("bad test hook annotation", extra=fields(problem=problem))
+        return changed
 
     def _rate_of(self, d: Dispatcher) -> tuple[float, int]:
         return self.rates.get((d.changefeed, d.table_id), (0.0, 0))

@@ -4,7 +4,9 @@ Why hand-rolled: the agent needs exactly one behaviour, the client-go reflector'
 from the list's resourceVersion; follow BOOKMARKs; when the stream ends (server timeout, API restart)
 watch again from the last resourceVersion seen; on ``410 Gone`` (as an HTTP status or an ``ERROR``
 event) or any other ``ERROR`` event, list again and replace the cache whole. Connection errors back
-off and retry. ``changed`` is set on every change so the agent's loop wakes up at once.
+off and retry. ``changed`` is set on every change so the agent's loop wakes up at once, and ``dirty``
+collects the names of the objects that changed (or vanished) since the agent last took them, so that its
+pass visits what changed rather than everything.
 """
 
 from __future__ import annotations
@@ -50,10 +52,17 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.backoff = backoff
         self.objects: dict[str, JSON] = {}
+        #: Names changed, added or removed since the last ``take_dirty`` (a relist marks every name).
+        self.dirty: set[str] = set()
         self.resource_version = ""
         self.synced = asyncio.Event()
         self.relists = 0
         self.failures = 0  # consecutive failed attempts (logged sparingly)
+
+    def take_dirty(self) -> set[str]:
+        """The names that changed since the last call (and forget them)."""
+        dirty, self.dirty = self.dirty, set()
+        return dirty
 
     def _wanted(self, obj: JSON) -> bool:
         return self.keep is None or self.keep(obj)
@@ -95,7 +104,9 @@ class Informer:
     async def _list(self) -> None:
         items, rv = await self.client.list(self.resource, self.namespace, self.label_selector)
         self._recovered()
-        self.objects = {o["metadata"]["name"]: o for o in items if self._wanted(o)}
+        objects = {o["metadata"]["name"]: o for o in items if self._wanted(o)}
+        self.dirty |= set(self.objects) | set(objects)
+        self.objects = objects
         self.resource_version = rv
         self.relists += 1
         self.synced.set()
@@ -130,7 +141,9 @@ class Informer:
         if kind == "DELETED" or not self._wanted(obj):
             # Not wanted any more (e.g. the label was changed away from this capture): forget it.
             if self.objects.pop(name, None) is not None:
+                self.dirty.add(name)
                 self.changed.set()
             return
         self.objects[name] = obj
+        self.dirty.add(name)
         self.changed.set()

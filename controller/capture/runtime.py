@@ -97,6 +97,8 @@ class _Run:
     dispatcher: Dispatcher
     started: float  # monotonic
     checkpoint: int
+    #: The dispatcher's share of its table's key range (fixed for its life: computed once).
+    share: float
     paused: bool = False
 
 
@@ -142,7 +144,8 @@ class LogicalClockRuntime:
     def start(self, dispatcher: Dispatcher) -> None:
         if dispatcher.name in self._runs:
             return
-        self._runs[dispatcher.name] = _Run(dispatcher, self.monotonic(), dispatcher.start_ts)
+        share = dispatcher.key_range.share_of(KeyRange.of_table(dispatcher.table_id))
+        self._runs[dispatcher.name] = _Run(dispatcher, self.monotonic(), dispatcher.start_ts, share)
 
     def checkpoint(self, name: str) -> int:
         run = self._runs[name]
@@ -157,9 +160,9 @@ class LogicalClockRuntime:
         return run.checkpoint
 
     def _share(self, name: str) -> tuple[float, int, float]:
-        d = self._runs[name].dispatcher
-        rate, regions = self.rate_of(d) if self.rate_of is not None else (0.0, 0)
-        return rate, regions, d.key_range.share_of(KeyRange.of_table(d.table_id))
+        run = self._runs[name]
+        rate, regions = self.rate_of(run.dispatcher) if self.rate_of is not None else (0.0, 0)
+        return rate, regions, run.share
 
     def write_rate(self, name: str) -> float:
         rate, _, share = self._share(name)

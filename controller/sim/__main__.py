@@ -17,7 +17,7 @@ from controller.engine.world import MUTANTS
 from controller.sim import maintainer as sim_maintainer
 from controller.sim.history import DEFAULT_STEPS, Result, run_history
 
-MUTANT_SEEDS = 500
+MUTANT_SEEDS = 1500
 
 
 def _run(args: tuple[int, tuple[str, ...], int]) -> Result:

@@ -733,3 +733,101 @@ def test_fences_itself_when_another_holder_takes_the_lease(api: Api, agents: Cal
     fenced = [line for line in agent.logs() if line["msg"].startswith("fenced itself")]
     assert fenced
     assert "intruder" in fenced[0]["reason"]
+
+
+def _states_written(server: ApiServerHandle, namespace: str, name: str) -> list[str | None]:
+    """Every state the API stored for a Dispatcher, in order (from the server's event history)."""
+
+    def read() -> list[str | None]:
+        return [
+            (e.obj.get("status") or {}).get("state")
+            for e in server.store.history
+            if e.obj.get("kind") == "Dispatcher"
+            and e.obj["metadata"]["namespace"] == namespace
+            and e.obj["metadata"]["name"] == name
+        ]
+
+    return server.call(read)
+
+
+def test_a_dispatcher_working_within_the_report_interval_is_written_once(
+    api: Api, agents: Callable[..., AgentProc], server: ApiServerHandle
+) -> None:
+    """Most dispatchers are Working within init_delay: the capture defers the Initializing write by up to
+    report_interval, so their first placement costs it one status write, Pending -> Working. (One still
+    Initializing after report_interval is reported as such: test_dispatcher_lifecycle.)"""
+    api.changefeed()
+    agents("c1", "--report-interval", "3", "--init-delay", "0.2")
+    wait_for(lambda: api.get("leases", "capture-c1"), what="Lease")
+    api.dispatcher("d1", "c1")
+    wait_for(working(api, "d1"), what="Working")
+    time.sleep(0.5)
+    assert _states_written(server, api.ns, "d1") == [None, "Working"]
+
+
+def test_a_pass_visits_what_changed_and_a_full_pass_everything(api: Api, server: ApiServerHandle) -> None:
+    """The agent in-process, its loop driven by hand: once its dispatchers are settled (Working, written), a
+    pass between full passes steps no dispatcher and looks at none but those whose objects changed; a full
+    pass (every report_interval) looks at all of them again."""
+    from controller.capture.agent import Agent, Settings
+    from controller.kube.client import Config
+
+    api.changefeed()
+    names = [f"d{i}" for i in range(20)]
+    for i, name in enumerate(names):
+        api.dispatcher(name, "c1", table_id=i + 1)
+
+    async def scenario() -> None:
+        settings = Settings(name="c1", namespace=api.ns, report_interval=600.0, init_delay=0.0)
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            agent = Agent(client, settings)
+            looked: list[str] = []
+            stepped: list[str] = []
+            quiet, step = agent._quiet, agent._step
+
+            def counting_quiet(run: Any, raw: JSON, now: float) -> bool:
+                looked.append(raw["metadata"]["name"])
+                return quiet(run, raw, now)
+
+            async def counting_step(d: Dispatcher, raw: JSON, epochs: Any) -> None:
+                stepped.append(d.name)
+                await step(d, raw, epochs)
+
+            agent._quiet = counting_quiet  # type: ignore[method-assign]
+            agent._step = counting_step  # type: ignore[method-assign]
+            assert await agent._register()
+            tasks = [asyncio.create_task(agent.dispatchers.run()), asyncio.create_task(agent.captures.run())]
+            try:
+                await agent.dispatchers.synced.wait()
+                await agent.captures.synced.wait()
+                for _ in range(100):
+                    await agent.reconcile()
+                    if all(agent._settled(r) for r in agent.runs.values()) and len(agent.runs) == len(names):
+                        break
+                    await asyncio.sleep(0.05)
+                assert len(agent.runs) == len(names)
+                await asyncio.sleep(0.3)  # the watch delivers the Working writes (they mark their names dirty)
+                await agent.reconcile()
+                looked.clear()
+                stepped.clear()
+                await agent.reconcile()
+                assert (looked, stepped) == ([], [])  # settled: nothing to look at
+
+                api.patch("dispatchers", "d7", {"metadata": {"annotations": {"touched": "yes"}}})
+                for _ in range(100):
+                    if agent.dispatchers.dirty:
+                        break
+                    await asyncio.sleep(0.02)
+                await agent.reconcile()
+                assert (looked, stepped) == (["d7"], [])  # looked at, found quiet
+
+                agent.full_at = -1e9  # the full pass is due
+                looked.clear()
+                await agent.reconcile()
+                assert sorted(looked) == sorted(names)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
