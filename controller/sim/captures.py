@@ -211,8 +211,7 @@ class Captures:
             cur = api.get(Kind.CAPTURE, cap.name)
             if not isinstance(cur, Capture):
                 return
-            cap.lease_rv = cur.resource_version
-            cap.acquiring = False
+            cap.lease_rv = cur.resource_version  # still acquiring until that write is known to have landed
         report = self._report(cap)
         renewal = Capture(name=cap.name, renew_time=ctx.now, lease_duration=LEASE, progress=report)
         new = None
@@ -238,6 +237,7 @@ class Captures:
             return  # the renewal landed but its answer was lost: the capture does not know it renewed
         cap.lease_rv = new.resource_version
         cap.last_renew = ctx.now
+        cap.acquiring = False
         if cap.paused_at is not None:
             self._resume(cap)
 
@@ -304,6 +304,12 @@ class Captures:
             self._renew(cap)
             if not cap.alive:
                 return
+        if cap.acquiring:
+            # A restarted process registers first, as the agent's _register: until it holds its Lease it
+            # runs nothing (seed 5859: one that could not renew started dispatchers, paused, and resumed
+            # them after the maintainer had taken the Lease, by taking it over as a new process would).
+            cap.next_renew = min(cap.next_renew, ctx.now + 0.5)
+            return
         if cap.paused_at is None and ctx.now - cap.last_renew > RENEW_DEADLINE:
             self._pause(cap)
         if not ctx.api.reachable(cap.name):

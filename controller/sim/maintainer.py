@@ -151,6 +151,7 @@ class SimMaintainer:
             ctx.zombie_ops.update(o.name for o in started if isinstance(o, SpanOperator) and o.phase is OpPhase.RUNNING)
             ctx.zombie_written_ops.update(o.name for o in started if isinstance(o, SpanOperator))
             ctx.zombie_placed.update(o.name for o in started if isinstance(o, Span) and is_placement(o))
+            ctx.zombie_span_writes.update(o.name for o in started if isinstance(o, Span))
         out = executor.apply(
             ctx.api, self.cache, decision, kill, self.events, ctx.trace.add, client=self.identity, guard=self._guard
         )
