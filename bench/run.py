@@ -66,6 +66,10 @@ RAW_NS = "bench-raw"  # the raw-rate objects live here, out of the maintainer's 
 MAINTAINER_WRITE_VERBS = ("create", "patch", "patch/status", "delete", "update")
 
 
+#: Requests that read (a LIST's continuation pages included).
+READ_VERBS = ("get", "list", "list/continue", "watch")
+
+
 def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
@@ -420,7 +424,7 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
         "requests_total": sum(reqs.values()),
         "requests_by_resource": delta(after["by_resource"], before["by_resource"]),
         "status_writes_per_s": round(reqs.get("patch/status", 0) / elapsed, 1),
-        "writes_per_s": round(sum(v for k, v in reqs.items() if k not in ("get", "list", "watch")) / elapsed, 1),
+        "writes_per_s": round(sum(v for k, v in reqs.items() if k not in READ_VERBS) / elapsed, 1),
         "decisions": after["decisions"] - before["decisions"],
         "decide_seconds": round(after["decide_s"] - before["decide_s"], 2),
         "snapshot_seconds": round(after["snapshot_s"] - before["snapshot_s"], 2),

@@ -24,6 +24,12 @@ from kubernetes import config as kconfig
 from controller.model.states import GROUP, VERSION, Kind
 
 JSON = dict[str, Any]
+#: A page of listed objects.
+Page = list[JSON]
+
+#: Objects per LIST page (client-go's pager asks for 500): a LIST of 50,000 objects is never one body of
+#: hundreds of megabytes, and the caller can convert a page before the next arrives.
+LIST_PAGE = 500
 
 
 @dataclass(frozen=True)
@@ -199,11 +205,40 @@ class Client:
         self, res: Resource, namespace: str, label_selector: str = "", field_selector: str = ""
     ) -> tuple[list[JSON], str]:
         """The objects and the list's resourceVersion (current: the one to watch from, unlike an object's)."""
+        items: list[JSON] = []
+        rv = ""
+        async for page, page_rv in self.list_pages(res, namespace, label_selector, field_selector):
+            items.extend(page)
+            rv = page_rv
+        return items, rv
+
+    async def list_pages(
+        self,
+        res: Resource,
+        namespace: str,
+        label_selector: str = "",
+        field_selector: str = "",
+        limit: int = LIST_PAGE,
+    ) -> AsyncIterator[tuple[Page, str]]:
+        """One LIST in pages of at most ``limit`` objects (``limit`` and ``continue``, as client-go's pager):
+        each page's objects and the list's resourceVersion. The pages are one consistent snapshot; a
+        continuation the server no longer has is ``410 Expired`` (list again). The first request counts as
+        ``list``, the continuations as ``list/continue``."""
         params = {"labelSelector": label_selector} if label_selector else {}
         if field_selector:
             params["fieldSelector"] = field_selector
-        out = await self.request("list", "GET", res.path(namespace), params=params or None, timeout=120.0)
-        return list(out.get("items", [])), str(out.get("metadata", {}).get("resourceVersion", ""))
+        if limit > 0:
+            params["limit"] = str(limit)
+        cont = ""
+        while True:
+            query = {**params, "continue": cont} if cont else params
+            verb = "list/continue" if cont else "list"
+            out = await self.request(verb, "GET", res.path(namespace), params=query or None, timeout=120.0)
+            meta = out.get("metadata") or {}
+            yield list(out.get("items", [])), str(meta.get("resourceVersion", ""))
+            cont = str(meta.get("continue") or "")
+            if not cont:
+                return
 
     async def create(self, res: Resource, namespace: str, body: JSON) -> JSON:
         return await self.request("create", "POST", res.path(namespace), body=body)

@@ -31,7 +31,7 @@ from typing import Any
 
 from controller.engine.index import Index
 from controller.engine.liveness import Silence, ViewClock
-from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Resource
+from controller.kube.client import LEASES, LIST_PAGE, RESOURCES, ApiError, Client, Resource
 from controller.model import resources as conv
 from controller.model.progress import PROGRESS_ANNOTATION, ProgressEntry
 from controller.model.records import Capture, Dispatcher, Record, Span
@@ -95,6 +95,16 @@ def _report_changefeeds(
     old = {(e.changefeed, e.mode): e for e in before}
     new = {(e.changefeed, e.mode): e for e in after}
     return {key[0] for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
+
+
+@dataclass
+class Listing:
+    """A LIST of one kind under way (``Store.begin_listing``)."""
+
+    names: set[str] = field(default_factory=set)
+    touched: set[str] = field(default_factory=set)
+    #: The raw objects of a kind kept raw (Leases, Captures), replaced whole at the end.
+    held: list[JSON] = field(default_factory=list)
 
 
 @dataclass
@@ -321,10 +331,34 @@ class Store:
             self.last_change = None
 
     def replace_all(self, kind: str, items: list[JSON]) -> None:
-        """What a LIST says is all there is of ``kind``. Items are dropped from ``items`` as they are
-        converted (the caller's list), so the raw objects do not all stay alive until the end."""
+        """What a LIST says is all there is of ``kind`` (in one page; see ``begin_listing``)."""
+        listing = self.begin_listing(kind)
+        self.list_page(kind, items, listing)
+        self.end_listing(kind, listing)
+
+    def begin_listing(self, kind: str) -> Listing:
+        """A LIST of ``kind`` begins: its pages go to ``list_page``, then ``end_listing`` drops what it did
+        not name. Records are converted page by page (the raw objects of 50,000 spans are never all alive
+        at once); between pages the cache holds some objects as listed and others as they were, as it would
+        with a watch running late."""
         self.tombstones[kind] = {}
+        return Listing()
+
+    def list_page(self, kind: str, items: list[JSON], listing: Listing) -> None:
+        """One page of a LIST. Items are dropped from ``items`` as they are converted (the caller's list)."""
         if kind not in RECORD_ONLY:
+            listing.held.extend(items)  # Leases and Captures (a few): replaced whole at the end
+            return
+        for i, obj in enumerate(items):
+            name = obj["metadata"]["name"]
+            listing.names.add(name)
+            self._put_record(kind, name, _rv(obj), obj)
+            listing.touched |= self.last_change or set()
+            items[i] = {"metadata": {"name": name}}  # the raw object is no longer needed
+
+    def end_listing(self, kind: str, listing: Listing) -> None:
+        if kind not in RECORD_ONLY:
+            items = listing.held
             self.objects[kind] = {o["metadata"]["name"]: o for o in items}
             if kind == LEASE:
                 now = time.monotonic()
@@ -335,18 +369,11 @@ class Store:
             self._captures.clear()
             self.last_change = None
             return
-        listed: set[str] = set()
-        touched: set[str] = set()
-        for i, obj in enumerate(items):
-            name = obj["metadata"]["name"]
-            listed.add(name)
-            self._put_record(kind, name, _rv(obj), obj)
-            touched |= self.last_change or set()
-            items[i] = {"metadata": {"name": name}}  # the raw object is no longer needed
-        for name in [n for n in self.records.get(kind, {}) if n not in listed]:
+        touched = listing.touched
+        for name in [n for n in self.records.get(kind, {}) if n not in listing.names]:
             old = self.records[kind].pop(name)
             touched |= self._route(old, None)
-        for name in [n for n in self.invalid.get(kind, {}) if n not in listed]:
+        for name in [n for n in self.invalid.get(kind, {}) if n not in listing.names]:
             del self.invalid[kind][name]
         self.last_change = touched
 
@@ -439,9 +466,12 @@ class Informer:
         on_change: Callable[[str, str], None] | None = None,
         *,
         lease_fresh: float = LEASE_FRESH,
+        page_size: int = LIST_PAGE,
     ) -> None:
         self.client = client
         self.namespace = namespace
+        #: Objects per LIST page (0: one page).
+        self.page_size = page_size
         self.store = Store(lease_view=ViewClock(fresh=lease_fresh))
         self.on_change = on_change
         self.synced = asyncio.Event()
@@ -543,9 +573,15 @@ class Informer:
                     # hangs holds the others back for LIST_PATIENCE seconds at most.
                     held = await self._gate()
                     try:
-                        items, rv = await self.client.list(res, self.namespace)
-                        self.store.replace_all(kind, items)
-                        del items
+                        listing = self.store.begin_listing(kind)
+                        listed_rv = ""
+                        pages = self.client.list_pages(res, self.namespace, limit=self.page_size)
+                        async for items, page_rv in pages:
+                            self.store.list_page(kind, items, listing)
+                            listed_rv = page_rv
+                            del items
+                        self.store.end_listing(kind, listing)
+                        rv = listed_rv  # only a LIST read to its end is watched from
                     finally:
                         if held:
                             self._list_gate.release()

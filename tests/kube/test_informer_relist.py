@@ -19,7 +19,7 @@ import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
 from controller.capture.informer import Informer as CaptureInformer
-from controller.kube.client import EVENTS, RESOURCES, Client, Config
+from controller.kube.client import EVENTS, RESOURCES, ApiError, Client, Config
 from controller.kube.informer import Informer
 from controller.model.states import API_VERSION, Kind
 
@@ -138,5 +138,44 @@ def test_plugin_operator_watch_resumes_from_a_fresh_read_on_an_expired_watch(ser
             update = await asyncio.wait_for(anext(updates), 10)
             assert update["status"]["phase"] == "Running"
             await updates.aclose()
+
+    asyncio.run(scenario())
+
+
+class FailingPages(Client):
+    """The first continuation page of a Span LIST fails (a server restart mid-LIST)."""
+
+    failed = False
+
+    async def request(self, verb: str, method: str, path: str, **kw: object) -> dict[str, object]:  # type: ignore[override]
+        if verb == "list/continue" and "/spans" in path and not self.failed:
+            self.failed = True
+            raise ApiError(500, "InternalError", "injected: the server restarted mid-LIST")
+        return await super().request(verb, method, path, **kw)  # type: ignore[arg-type]
+
+
+def test_maintainer_informer_lists_in_pages_and_watches_only_after_a_whole_list(server: ApiServerHandle) -> None:
+    """The LIST comes in pages (``limit``/``continue``), each converted as it arrives; one that fails half
+    way is listed again from the start, never watched from the resourceVersion of the pages it read (which
+    would lose the objects of the pages it did not)."""
+
+    async def scenario() -> None:
+        async with FailingPages(Config(url=server.url)) as client:
+            ns = await namespace(client)
+            names = [f"s{i:02d}" for i in range(10)]
+            for name in names:
+                await client.create(RESOURCES[Kind.SPAN], ns, span(name))
+            informer = Informer(client, ns, page_size=3)
+            await informer.start()
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 20)
+                assert client.failed
+                assert sorted(informer.store.records.get("Span", {})) == names
+                # Spans: a first LIST whose second page failed (refused before it was counted), then a whole
+                # LIST again: 3 continuations after its first page; the other kinds: one page each.
+                assert client.requests["list/continue"] == 3
+                assert client.requests["list"] == len(informer.kinds) + 1
+            finally:
+                await informer.stop()
 
     asyncio.run(scenario())

@@ -132,17 +132,18 @@ def test_a_write_timeout_abandons_the_chain_not_the_loop(server: ApiServerHandle
 
 
 class GatedClient(Client):
-    """LISTs of Dispatchers and GETs of Leases wait until their gate opens."""
+    """LISTs of Dispatchers (the informer reads them in pages) and GETs of Leases wait until their gate opens."""
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.lists = asyncio.Event()
         self.leases = asyncio.Event()
 
-    async def list(self, res: Any, namespace: str, label_selector: str = "") -> Any:
+    async def list_pages(self, res: Any, namespace: str, *args: Any, **kw: Any) -> Any:  # type: ignore[override]
         if res is RESOURCES[Kind.DISPATCHER]:
             await self.lists.wait()
-        return await super().list(res, namespace, label_selector)
+        async for page in super().list_pages(res, namespace, *args, **kw):
+            yield page
 
     async def get(self, res: Any, namespace: str, name: str) -> Any:
         if res is LEASES:
