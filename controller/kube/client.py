@@ -204,10 +204,11 @@ class Client:
     async def list(
         self, res: Resource, namespace: str, label_selector: str = "", field_selector: str = ""
     ) -> tuple[list[JSON], str]:
-        """The objects and the list's resourceVersion (current: the one to watch from, unlike an object's)."""
+        """The objects and the list's resourceVersion (current: the one to watch from, unlike an object's), in
+        one response (a capture's resume check reads its Dispatchers against a deadline: one round trip)."""
         items: list[JSON] = []
         rv = ""
-        async for page, page_rv in self.list_pages(res, namespace, label_selector, field_selector):
+        async for page, page_rv in self.list_pages(res, namespace, label_selector, field_selector, limit=0):
             items.extend(page)
             rv = page_rv
         return items, rv
