@@ -59,6 +59,13 @@ def _rv(obj: JSON) -> int:
         return 0
 
 
+def _rv_of(rec: Record) -> int:
+    try:
+        return int(rec.resource_version or 0)
+    except ValueError:
+        return 0
+
+
 #: Kinds kept as records only (their raw objects are dropped once converted): the many. Captures and
 #: Leases (a few per capture and changefeed) keep their raw objects: a Capture's record is computed
 #: from its object and its Lease together.
@@ -352,11 +359,15 @@ class Store:
         for i, obj in enumerate(items):
             name = obj["metadata"]["name"]
             listing.names.add(name)
-            self._put_record(kind, name, _rv(obj), obj)
-            listing.touched |= self.last_change or set()
+            rv, current = _rv(obj), self._current_rv(kind, name)
+            if current is None or current <= rv:  # not over a newer write-through that landed between pages
+                self._put_record(kind, name, rv, obj)
+                listing.touched |= self.last_change or set()
             items[i] = {"metadata": {"name": name}}  # the raw object is no longer needed
 
-    def end_listing(self, kind: str, listing: Listing) -> None:
+    def end_listing(self, kind: str, listing: Listing, rv: int = 0) -> None:
+        """The LIST (a snapshot at ``rv``) is read: what it did not name goes, except records newer than the
+        snapshot (write-throughs that landed between its pages; 0: none are kept)."""
         if kind not in RECORD_ONLY:
             items = listing.held
             self.objects[kind] = {o["metadata"]["name"]: o for o in items}
@@ -370,7 +381,8 @@ class Store:
             self.last_change = None
             return
         touched = listing.touched
-        for name in [n for n in self.records.get(kind, {}) if n not in listing.names]:
+        records = self.records.get(kind, {})
+        for name in [n for n, r in records.items() if n not in listing.names and not 0 < rv < _rv_of(r)]:
             old = self.records[kind].pop(name)
             touched |= self._route(old, None)
         for name in [n for n in self.invalid.get(kind, {}) if n not in listing.names]:
@@ -580,7 +592,7 @@ class Informer:
                             self.store.list_page(kind, items, listing)
                             listed_rv = page_rv
                             del items
-                        self.store.end_listing(kind, listing)
+                        self.store.end_listing(kind, listing, int(listed_rv or 0))
                         rv = listed_rv  # only a LIST read to its end is watched from
                     finally:
                         if held:

@@ -193,3 +193,21 @@ def test_a_lease_renewal_with_a_new_progress_report_wakes_the_changefeeds_it_nam
     s.put(LEASE, taken)
     assert s.last_change is None
     assert s.captures()["c0"].lease_taken
+
+
+def test_a_paged_list_never_puts_back_an_older_version_or_drops_a_newer_object() -> None:
+    """Between the pages of a LIST (snapshot at rv 10), write-throughs of the maintainer's own writes land:
+    a page must not put the older listed version back over them, and the end of the LIST must not drop an
+    object created after the snapshot (the watch from rv 10 re-delivers both, but meanwhile the cache would
+    be behind what the maintainer itself wrote)."""
+    s = Store()
+    listing = s.begin_listing("Span")
+    s.list_page("Span", [_span("a", 8)], listing)
+    assert s.put("Span", _span("b", 12, state="Absent"))  # our write, after the snapshot
+    assert s.put("Span", _span("c", 13))  # created after the snapshot
+    s.list_page("Span", [_span("b", 9)], listing)
+    s.end_listing("Span", listing, 10)
+    assert sorted(s.records["Span"]) == ["a", "b", "c"]
+    assert s.records["Span"]["b"].resource_version == "12"
+    s.replace_all("Span", [_span("a", 20)])  # one whole LIST at rv 20: b and c are gone
+    assert sorted(s.records["Span"]) == ["a"]
