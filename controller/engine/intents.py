@@ -24,6 +24,8 @@ Every write is idempotent when re-issued from the same or a later snapshot:
   precondition; success if the Lease already does not name the capture (or is gone); a conflict (the
   capture renewed since) fails the chain.
 - ``Event``: best effort, never fails a chain.
+- ``ConfirmNoneLeft``: a read, not a write: a consistent LIST; fails the chain when the API still holds
+  something of the changefeed that its teardown has to remove first.
 """
 
 from __future__ import annotations
@@ -113,7 +115,25 @@ class Event:
         return f"event {self.reason} on {self.kind} {self.name}"
 
 
-Write = Create | WriteStatus | Delete | AddFinalizer | RemoveFinalizer | FenceCapture | Event
+@dataclass(frozen=True, slots=True)
+class ConfirmNoneLeft:
+    """Not a write: a consistent read of the API (a LIST without a resourceVersion, served from etcd, not
+    from a watch cache) that fails the chain if anything of ``changefeed`` is still there that its teardown
+    must remove first (``controller.engine.teardown.left_behind``). The executor offers what it found to
+    its cache, so the next decision sees it.
+
+    Why: the maintainer's view is one watch per kind, and the watches are independent (as in Kubernetes),
+    so a view that shows nothing left can lag on one kind: a Span a person created as the Changefeed was
+    deleted, an operator another maintainer created from its own stale view. The teardown's last step,
+    releasing the Changefeed's finalizer, comes after this read in the same chain."""
+
+    changefeed: str
+
+    def describe(self) -> str:
+        return f"confirm nothing of changefeed {self.changefeed} is left"
+
+
+Write = Create | WriteStatus | Delete | AddFinalizer | RemoveFinalizer | FenceCapture | Event | ConfirmNoneLeft
 
 
 @dataclass(frozen=True, slots=True)

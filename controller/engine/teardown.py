@@ -25,10 +25,18 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from controller.engine import controller, tables
-from controller.engine.intents import AddFinalizer, Chain, Delete, RemoveFinalizer, Write, WriteStatus
+from controller.engine.intents import (
+    AddFinalizer,
+    Chain,
+    ConfirmNoneLeft,
+    Delete,
+    RemoveFinalizer,
+    Write,
+    WriteStatus,
+)
 from controller.engine.operators.common import record
 from controller.engine.world import Options, Tick
-from controller.model.records import SpanOperator, Table
+from controller.model.records import Dispatcher, Record, Span, SpanOperator, Table
 from controller.model.states import CHANGEFEED_FINALIZER, TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType
 
 #: Table.status.state of a Table whose changefeed was deleted.
@@ -89,8 +97,31 @@ def run(tick: Tick) -> str:
         for table in sorted(detach, key=lambda t: t.name):
             tick.chains.append(_detach(table))
         if not operators and not detach and CHANGEFEED_FINALIZER in cf.finalizers:
-            tick.emit("changefeed released", [RemoveFinalizer(Kind.CHANGEFEED, cf.name, CHANGEFEED_FINALIZER)])
+            # Released only after a consistent read confirms what this view says (ConfirmNoneLeft).
+            release = RemoveFinalizer(Kind.CHANGEFEED, cf.name, CHANGEFEED_FINALIZER)
+            tick.emit("changefeed released", [ConfirmNoneLeft(cf.name), release])
     return f"removing {spans} span(s), {dispatchers} dispatcher(s) and {len(operators)} operator(s)"
+
+
+def left_behind(records: Iterable[Record], changefeed: str) -> list[Record]:
+    """What of ``changefeed`` its teardown must remove before it releases the Changefeed: every Span and
+    Dispatcher (deleting or not), every SpanOperator not being deleted, every Table still holding the
+    maintainer's finalizer. The same rule as ``run``'s, over what a consistent read of the API returned
+    (``ConfirmNoneLeft``, applied by the executors)."""
+    left: list[Record] = []
+    for r in records:
+        if getattr(r, "changefeed", None) != changefeed:
+            continue
+        if isinstance(r, Span | Dispatcher) or (
+            (isinstance(r, SpanOperator) and not r.deleting)
+            or (isinstance(r, Table) and TABLE_FINALIZER in r.finalizers)
+        ):
+            left.append(r)
+    return left
+
+
+#: The kinds ``left_behind`` looks at, in the order an executor reads them.
+LEFT_BEHIND_KINDS = (Kind.SPAN, Kind.DISPATCHER, Kind.OPERATOR, Kind.TABLE)
 
 
 def _detach(table: Table) -> Chain:

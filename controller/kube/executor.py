@@ -26,8 +26,9 @@ from typing import Any
 import aiohttp
 
 from controller.engine import intents as I
+from controller.engine import teardown
 from controller.engine.maintainer import Decision
-from controller.kube.client import EVENTS, LEASES, RESOURCES, ApiError, BadResponse, Client
+from controller.kube.client import EVENTS, LEASES, LIST_PAGE, RESOURCES, ApiError, BadResponse, Client
 from controller.kube.informer import LEASE, Informer
 from controller.model import resources as conv
 from controller.model.states import API_VERSION
@@ -39,8 +40,15 @@ ALREADY_EXISTS = "AlreadyExists"
 TIMEOUT = "ClientTimeout"
 CONNECTION_ERROR = "ConnectionError"
 BAD_RESPONSE = "BadResponse"
+STALE_VIEW = "StaleView"
+
+
+class StaleView(Exception):
+    """A consistent read (``ConfirmNoneLeft``) found what the decision's view did not show."""
+
+
 #: What a failed write raises; the chain is abandoned and the next decision starts from a fresh snapshot.
-WRITE_ERRORS = (ApiError, BadResponse, TimeoutError, aiohttp.ClientError, ConnectionError)
+WRITE_ERRORS = (ApiError, BadResponse, TimeoutError, aiohttp.ClientError, ConnectionError, StaleView)
 
 
 def failure_reason(exc: BaseException) -> str | None:
@@ -55,6 +63,8 @@ def failure_reason(exc: BaseException) -> str | None:
         return CONNECTION_ERROR
     if isinstance(exc, BadResponse):
         return BAD_RESPONSE
+    if isinstance(exc, StaleView):
+        return STALE_VIEW
     return None
 
 
@@ -88,8 +98,10 @@ class Executor:
         namespace: str,
         concurrency: int = 16,
         on_error: Callable[[str], None] | None = None,
+        list_page: int = LIST_PAGE,
     ) -> None:
         self.client = client
+        self.list_page = list_page
         self.informer = informer
         self.namespace = namespace
         self.sem = asyncio.Semaphore(concurrency)
@@ -126,7 +138,8 @@ class Executor:
                     self._failed(reason)
                     log.debug("chain %r stopped at %s: %s", chain.why, w.describe(), exc)
                     return False
-                out.writes += 1
+                if not isinstance(w, I.ConfirmNoneLeft):
+                    out.writes += 1
         return True
 
     async def _one(self, w: I.Write, local: dict[tuple[str, str], str]) -> None:
@@ -180,6 +193,29 @@ class Executor:
             await self._fence(w)
         elif isinstance(w, I.Event):
             await self._event(w)
+        elif isinstance(w, I.ConfirmNoneLeft):
+            await self._confirm_none_left(w)
+
+    async def _confirm_none_left(self, w: I.ConfirmNoneLeft) -> None:
+        """LIST each kind the teardown removes (no resourceVersion: a consistent read, in pages) until
+        something of the changefeed turns up; what does is offered to the informer and fails the chain.
+        Every Span, Dispatcher, SpanOperator and Table of the namespace is read (a person's objects need
+        not carry the changefeed's label), once per release attempt: a teardown's last step."""
+        for kind in teardown.LEFT_BEHIND_KINDS:
+            async for page, _rv in self.client.list_pages(RESOURCES[kind], self.namespace, limit=self.list_page):
+                found: list[tuple[JSON, str]] = []
+                for obj in page:
+                    try:
+                        rec = conv.from_resource(obj)
+                    except conv.InvalidResource:
+                        continue  # not in any decision's view either (the informer reports it)
+                    for left in teardown.left_behind([rec], w.changefeed):
+                        found.append((obj, f"{left.kind} {left.name}"))
+                if found:
+                    for obj, _ in found:
+                        self.informer.offer(kind.value, obj)
+                    names = ", ".join(n for _, n in found[:4])
+                    raise StaleView(f"changefeed {w.changefeed}: {len(found)} object(s) left, e.g. {names}")
 
     async def _fence(self, w: I.FenceCapture) -> None:
         """Take a lapsed capture's Lease: holder cleared, with the version the decision judged as precondition.

@@ -15,11 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.engine import intents as I
+from controller.engine import teardown
 from controller.engine.index import Index
 from controller.engine.maintainer import Decision
 from controller.model.records import Record
 from controller.model.states import Kind
 from controller.sim.api import KINDS, Api, ApiError, WatchEvent
+
+#: The reason of a chain a consistent read stopped (as ``controller.kube.executor.STALE_VIEW``).
+STALE_VIEW = "StaleView"
 
 
 @dataclass
@@ -86,6 +90,7 @@ class Cache:
 class Outcome:
     writes: int = 0
     failed_chains: int = 0
+    stale_views: int = 0  # chains a consistent read (ConfirmNoneLeft) stopped
     killed: bool = False
     log: list[str] = field(default_factory=list)
 
@@ -127,9 +132,11 @@ def apply(
                 _one(api, cache, w, local)
             except ApiError as e:
                 error = f"{w.describe()} -> {e.code} {e.reason}"
+                out.stale_views += e.reason == STALE_VIEW
                 break
             done += 1
-            out.writes += 1
+            if not isinstance(w, I.ConfirmNoneLeft):
+                out.writes += 1
         if error:
             out.failed_chains += 1
             note(f"  chain [{chain.why}] stopped after {done}/{len(chain.writes)}: {error}")
@@ -174,6 +181,15 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         taken = api.fence_capture(w.capture, w.lease_version)
         if taken is not None:
             cache.offer(taken)
+    elif isinstance(w, I.ConfirmNoneLeft):
+        # A consistent read: the API's own state, not the cache (what a LIST without resourceVersion is).
+        found = teardown.left_behind(
+            (o for kind in teardown.LEFT_BEHIND_KINDS for o in api.list(kind).values()), w.changefeed
+        )
+        if found:
+            for o in found:
+                cache.offer(o)
+            raise ApiError(409, STALE_VIEW, f"{len(found)} object(s) of {w.changefeed} left, e.g. {found[0].name}")
     elif isinstance(w, I.RemoveFinalizer):
         try:
             left = api.remove_finalizer(w.kind, w.name, w.finalizer)

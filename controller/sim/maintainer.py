@@ -156,6 +156,8 @@ class SimMaintainer:
             ctx.api, self.cache, decision, kill, self.events, ctx.trace.add, client=self.identity, guard=self._guard
         )
         ctx.bump("writes", out.writes)
+        if out.stale_views:
+            ctx.bump("teardown stale view", out.stale_views)
         if out.killed:
             self.stop()
             ctx.trace.add(f"  {who} KILLED mid-decision")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory, decide
+from controller.engine.teardown import left_behind
 from controller.engine.world import World
 from controller.model.keys import KeyRange
 from controller.model.records import (
@@ -269,6 +270,8 @@ def describe(w: I.Write) -> tuple[str, ...]:
         return ("finalize", w.kind.value, w.name)
     if isinstance(w, I.FenceCapture):
         return ("fence", "Capture", w.capture)
+    if isinstance(w, I.ConfirmNoneLeft):
+        return ("confirm", "Changefeed", w.changefeed)
     return ("event", w.kind.value, w.name, w.reason)
 
 
@@ -416,6 +419,9 @@ class Store:
                 self.put(replace(cur, lease_taken=True))
             elif isinstance(w, I.Event):
                 self.events.append((w.name, w.reason, w.message))
+            elif isinstance(w, I.ConfirmNoneLeft) and left_behind(self.objects.values(), w.changefeed):
+                self.aborted += 1
+                return made  # the consistent read found something: the chain stops
         return made
 
     def captures_step(self, progress: int = 10) -> None:

@@ -1,0 +1,82 @@
+"""The teardown's release of a Changefeed follows a consistent read of the API (``ConfirmNoneLeft``).
+
+The maintainer's view is one watch per kind; one kind's watch can lag behind another's, so the view that
+shows nothing left of a deleted Changefeed may miss a Span a person created a moment before (simulator
+seed 27541). The production executor reads the API itself (a LIST without resourceVersion, in pages),
+fails the chain when something is left, and hands what it found to the informer for the next decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.apiserver import ApiServerHandle, start_server
+from controller.engine import intents as I
+from controller.engine.maintainer import Decision, Memory
+from controller.kube.client import RESOURCES, Client, Config
+from controller.kube.executor import STALE_VIEW, Executor
+from controller.kube.informer import Informer
+from controller.model.states import API_VERSION, CHANGEFEED_FINALIZER, Kind
+from tests.kube.test_informer_relist import namespace
+
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ApiServerHandle]:
+    handle = start_server(CRDS)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def obj(kind: str, name: str, spec: dict[str, object], **meta: object) -> dict[str, object]:
+    return {"apiVersion": API_VERSION, "kind": kind, "metadata": {"name": name, **meta}, "spec": spec}
+
+
+def release(cf: str) -> Decision:
+    chain = I.Chain((I.ConfirmNoneLeft(cf), I.RemoveFinalizer(Kind.CHANGEFEED, cf, CHANGEFEED_FINALIZER)), "release")
+    return Decision(chains=(chain,), memory=Memory(epoch=1, identity="m"))
+
+
+def test_the_release_waits_until_a_consistent_read_finds_nothing_left(server: ApiServerHandle) -> None:
+    async def scenario() -> None:
+        async with Client(Config(url=server.url)) as client:
+            ns = await namespace(client)
+            res = RESOURCES
+            await client.create(
+                res[Kind.CHANGEFEED], ns, obj("Changefeed", "cf", {"startTs": 1}, finalizers=[CHANGEFEED_FINALIZER])
+            )
+            # Another changefeed's Spans, listed before the late one in pages of 2, are not the deleted one's.
+            for i in range(3):
+                spec = {"changefeed": "other", "tableID": 1, "startKey": f"0{i}", "endKey": f"0{i + 1}"}
+                await client.create(res[Kind.SPAN], ns, obj("Span", f"a{i}", spec))
+            deleting = await client.delete(res[Kind.CHANGEFEED], ns, "cf")
+            assert deleting["metadata"]["deletionTimestamp"]
+            # The informer's view: the deleting Changefeed and nothing else (its Span watch lags).
+            informer = Informer(client, ns)
+            informer.offer(Kind.CHANGEFEED.value, deleting)
+            late = obj("Span", "late", {"changefeed": "cf", "tableID": 1, "startKey": "00", "endKey": "ff"})
+            await client.create(res[Kind.SPAN], ns, late)
+            executor = Executor(client, informer, ns, list_page=2)
+
+            out = await executor.apply(release("cf"))
+            assert (out.failed, out.writes, dict(out.errors)) == (1, 0, {STALE_VIEW: 1})
+            assert informer.store.record(Kind.SPAN, "a0") is None  # the other changefeed's are not offered
+            cf = await client.get(res[Kind.CHANGEFEED], ns, "cf")
+            assert cf["metadata"]["finalizers"] == [CHANGEFEED_FINALIZER], "released with a Span left"
+            found = informer.store.record(Kind.SPAN, "late")
+            assert found is not None  # the next decision sees it
+            assert getattr(found, "changefeed", None) == "cf"
+
+            await client.delete(res[Kind.SPAN], ns, "late")
+            out = await executor.apply(release("cf"))
+            assert (out.failed, out.writes) == (0, 1)
+            assert [o["metadata"]["name"] for o in (await client.list(res[Kind.CHANGEFEED], ns))[0]] == []
+
+    asyncio.run(scenario())
