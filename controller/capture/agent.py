@@ -13,9 +13,10 @@ What it does, and why in this shape:
   compare-and-swap on the Lease's resourceVersion of its previous renewal, and the maintainer takes a
   lapsed Lease (holder cleared) before it lets anyone else replicate this capture's spans: so a renewal
   that succeeds proves nothing was taken, and only then does a paused capture read its Dispatchers
-  (strongly) and resume those that still exist, are not being deleted, and whose changefeed has started
-  no maintainer term it did not see. If the Lease was deleted or names someone else (taken), it stops
-  everything and exits non-zero, as a fenced capture. ``acquireTime`` identifies this process's
+  (strongly, beside the renewals: the reads may outlast a renew deadline) and, if a renewal younger than
+  the renew deadline still vouches for it when they are done, resume those that still exist, are not
+  being deleted, and whose changefeed has started no maintainer term it did not see. If the Lease was
+  deleted or names someone else (taken), it stops everything and exits non-zero, as a fenced capture. ``acquireTime`` identifies this process's
   incarnation, so a renewal that timed out but landed is recognised as its own and a restarted process
   of the same name is not. An outage of the API shorter than the maintainer's patience therefore costs
   no dispatcher anything but the pause (docs/architecture.md, Fencing).
@@ -97,6 +98,8 @@ EXIT_ERROR = 1
 EXIT_FENCED = 3
 #: Seconds between renewal attempts after one failed (an API that comes back is seen at once).
 RETRY_AFTER_FAILURE = 0.5
+#: At most this long to read what a paused capture may resume (then it tries again after a renewal).
+RESUME_CHECK_TIMEOUT = 120.0
 
 API_ERRORS = (ApiError, *NETWORK_ERRORS)
 #: Seconds between rewrites of an unchanged Capture status.
@@ -457,35 +460,49 @@ class Agent:
         s = self.settings
         timeout = min(s.renew_deadline / 2, max(1.0, s.renew_interval))
         failed = 0
-        while True:
-            await asyncio.sleep(min(s.renew_interval, RETRY_AFTER_FAILURE) if failed else s.renew_interval)
-            sent = time.monotonic()
-            try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
-                # arrives as the renewal fails (e.g. connection refused), and this loop would never end.
-                async with asyncio.timeout(timeout):
-                    await self._renew()
-                self.last_renew = sent
-                failed = 0
-            except LeaseLost as exc:
-                self._fence(str(exc))
-                return
-            except API_ERRORS as exc:
-                failed += 1
-                if failed == 1 or failed % 20 == 0:  # an outage: say so, not twice a second
-                    log.warning(
-                        "Lease renewal failed",
-                        extra=fields(
-                            error=repr(exc), since_renew=round(time.monotonic() - self.last_renew, 3), attempts=failed
-                        ),
-                    )
-                continue
-            if self.paused_at is not None:
+        checking: asyncio.Task[None] | None = None
+        try:
+            while True:
+                await asyncio.sleep(min(s.renew_interval, RETRY_AFTER_FAILURE) if failed else s.renew_interval)
+                sent = time.monotonic()
                 try:
-                    async with asyncio.timeout(max(0.1, s.renew_deadline - (time.monotonic() - sent))):
-                        await self._resume()
-                except API_ERRORS as exc:  # stay paused; the next renewal tries again
-                    log.warning("could not check what to resume", extra=fields(error=repr(exc)))
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+                    # arrives as the renewal fails (e.g. connection refused), and this loop would never end.
+                    async with asyncio.timeout(timeout):
+                        await self._renew()
+                    self.last_renew = sent
+                    failed = 0
+                except LeaseLost as exc:
+                    self._fence(str(exc))
+                    return
+                except API_ERRORS as exc:
+                    failed += 1
+                    if failed == 1 or failed % 20 == 0:  # an outage: say so, not twice a second
+                        log.warning(
+                            "Lease renewal failed",
+                            extra=fields(
+                                error=repr(exc),
+                                since_renew=round(time.monotonic() - self.last_renew, 3),
+                                attempts=failed,
+                            ),
+                        )
+                    continue
+                if self.paused_at is not None and (checking is None or checking.done()):
+                    # What to resume is read beside the renewals, not within one renew deadline: with
+                    # thousands of dispatchers on an overloaded API the reads can take longer than that
+                    # (a capture then stayed paused for good), and a renewal landing meanwhile keeps
+                    # vouching for the result (see _resume).
+                    checking = asyncio.create_task(self._check_resume(self.paused_at), name="resume-check")
+        finally:
+            if checking is not None:
+                checking.cancel()
+
+    async def _check_resume(self, pause: float) -> None:
+        try:
+            async with asyncio.timeout(RESUME_CHECK_TIMEOUT):
+                await self._resume(pause)
+        except API_ERRORS as exc:  # stay paused; the next renewal tries again
+            log.warning("could not check what to resume", extra=fields(error=repr(exc)))
 
     async def _watchdog(self) -> None:
         s = self.settings
@@ -507,20 +524,24 @@ class Agent:
             extra=fields(capture=self.settings.name, reason=reason, dispatchers=at),
         )
 
-    async def _resume(self) -> None:
-        """A renewal just succeeded while paused: the Lease is still ours, so nothing was re-placed through
-        it. Resume each paused dispatcher whose object still exists (same uid), is not being deleted, and
-        whose changefeed published no epoch this capture had not seen; drop the others."""
+    async def _resume(self, pause: float) -> None:
+        """A renewal just succeeded while paused (the pause that began at ``pause``): the Lease is still
+        ours, so nothing was re-placed through it. Read (strongly) this capture's Dispatchers and the epochs
+        of its changefeeds; then, if it is still that pause, not fenced, and the last renewal is younger than
+        the renew deadline (renewals go on while it reads, and each one that lands proves the Lease was not
+        taken), resume each paused dispatcher whose object still exists (same uid), is not being deleted,
+        and whose changefeed published no epoch this capture had not seen; drop the others. Otherwise it
+        stays paused, and the next renewal checks again."""
         s = self.settings
         items, _ = await self.client.list(DISPATCHERS, s.namespace, f"{CAPTURE_LABEL}={s.name}")
         current = {o["metadata"]["name"]: o for o in items if (o.get("spec") or {}).get("capture") == s.name}
         published: dict[str, int | None] = {}
         for cf in sorted({run.record.changefeed for run in self.runs.values()}):
             published[cf] = await self._read_epoch(cf, remember=False)
-        if self.paused_at is None or self.fence_reason:
-            return
+        if self.paused_at != pause or self.fence_reason:
+            return  # resumed, fenced or paused again meanwhile
         if time.monotonic() - self.last_renew >= s.renew_deadline:
-            return  # too late: that renewal no longer vouches for us; wait for the next one
+            return  # no renewal vouches for us now; wait for the next one
         resumed: list[str] = []
         dropped: dict[str, str] = {}
         for name, run in sorted(self.runs.items()):
@@ -543,7 +564,7 @@ class Agent:
         finals = {name: (self.runs.pop(name), self.rt.close(name)) for name in dropped}
         for name in resumed:
             self.rt.resume(name)
-        paused_for = time.monotonic() - self.paused_at
+        paused_for = time.monotonic() - pause
         self.paused_at = None
         self.full_at = -1e9  # everything was skipped while paused: the next pass looks at everything
         log.info(

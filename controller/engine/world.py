@@ -153,6 +153,7 @@ MUTANTS = frozenset(
         # Not the engine's: the simulator's capture model and the maintainer's liveness clock.
         "capture-resumes-after-takeover",  # a paused capture resumes though its Lease was taken meanwhile
         "capture-trusts-create-epoch",  # a dispatcher never reported Initializing goes Working unchecked
+        "capture-resume-check-trusts-an-old-renewal",  # resumes on a slow check though no renewal vouches now
         "outage-counts-as-silence",  # the maintainer counts time its view of Leases was broken as silence
         "progress-used-beyond-coverage",  # a capture's minimum used for Working dispatchers it did not cover
         *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process

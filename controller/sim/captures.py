@@ -17,14 +17,18 @@ its resourceVersion is the Lease's): a renewal is a compare-and-swap on the vers
 previous renewal (now and then the answer is lost, and the next renewal adopts the version it finds if
 the Lease is still its own); the maintainer takes a lapsed Lease by the same kind of write. A capture
 that has not renewed for ``RENEW_DEADLINE`` (< ``LEASE``) *pauses*: its dispatchers stop delivering but
-stay, with their positions. It keeps trying; when a renewal succeeds, it resumes those whose Dispatcher
-still exists (same uid), is not being deleted, and whose changefeed published no epoch it had not seen,
-and drops the others. A renewal that finds the Lease taken makes it fence itself: it stops everything
-(a crash, for the simulation). While the API is unreachable for it (an outage, or a cut of this capture
+stay, with their positions. It keeps trying; when a renewal succeeds, it reads (strongly) its Dispatchers
+and the published epoch, and when those reads are done (at once, or up to 25 s later: renewals go on
+meanwhile) and it is still that pause and its last renewal is younger than ``RENEW_DEADLINE``, it resumes
+those whose Dispatcher still existed (same uid), was not being deleted, and whose changefeed published no
+epoch it had not seen, and drops the others. A renewal that finds the Lease taken makes it fence itself: it
+stops everything (a crash, for the simulation). While the API is unreachable for it (an outage, or a cut of this capture
 alone) nothing of it gets through: no renewal, no watch event, no write.
 
 Ground truth checked here: a dispatcher resumed after a pause must not find that another dispatcher
-delivered its keys meanwhile (that is two owners, one after the other, with no hand-over).
+delivered its keys meanwhile (that is two owners, one after the other, with no hand-over); a capture
+resumes only while a renewal younger than the renew deadline vouches for it, and never after its Lease
+was taken during that pause (the maintainer may have released its dispatchers).
 
 Reporting is modelled as the agent does it (controller/capture/agent.py, controller/model/progress.py):
 a dispatcher's status is written on a state change (Initializing, Working, Stopped, Rejected) and when
@@ -57,6 +61,10 @@ LOST_ANSWER = 0.03
 LIVE = (DispatcherState.INITIALIZING, DispatcherState.WORKING)
 
 
+def _dispatcher(obj: object) -> Dispatcher | None:
+    return obj if isinstance(obj, Dispatcher) else None
+
+
 def _hot_key(t: Table) -> bytes:
     """A skewed table's hot row: a third of the way into its key range."""
     rng = t.key_range
@@ -83,6 +91,20 @@ class Run:
 
 
 @dataclass
+class ResumeCheck:
+    """What a paused capture read to decide what to resume (agent.py ``_resume``): its Dispatchers and the
+    published epoch, read right after a renewal succeeded, judged when the reads are done (``ready_at``).
+    The reads of thousands of dispatchers on a loaded API can take longer than the renew deadline; renewals
+    go on meanwhile, and the result is used only if it is still the same pause and a renewal younger than
+    the renew deadline vouches for it then."""
+
+    pause: float
+    reads: dict[str, Dispatcher | None]
+    cf: Changefeed | None
+    ready_at: float
+
+
+@dataclass
 class SimCapture:
     name: str
     watcher: Watcher
@@ -94,6 +116,7 @@ class SimCapture:
     lease_rv: str = ""  # the version of its last renewal, as it knows it
     acquiring: bool = False  # a restarted process that has not taken its Lease over yet
     paused_at: float | None = None
+    check: ResumeCheck | None = None  # what to resume, being read (at most one at a time)
     epoch_seen: int = 0  # the highest published epoch it read before pausing
     #: A fault of its own ever hit it (crash, cut off alone, renewals failing): the maintainer may then
     #: take its Lease. Without one, only API outages silenced it, and taking its Lease is a violation.
@@ -128,7 +151,16 @@ class Captures:
         #: Mutant: a paused capture that resumes everything, even after its Lease was taken (it re-takes it).
         self.resumes_blindly = "capture-resumes-after-takeover" in mutants
         self.defers_epoch_check = "capture-trusts-create-epoch" in mutants
+        #: Mutant: a slow resume check's result is used however old the last renewal is by then.
+        self.trusts_old_renewal = "capture-resume-check-trusts-an-old-renewal" in mutants
         ctx.holds = self.holds
+        #: Per capture, when the maintainer last took its Lease (ground truth, from the API's changes).
+        self.taken_at: dict[str, float] = {}
+        ctx.api.observers.append(self._observe_take)
+
+    def _observe_take(self, old: object, new: object) -> None:
+        if isinstance(new, Capture) and new.lease_taken and not (isinstance(old, Capture) and old.lease_taken):
+            self.taken_at[new.name] = self.ctx.now
 
     def holds(self, capture: str, uid: str) -> bool:
         """Whether the capture's current process holds (runs, or keeps paused) the dispatcher object ``uid``."""
@@ -160,6 +192,7 @@ class Captures:
         cap.alive = False
         cap.own_fault = True
         cap.runs.clear()
+        cap.check = None
         self.ctx.api.unwatch(cap.watcher)
         self.ctx.trace.add(f"  capture {name} {why}")
 
@@ -186,6 +219,7 @@ class Captures:
         before = ctx.api.get(Kind.CAPTURE, name)
         cap.previous = before.progress if isinstance(before, Capture) else None
         cap.paused_at = None
+        cap.check = None
         cap.acquiring = True
         cap.next_renew = ctx.now  # it takes its Lease again at once
         ctx.trace.add(f"  capture {name} restarted (incarnation {cap.incarnation})")
@@ -238,8 +272,8 @@ class Captures:
         cap.lease_rv = new.resource_version
         cap.last_renew = ctx.now
         cap.acquiring = False
-        if cap.paused_at is not None:
-            self._resume(cap)
+        if cap.paused_at is not None and cap.check is None:
+            self._start_check(cap)
 
     def _pause(self, cap: SimCapture) -> None:
         ctx = self.ctx
@@ -253,16 +287,65 @@ class Captures:
             f"  {cap.name}: paused (no Lease renewal for {ctx.now - cap.last_renew:.1f}s), keeps {sorted(cap.runs)}"
         )
 
-    def _resume(self, cap: SimCapture) -> None:
-        """After a renewal that succeeded while paused: resume what is still ours, drop the rest."""
+    def _start_check(self, cap: SimCapture) -> None:
+        """A renewal succeeded while paused: read (strongly) what it holds, now; judge it when the reads are
+        done, at once half of the time, else after a while (a slow LIST), sometimes longer than the renew
+        deadline or even the Lease."""
         ctx, api = self.ctx, self.ctx.api
-        cf = self._published()
+        assert cap.paused_at is not None
+        reads = {name: _dispatcher(api.get(Kind.DISPATCHER, name)) for name in sorted(cap.runs)}
+        slow = ctx.rng.random() < 0.5
+        delay = ctx.rng.choice([ctx.rng.uniform(0.2, 4.0), ctx.rng.uniform(4.0, 25.0)]) if slow else 0.0
+        cap.check = ResumeCheck(cap.paused_at, reads, self._published(), ctx.now + delay)
+        if not slow:
+            self._finish_check(cap)
+            return
+        ctx.bump("capture slow resume check")
+        ctx.trace.add(f"  {cap.name}: reads what to resume, for {delay:.1f}s")
+        if cap.runs and not ctx.quiet and ctx.rng.random() < 0.25:
+            # Its renewals fail again while it reads (the rest of the API works), and the reads take about
+            # a Lease: when they are done, no renewal vouches for what they said, and the Lease may be taken.
+            cap.renew_ok = False
+            cap.own_fault = True
+            cap.check.ready_at = ctx.now + ctx.rng.uniform(LEASE, LEASE + 4.0)
+            ctx.bump("lease fail")
+            ctx.trace.add(f"  capture {cap.name}: Lease renewals start failing while it reads")
+
+    def _finish_check(self, cap: SimCapture) -> None:
+        ctx = self.ctx
+        check, cap.check = cap.check, None
+        assert check is not None
+        if not self.trusts_old_renewal:
+            if cap.paused_at != check.pause:
+                return  # resumed, or paused again, meanwhile: the next renewal checks afresh
+            if ctx.now - cap.last_renew >= RENEW_DEADLINE:
+                ctx.trace.add(f"  {cap.name}: no renewal vouches for what it read; stays paused")
+                return
+        if cap.paused_at is not None:
+            self._resume(cap, check)
+
+    def _resume(self, cap: SimCapture, check: ResumeCheck) -> None:
+        """After a renewal that succeeded while paused: resume what is still ours, drop the rest (as read)."""
+        ctx = self.ctx
+        cf = check.cf
+        if cap.runs and ctx.now - cap.last_renew >= RENEW_DEADLINE:
+            # What a capture promises the maintainer: it delivers only while a renewal younger than the
+            # renew deadline vouches for it (so that nothing runs by the time its Lease can lapse).
+            ctx.fail(
+                f"fencing: {cap.name} resumed {sorted(cap.runs)[:3]} {ctx.now - cap.last_renew:.1f}s after its "
+                f"last renewal (renew deadline {RENEW_DEADLINE}s)"
+            )
+        taken = self.taken_at.get(cap.name)
+        if cap.runs and taken is not None and cap.paused_at is not None and taken >= cap.paused_at:
+            # The fencing argument's ground: once the maintainer took the Lease it may release the capture's
+            # dispatchers and place their spans elsewhere; nothing this process paused may deliver again.
+            ctx.fail(f"fencing: {cap.name} resumed {sorted(cap.runs)[:3]} though its Lease was taken at {taken:.1f}")
         resumed, dropped = [], []
         for name in sorted(cap.runs):
             run = cap.runs[name]
-            d = api.get(Kind.DISPATCHER, name)  # a strong read
+            d = check.reads.get(name)
             if not self.resumes_blindly:
-                if not isinstance(d, Dispatcher) or d.uid != run.d.uid:
+                if d is None or d.uid != run.d.uid:
                     del cap.runs[name]
                     dropped.append(name)
                     continue
@@ -300,6 +383,9 @@ class Captures:
 
     def _step_one(self, cap: SimCapture) -> None:
         ctx = self.ctx
+        if cap.check is not None and ctx.now >= cap.check.ready_at and ctx.api.reachable(cap.name):
+            # The reads' last answer (before the renewal that may be due now: they run side by side).
+            self._finish_check(cap)
         if ctx.now >= cap.next_renew:
             self._renew(cap)
             if not cap.alive:

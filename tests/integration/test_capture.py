@@ -831,3 +831,70 @@ def test_a_pass_visits_what_changed_and_a_full_pass_everything(api: Api, server:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_resume_check_slower_than_the_renew_deadline_still_resumes(api: Api, server: ApiServerHandle) -> None:
+    """Found at 16,000 dispatchers on an overloaded machine: the LIST of a paused capture's Dispatchers took
+    longer than the renew deadline, the check was cut short every time, and the capture stayed paused for
+    good. The check now reads beside the renewals; a renewal that lands meanwhile vouches for the result.
+    (The agent in-process, its Dispatcher LIST made slower than the renew deadline while it is paused.)"""
+    from controller.capture.agent import DISPATCHERS, Agent, Settings
+    from controller.kube.client import Config
+
+    api.changefeed()
+    api.dispatcher("d1", "c1")
+    settings = Settings(
+        name="c1",
+        namespace=api.ns,
+        lease_duration=3,
+        renew_interval=0.3,
+        renew_deadline=1.5,
+        report_interval=0.3,
+        init_delay=0.0,
+        tick=0.1,
+    )
+
+    async def scenario() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            agent = Agent(client, settings)
+            slow_lists: list[float] = []
+            plain_list = client.list
+
+            async def list_slowly(res: Any, namespace: str, *args: Any, **kw: Any) -> Any:
+                if res is DISPATCHERS and agent.paused_at is not None:
+                    started = time.monotonic()
+                    await asyncio.sleep(2.5)  # beyond the 1.5 s renew deadline
+                    out = await plain_list(res, namespace, *args, **kw)
+                    slow_lists.append(time.monotonic() - started)
+                    return out
+                return await plain_list(res, namespace, *args, **kw)
+
+            client.list = list_slowly  # type: ignore[method-assign]
+            running = asyncio.create_task(agent.run())
+            try:
+                for _ in range(200):
+                    if api.state("d1") == "Working":
+                        break
+                    await asyncio.sleep(0.05)
+                assert api.state("d1") == "Working"
+                server.inject_failures("leases", 10_000)
+                for _ in range(100):
+                    if agent.paused_at is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                assert agent.paused_at is not None, "did not pause"
+                server.inject_failures("leases", 0)
+                for _ in range(200):
+                    if agent.paused_at is None:
+                        break
+                    await asyncio.sleep(0.05)
+                assert agent.paused_at is None, f"still paused after the renewals came back (slow lists {slow_lists})"
+                assert slow_lists, "the resume check did not read the Dispatchers"
+                assert min(slow_lists) > settings.renew_deadline
+                assert "d1" in agent.runs
+                assert not agent.fence_reason
+            finally:
+                agent.stop.set()
+                await asyncio.wait_for(running, 10)
+
+    asyncio.run(scenario())
