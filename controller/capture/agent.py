@@ -16,10 +16,11 @@ What it does, and why in this shape:
   (strongly, beside the renewals: the reads may outlast a renew deadline) and, if a renewal younger than
   the renew deadline still vouches for it when they are done, resume those that still exist, are not
   being deleted, and whose changefeed has started no maintainer term it did not see. If the Lease was
-  deleted or names someone else (taken), it stops everything and exits non-zero, as a fenced capture. ``acquireTime`` identifies this process's
-  incarnation, so a renewal that timed out but landed is recognised as its own and a restarted process
-  of the same name is not. An outage of the API shorter than the maintainer's patience therefore costs
-  no dispatcher anything but the pause (docs/architecture.md, Fencing).
+  deleted or names someone else (taken), it stops everything and exits non-zero, as a fenced capture.
+  ``acquireTime`` identifies this process's incarnation, so a renewal that timed out but landed is
+  recognised as its own and a restarted process of the same name is not. An outage of the API shorter
+  than the maintainer's patience therefore costs no dispatcher anything but the pause
+  (docs/architecture.md, Fencing).
 * **Level-triggered dispatcher lifecycle.** A list+watch (label ``cdc.maintainer.dev/capture=<name>``)
   keeps the assigned Dispatchers in memory; every loop iteration (about 0.2 s, or at once on a watch
   event) re-derives what to do from that state plus what the runtime really runs. Nothing depends on
