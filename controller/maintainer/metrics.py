@@ -347,7 +347,7 @@ class MaintainerMetrics:
         self.write_errors = Counter(
             PREFIX + "api_write_errors",
             "API writes that failed, by reason (the API status reason or code, or ClientTimeout / ConnectionError"
-            " / BadResponse).",
+            " / BadResponse; StaleView: a teardown's consistent read found something its view did not show).",
             ["reason"],
             registry=self.registry,
         )
