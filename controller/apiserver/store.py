@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import bisect
 import copy
 import json
 import random
@@ -406,19 +407,27 @@ class Store:
                 limit = 0  # served from the watch cache: no paging
         objs = self.snapshot(skey, at) if at is not None else self.objects[skey]
         keys = sorted(objs) if ns is None else sorted(k for k in objs if k[0] == ns)
+        start = 0
         if start_after is not None:
-            keys = [k for k in keys if self._continue_key(k, ns) > start_after]
-        items = [objs[k] for k in keys]
-        if predicate is not None:
-            items = [o for o in items if predicate(o)]
+            start = bisect.bisect_right(keys, start_after, key=lambda k: self._continue_key(k, ns))
         rv = at if at is not None else self.rv
-        if 0 < limit < len(items):
-            remaining = len(items) - limit
-            items = items[:limit]
-            last = items[-1]["metadata"]
-            key = self._continue_key((last.get("namespace", ""), last["name"]), ns)
-            return ListResult(items, rv, self._encode_continue(rv, key), remaining)
-        return ListResult(items, rv)
+        if limit <= 0:
+            items = [objs[k] for k in keys[start:]]
+            return ListResult([o for o in items if predicate(o)] if predicate is not None else items, rv)
+        # As etcd3's GetList: read keys in order until the page is full; continue after the last key read
+        # when more keys follow (matching or not); remainingItemCount only without a selector (the server
+        # cannot count what would match). A page costs what it reads, not the whole list.
+        items = []
+        i = start
+        while i < len(keys) and len(items) < limit:
+            obj = objs[keys[i]]
+            i += 1
+            if predicate is None or predicate(obj):
+                items.append(obj)
+        if i >= len(keys):
+            return ListResult(items, rv)
+        remaining = len(keys) - i if predicate is None else 0
+        return ListResult(items, rv, self._encode_continue(rv, self._continue_key(keys[i - 1], ns)), remaining)
 
     @staticmethod
     def _continue_key(key: tuple[str, str], ns: str | None) -> tuple[str, ...]:

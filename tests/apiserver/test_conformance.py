@@ -307,6 +307,39 @@ def test_cluster_wide_list(kube: Kube, name: str) -> None:
     assert found[0]["metadata"]["namespace"] == kube.namespace
 
 
+def test_list_in_pages(kube: Kube, name: str) -> None:
+    """limit/continue as client-go's pager uses it: pages in name order from one snapshot (the same
+    resourceVersion on every page), remainingItemCount without a selector; with a label selector the pages
+    hold only matching objects and remainingItemCount is not set (the server cannot know it)."""
+    for i in range(6):
+        labels = {"page": name} if i % 2 == 0 else None
+        kube.ok("POST", kube.path("spans"), kube.span(f"{name}-{i}", labels))
+
+    def pages(**params: str) -> tuple[list[list[str]], list[dict[str, Any]]]:
+        names: list[list[str]] = []
+        metas: list[dict[str, Any]] = []
+        cont = ""
+        while True:
+            query = {"limit": "2", **params, **({"continue": cont} if cont else {})}
+            doc = kube.ok("GET", kube.path("spans") + "?" + urlencode(query))
+            names.append([o["metadata"]["name"] for o in doc["items"]])
+            metas.append(doc["metadata"])
+            cont = doc["metadata"].get("continue") or ""
+            if not cont:
+                return names, metas
+
+    every, metas = pages()
+    listed = [n for page in every for n in page]
+    assert listed == sorted(listed)
+    assert [n for n in listed if n.startswith(f"{name}-")] == [f"{name}-{i}" for i in range(6)]
+    assert all(len(page) == 2 for page in every[:-1])
+    assert metas[0]["remainingItemCount"] == len(listed) - 2
+    assert len({m["resourceVersion"] for m in metas}) == 1
+    matching, metas = pages(labelSelector=f"page={name}")
+    assert [n for page in matching for n in page] == [f"{name}-0", f"{name}-2", f"{name}-4"]
+    assert all("remainingItemCount" not in m for m in metas)
+
+
 # -- deletion and finalizers --------------------------------------------------------------------------------
 
 
