@@ -504,6 +504,8 @@ class Agent:
                 await self._resume(pause)
         except API_ERRORS as exc:  # stay paused; the next renewal tries again
             log.warning("could not check what to resume", extra=fields(error=repr(exc)))
+        except Exception as exc:  # a bug: fail loudly, as any background task that ends does (see _run)
+            self._fence(f"internal error: the resume check failed ({exc!r})")
 
     async def _watchdog(self) -> None:
         s = self.settings

@@ -898,3 +898,24 @@ def test_a_resume_check_slower_than_the_renew_deadline_still_resumes(api: Api, s
                 await asyncio.wait_for(running, 10)
 
     asyncio.run(scenario())
+
+
+def test_a_resume_check_that_fails_for_a_bug_fences_the_capture(api: Api, server: ApiServerHandle) -> None:
+    """The resume check runs in a task of its own; a bug in it must not leave the capture paused and silent
+    (a background task that ends fences the agent, and so does this one)."""
+    from controller.capture.agent import Agent, Settings
+    from controller.kube.client import Config
+
+    async def scenario() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            agent = Agent(client, Settings(name="c1", namespace=api.ns))  # never started: only the check runs
+
+            async def broken(pause: float) -> None:
+                raise KeyError("d1")
+
+            agent._resume = broken  # type: ignore[method-assign]
+            await agent._check_resume(1.0)
+            assert agent.fence_reason == "internal error: the resume check failed (KeyError('d1'))"
+            assert agent.stop.is_set()
+
+    asyncio.run(scenario())
