@@ -18,7 +18,8 @@ can stop every dispatcher at once from any task without awaiting I/O:
 :class:`LogicalClockRuntime`, the default, replicates nothing: its upstream ts follows wall time like
 a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails it by a small lag,
 never below the dispatcher's startTs. A span's write rate and region count are its share (by key
-space) of the Table's ``spec.writeRate`` and ``spec.regionCount``, looked up through a callable the
+space) of the Table's ``spec.writeRate`` and ``spec.regionCount`` (the regions rounded up: those it
+touches, ``controller.model.keys.regions_touched``), looked up through a callable the
 agent supplies (the runtime does no API I/O of its own). With a ``sink``
 (:class:`controller.capture.ledger.Ledger`), what it delivers is recorded there: a dispatcher that
 reached checkpoint ``cp`` from ``start_ts`` has delivered (start_ts, cp] of its key range.
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from controller.model.keys import KeyRange
+from controller.model.keys import KeyRange, regions_touched
 from controller.model.records import Dispatcher
 
 #: Bits of a TSO below the physical milliseconds (TiDB's logical counter).
@@ -170,7 +171,7 @@ class LogicalClockRuntime:
 
     def region_count(self, name: str) -> int:
         _, regions, share = self._share(name)
-        return round(regions * share)
+        return regions_touched(regions, share)
 
     def close(self, name: str) -> int:
         final = self.checkpoint(name)

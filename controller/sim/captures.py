@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.model import progress
+from controller.model.keys import regions_touched
 from controller.model.records import Capture, Changefeed, Dispatcher, Table
 from controller.model.states import DISPATCHER_FINALIZER, DispatcherState, Kind, Mode
 from controller.sim.api import ApiError, Watcher, WatchEvent
@@ -474,7 +475,7 @@ class Captures:
         for t in self.ctx.api.store[Kind.TABLE].values():
             if isinstance(t, Table) and t.table_id == d.table_id and t.changefeed == d.changefeed:
                 share = d.key_range.share_of(t.key_range)
-                regions = round(t.region_count * share)
+                regions = regions_touched(t.region_count, share)
                 if t.table_id % 3:
                     return round(t.write_rate * share, 3), regions
                 hot = 0.8 if d.key_range.contains_key(_hot_key(t)) else 0.0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.model.keys import MAX_TABLE_ID, KeyError_, KeyRange, gaps, overlapping_pairs, table_key
+from controller.model.keys import MAX_TABLE_ID, KeyError_, KeyRange, gaps, overlapping_pairs, regions_touched, table_key
 
 
 def k(*bs: int) -> bytes:
@@ -165,3 +165,36 @@ def test_overlapping_dispatchers_index_agrees_with_a_scan(ranges: list[tuple[int
     q = KeyRange(key(qs), key(qs + ql))
     got = [d.name for d in tick.overlapping_dispatchers(1, Mode.DEFAULT, q)]
     assert got == sorted(n for n, d in ds.items() if d.key_range.overlaps(q))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    regions=st.integers(min_value=1, max_value=100_000),
+    pieces=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=6),
+    run=st.tuples(st.integers(min_value=0, max_value=40), st.integers(min_value=1, max_value=40)),
+)
+def test_the_regions_of_adjacent_spans_add_up_to_at_least_those_of_their_merge(
+    regions: int, pieces: list[int], run: tuple[int, int]
+) -> None:
+    """A table cut unevenly (splits of splits), and any run of adjacent spans: the regions the spans touch
+    add up to at least the regions their merge touches, so a merge of spans judged under the split
+    threshold never makes one above it (simulator seed 20626: with counts rounded to nearest, five spans
+    of 10 regions each merged into one of 51, which was split again, forever)."""
+    table = KeyRange.of_table(7)
+    spans = [table]
+    for n in pieces:  # cut the widest span in n + 1 even pieces, again and again
+        widest = max(range(len(spans)), key=lambda i: spans[i].share_of(table))
+        spans[widest : widest + 1] = spans[widest].split_at(spans[widest].even_split_keys(n + 1))
+    first = run[0] % len(spans)
+    chosen = spans[first : first + run[1]]
+    merged = KeyRange(chosen[0].start, chosen[-1].end)
+    parts = sum(regions_touched(regions, s.share_of(table)) for s in chosen)
+    assert parts >= regions_touched(regions, merged.share_of(table))
+    assert regions_touched(regions, table.share_of(table)) == regions
+
+
+def test_a_span_counts_every_region_it_touches() -> None:
+    assert [regions_touched(200, s) for s in (0.0, 0.001, 0.05, 0.0502, 0.25, 1.0)] == [0, 1, 10, 11, 50, 200]
+    assert regions_touched(0, 0.5) == 0
+    # Five fifths of 254 regions: 50.8 each, so 51 each, 255 in all; the whole is 254 (never more than the parts).
+    assert sum(regions_touched(254, 0.2) for _ in range(5)) >= regions_touched(254, 1.0)
