@@ -536,7 +536,11 @@ class Sim:
             s = st[Kind.SPAN].get(op.targets[0].span)
             if not isinstance(s, Span) or s.key_range != want:
                 ctx.fail(f"intent: merge {op.name} Succeeded but merged span {want} does not exist")
-            left = [n for n in expect.sources if n in st[Kind.SPAN]]
+            left = [
+                n
+                for n, uid in zip(expect.sources, expect.source_uids, strict=True)
+                if getattr(st[Kind.SPAN].get(n), "uid", None) == uid
+            ]
             if left:
                 ctx.fail(f"intent: merge {op.name} Succeeded but sources remain: {left}")
 

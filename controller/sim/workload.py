@@ -39,6 +39,9 @@ class Expect:
     target: str = ""
     ranges: tuple[KeyRange, ...] = ()  # split: the children's ranges; merge: the one merged range
     sources: tuple[str, ...] = ()
+    #: The uids of ``sources`` when the operator was asked for: a span of the same name made later (a hole
+    #: filled from a stale view) is another span, not a source left behind.
+    source_uids: tuple[str, ...] = ()
 
 
 class Workload:
@@ -435,7 +438,7 @@ class Workload:
         if not adjacent:
             return op, None
         union = KeyRange(ordered[0].key_range.start, ordered[-1].key_range.end)
-        return op, Expect(OpType.MERGE, ranges=(union,), sources=names)
+        return op, Expect(OpType.MERGE, ranges=(union,), sources=names, source_uids=tuple(s.uid for s in group))
 
     # -- hooks -------------------------------------------------------------------------------------
 

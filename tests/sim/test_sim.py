@@ -100,3 +100,12 @@ def test_merge_and_split_do_not_take_turns_on_a_table() -> None:
     they touch (rounded up), so the parts of a merge count at least as many as the merged span."""
     r = run_history(20626)
     assert r.ok, r.violation
+
+
+def test_a_merge_source_is_judged_by_its_uid() -> None:
+    """Found by the 50,000-history run: a deposed leader started a user Merge; the new leader, its Span watch
+    ahead of its SpanOperator watch, saw a source gone and no Merge claiming its keys, and filled the hole
+    with a span of the same deterministic name; the overlap was repaired, and the Merge Succeeded. The
+    simulator's intent check took that new span (another uid) for a source the Merge left behind."""
+    r = run_history(23875)
+    assert r.ok, r.violation
