@@ -390,6 +390,7 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
     assert worker is not None
     assert client is not None
     before = await worker.ask("stats")
+    served0 = await system.served()
     cpu0 = system.cpu()
     t0 = time.monotonic()
     await create_all(client, Kind.TABLE, tables(n))
@@ -401,6 +402,8 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
         await profile_and_report(system, out, "requested (--profile)")
     ok, _, st = await wait_for(worker, "", all_replicating(n), timeout - (time.monotonic() - t0), "scale-up")
     elapsed = time.monotonic() - t0
+    served = delta(await system.served(), served0)
+    served.pop("list /_bench", None)
     after = await worker.ask("stats")
     cpu1 = system.cpu()
     if system.a.raw_pairs:
@@ -445,6 +448,9 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
         for k, c in sorted(by_res.items())
         if k.split()[0] in MAINTAINER_WRITE_VERBS and "leases" not in k
     }
+    # Every client's requests as the API server counted them (captures' included), per span placed.
+    p1["api_requests_per_placement"] = round(sum(served.values()) / placed, 2)
+    p1["api_requests_per_placement_by_verb"] = {k: round(c / placed, 3) for k, c in sorted(served.items())}
     raw = out["raw_status_patches_per_s"]
     p1["status_write_ratio_to_raw"] = round(p1["status_writes_per_s"] / raw, 3) if raw else None
     for key in ("raw_pairs_per_s_1_client", "raw_pairs_per_s_16_clients"):
@@ -855,6 +861,8 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("1 maintainer writes per placement", f"{sc.get('writes_per_placement', '-')}"),
         ("1 ... by resource", fmt_reqs(sc.get("writes_per_placement_by_resource", {}))),
         ("1 maintainer requests per placement", f"{sc.get('requests_per_placement', '-')}"),
+        ("1 API requests per placement, all clients", f"{sc.get('api_requests_per_placement', '-')}"),
+        ("1 ... by verb and resource", fmt_reqs(sc.get("api_requests_per_placement_by_verb", {}))),
         ("1 decision ms p50 / p99 (scale-up)", fmt_ms(sc.get("decision_ms"))),
         ("1 snapshot ms p50 / p99 (scale-up)", fmt_ms(sc.get("snapshot_ms"))),
         ("1 scale-up: requests by verb", fmt_reqs(sc.get("requests", {}))),
@@ -935,12 +943,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=100, help="operators of each type in phase 2 (default 100)")
     p.add_argument("--captures", type=int, default=3)
     p.add_argument("--lease", type=float, help="maintainer Lease duration, s (default 3; 15 with --rest-only)")
-    p.add_argument("--retry", type=float,
-                   help="maintainer Lease retry (renewal) period, s (default 0.5; 2 with --rest-only)")
-    p.add_argument("--report-interval", type=float, default=2.0,
-                   help="captures' --report-interval (re-sends, traffic checks), s (default 2)")
-    p.add_argument("--renew-interval", type=float, default=2.0,
-                   help="captures' Lease renew interval, which carries their progress reports, s (default 2)")
+    p.add_argument(
+        "--retry", type=float, help="maintainer Lease retry (renewal) period, s (default 0.5; 2 with --rest-only)"
+    )
+    p.add_argument(
+        "--report-interval",
+        type=float,
+        default=2.0,
+        help="captures' --report-interval (re-sends, traffic checks), s (default 2)",
+    )
+    p.add_argument(
+        "--renew-interval",
+        type=float,
+        default=2.0,
+        help="captures' Lease renew interval, which carries their progress reports, s (default 2)",
+    )
     p.add_argument("--rest", type=float, default=30.0, help="seconds measured at rest after phase 1 (0: skip)")
     p.add_argument("--rest-settle", type=float, default=15.0, help="seconds after phase 1 before measuring at rest")
     p.add_argument("--rest-only", action="store_true", help="phases 1 and 0 only (no operators, failover, drain)")

@@ -105,6 +105,10 @@ RESUME_CHECK_TIMEOUT = 120.0
 API_ERRORS = (ApiError, *NETWORK_ERRORS)
 #: Seconds between rewrites of an unchanged Capture status.
 CAPTURE_STATUS_REFRESH = 300.0
+#: Seconds from the start of one reconcile pass to the next, at least (at most ``tick``): events come in
+#: bursts (a maintainer's decision creates hundreds of dispatchers), and one pass takes a burst with one
+#: strong read of the epoch and one Capture status write instead of a pass, a read and a write per event.
+PASS_MIN_INTERVAL = 0.1
 #: How many dispatchers one reconcile pass works on at once (each step is a few API requests).
 STEP_CONCURRENCY = 16
 #: Per reconcile pass: changefeed name -> the strong read of its published epoch.
@@ -588,8 +592,12 @@ class Agent:
         await self.captures.synced.wait()
         log.info("watching dispatchers", extra=fields(selector=f"{CAPTURE_LABEL}={self.settings.name}"))
         while True:
+            began = time.monotonic()
             await self.reconcile()
             await sleep_or(self.wake, self.settings.tick)
+            rest = min(PASS_MIN_INTERVAL, self.settings.tick) - (time.monotonic() - began)
+            if rest > 0:
+                await asyncio.sleep(rest)
 
     async def reconcile(self) -> None:
         """One level-triggered pass over the assigned dispatchers.
@@ -952,12 +960,17 @@ class Agent:
         self.rates = rates
 
     async def _report_capture(self) -> None:
-        """The Capture's status, for humans (liveness is the Lease): when it changes, or every
-        ``CAPTURE_STATUS_REFRESH`` seconds (in case someone overwrote it; rarely: it is a write at rest)."""
+        """The Capture's status, for humans (liveness is the Lease): when it changes, at most once per
+        ``report_interval`` (a count that moves with every dispatcher placed is not worth a write each), or
+        every ``CAPTURE_STATUS_REFRESH`` seconds (in case someone overwrote it; rarely: it is a write at rest).
+        A change held back is written by a later pass: there is one at least every ``tick``."""
         s = self.settings
         status = {"dispatchers": len(self.runs), "pod": s.pod or None, "address": s.address or None}
         now = time.monotonic()
-        if status == self.capture_status and now - self.capture_status_at < CAPTURE_STATUS_REFRESH:
+        since = now - self.capture_status_at
+        if status == self.capture_status and since < CAPTURE_STATUS_REFRESH:
+            return
+        if self.capture_status and since < s.report_interval:
             return
         try:
             await self.client.patch(CAPTURES, s.namespace, s.name, {"status": status}, sub="status")
