@@ -224,22 +224,43 @@ class Client:
         """One LIST in pages of at most ``limit`` objects (``limit`` and ``continue``, as client-go's pager):
         each page's objects and the list's resourceVersion. The pages are one consistent snapshot; a
         continuation the server no longer has is ``410 Expired`` (list again). The first request counts as
-        ``list``, the continuations as ``list/continue``."""
+        ``list``, the continuations as ``list/continue``.
+
+        The next page is requested as soon as a page arrives, while the caller works on that one (client-go's
+        pager buffers pages the same way): the server encodes a page while the caller converts the last one.
+        One page ahead at most, so at most two pages are held at once."""
         params = {"labelSelector": label_selector} if label_selector else {}
         if field_selector:
             params["fieldSelector"] = field_selector
         if limit > 0:
             params["limit"] = str(limit)
-        cont = ""
-        while True:
+
+        async def page(cont: str) -> JSON:
             query = {**params, "continue": cont} if cont else params
             verb = "list/continue" if cont else "list"
-            out = await self.request(verb, "GET", res.path(namespace), params=query or None, timeout=120.0)
+            out: JSON = await self.request(verb, "GET", res.path(namespace), params=query or None, timeout=120.0)
+            return out
+
+        out = await page("")
+        while True:
             meta = out.get("metadata") or {}
-            yield list(out.get("items", [])), str(meta.get("resourceVersion", ""))
             cont = str(meta.get("continue") or "")
-            if not cont:
+            ahead = asyncio.ensure_future(page(cont)) if cont else None
+            try:
+                yield list(out.get("items", [])), str(meta.get("resourceVersion", ""))
+            except BaseException:
+                # The caller stopped early (closed the iterator, was cancelled or failed): the page it will not
+                # read is cancelled, or its outcome (an error too) taken, so that nothing is left behind.
+                if ahead is not None:
+                    if ahead.done():
+                        if not ahead.cancelled():
+                            ahead.exception()
+                    else:
+                        ahead.cancel()
+                raise
+            if ahead is None:
                 return
+            out = await ahead
 
     async def create(self, res: Resource, namespace: str, body: JSON) -> JSON:
         return await self.request("create", "POST", res.path(namespace), body=body)
