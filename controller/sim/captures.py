@@ -89,6 +89,10 @@ class Run:
     frontier_at_pause: int = 0
     written: DispatcherState | None = None  # the state its last successful status write carried
     traffic: tuple[float, int] = (0.0, 0)  # the write rate and region count last written
+    #: The ground truth of the table incarnation it delivers for: the frontier of its table when it started.
+    #: A Table deleted and its ID taken by a queued duplicate gets a new frontier; a dispatcher of the old
+    #: one still running (a paused capture's) delivers, reports and resumes against its own (seed 89912).
+    fr: Frontier | None = None
 
 
 @dataclass
@@ -281,7 +285,7 @@ class Captures:
         cap.paused_at = ctx.now
         for run in cap.runs.values():
             run.paused = True
-            fr = self.frontier(run.d.table_id, run.d.mode)
+            fr = self.run_frontier(run)
             run.frontier_at_pause = fr.high(run.d.key_range) if fr is not None else 0
         ctx.bump("capture paused")
         ctx.trace.add(
@@ -357,7 +361,7 @@ class Captures:
                     dropped.append(name)
                     self._status(cap, d, DispatcherState.STOPPED, run.cp, "not resumed: a new epoch")
                     continue
-            fr = self.frontier(run.d.table_id, run.d.mode)
+            fr = self.run_frontier(run)
             if fr is not None and fr.high(run.d.key_range) > max(run.cp, run.frontier_at_pause):
                 ctx.fail(
                     f"single owner (2): {cap.name} resumed {name} at {run.cp} but its keys {run.d.key_range} were "
@@ -455,7 +459,7 @@ class Captures:
         for r in running:
             entry = report.entry(r.changefeed, r.mode)
             run = cap.runs[r.name]
-            fr = self.frontier(run.d.table_id, run.d.mode)
+            fr = self.run_frontier(run)
             if entry is None or fr is None:
                 continue
             low = fr.low(run.d.key_range)
@@ -519,6 +523,7 @@ class Captures:
             return
         self._check_gap(d)
         run = Run(d, DispatcherState.INITIALIZING, d.start_ts, ctx.now + ctx.rng.uniform(0.2, 1.5))
+        run.fr = self.frontier(d.table_id, d.mode)
         cap.runs[d.name] = run
         cap.pending_since.pop(d.name, None)
         ctx.trace.add(
@@ -542,6 +547,13 @@ class Captures:
                 f"no gap (5): dispatcher {d.name} on {d.capture} starts at {d.start_ts} but keys of "
                 f"{d.key_range} ({d.mode}) were delivered only up to {low}"
             )
+
+    def run_frontier(self, run: Run) -> Frontier | None:
+        """The frontier of the table incarnation ``run`` delivers for (bound when it started, or when first
+        found: a dispatcher started before its table had one)."""
+        if run.fr is None:
+            run.fr = self.frontier(run.d.table_id, run.d.mode)
+        return run.fr
 
     def frontier(self, table_id: int, mode: Mode) -> Frontier | None:
         return self.ctx.frontier.get((table_id, mode))
@@ -567,7 +579,7 @@ class Captures:
             ctx.trace.add(f"  {cap.name}: {d.name} Working")
         else:
             run.cp = max(run.cp, min(ctx.upstream(), run.cp + ctx.rng.randint(0, 200)))
-        fr = self.frontier(d.table_id, d.mode)
+        fr = self.run_frontier(run)
         if fr is not None:
             fr.raise_to(d.key_range, run.cp)
         run.next_at = ctx.now + ctx.rng.uniform(1.0, 2.5)

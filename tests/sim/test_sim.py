@@ -109,3 +109,15 @@ def test_a_merge_source_is_judged_by_its_uid() -> None:
     simulator's intent check took that new span (another uid) for a source the Merge left behind."""
     r = run_history(23875)
     assert r.ok, r.violation
+
+
+def test_a_dispatcher_is_judged_against_its_own_table_incarnation() -> None:
+    """Found by the second 50,000-history run (seeds 50,000-99,999): table t3 was deleted and a queued duplicate
+    Table of the same ID took over (a new incarnation, a new frontier from its own start) while a capture cut
+    off from the API still held a dispatcher of the old table, paused. Its progress report (1083, what it
+    really delivered) was judged against the new incarnation's frontier (1000). Each simulated dispatcher now
+    delivers, reports and resumes against the frontier of the incarnation it started in."""
+    r = run_history(89912)
+    assert r.ok, r.violation
+    assert r.counts.get("table delete", 0) > 0, r.counts
+    assert r.counts.get("capture paused", 0) > 0, r.counts
