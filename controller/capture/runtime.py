@@ -170,8 +170,9 @@ class LogicalClockRuntime:
         return round(rate * share, 3)
 
     def region_count(self, name: str) -> int:
-        _, regions, share = self._share(name)
-        return regions_touched(regions, share)
+        _, regions, _ = self._share(name)
+        key_range = self._runs[name].dispatcher.key_range
+        return regions_touched(regions, key_range, KeyRange.of_table(self._runs[name].dispatcher.table_id))
 
     def close(self, name: str) -> int:
         final = self.checkpoint(name)

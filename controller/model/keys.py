@@ -10,7 +10,6 @@ Resources carry keys as lower-case hex strings (``startKey``/``endKey``), becaus
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 TABLE_PREFIX = b"t"
@@ -104,15 +103,26 @@ class KeyRange:
         Keys are read as big integers padded to a common width, so the shares of the pieces of an
         even split add up to 1. Parts of this range outside ``outer`` do not count.
         """
+        where = self.offsets_in(outer)
+        if where is None:
+            return 0.0
+        lo, hi, total = where
+        return (hi - lo) / total
+
+    def offsets_in(self, outer: KeyRange) -> tuple[int, int, int] | None:
+        """Where the part of this range inside ``outer`` lies, exactly: (start, end, width of ``outer``) as
+        integers measured from ``outer.start`` (keys read as big integers padded to a common width, as
+        :meth:`share_of` measures); None if no part of it is inside."""
         lo_key, hi_key = max(self.start, outer.start), min(self.end, outer.end)
         if not lo_key < hi_key:
-            return 0.0
+            return None
         width = max(len(outer.start), len(outer.end), len(lo_key), len(hi_key)) + 4
 
         def num(key: bytes) -> int:
             return int.from_bytes(key.ljust(width, b"\0"), "big")
 
-        return (num(hi_key) - num(lo_key)) / (num(outer.end) - num(outer.start))
+        base = num(outer.start)
+        return num(lo_key) - base, num(hi_key) - base, num(outer.end) - base
 
     def hex(self) -> tuple[str, str]:
         return key_to_hex(self.start), key_to_hex(self.end)
@@ -150,15 +160,21 @@ def overlapping_pairs(parts: list[tuple[str, KeyRange]]) -> list[tuple[str, str]
     return pairs
 
 
-def regions_touched(table_regions: int, share: float) -> int:
-    """How many of a table's ``table_regions`` (spread evenly over its key space) a span covering ``share``
-    of that key space touches: rounded up, as a region crossing a span's boundary counts for the spans on
-    both sides of it (TiKV reports every region overlapping a span). So the counts of adjacent spans add up
-    to at least the count of the span they would merge into: a merge of spans judged small enough never
-    makes a span the split scheduler would cut again (rounding to nearest did, and the two schedulers took
-    turns on one table forever: simulator seed 20626). Rounded to 9 decimals first, so that float noise in
-    the shares (a merged share a hair above the sum of its parts) cannot add a region."""
-    if table_regions <= 0 or share <= 0:
+def regions_touched(table_regions: int, span: KeyRange, table: KeyRange) -> int:
+    """How many of a table's ``table_regions`` (spread evenly over its key space ``table``) the part of
+    ``span`` inside it touches: every region overlapping the span counts, as TiKV reports every region
+    overlapping a span, so a region crossing a span's boundary counts for the spans on both sides of it.
+    So the counts of adjacent spans add up to at least the count of the span they would merge into: a
+    merge of spans judged small enough never makes a span the split scheduler would cut again (rounding to
+    nearest did, and the two schedulers took turns on one table forever: simulator seed 20626). Counted
+    exactly, in integers from the keys' offsets (a span ``[a, b)`` of a table of width ``w`` touches the
+    regions ``floor(a*R/w)`` to ``ceil(b*R/w) - 1``): floats of the shares could put a merged span a hair
+    over the sum of its parts and add a region (the property test found 6 regions, pieces [2, 1])."""
+    where = span.offsets_in(table)
+    if table_regions <= 0 or where is None:
         return 0
-    return math.ceil(round(table_regions * share, 9))
+    lo, hi, width = where
+    first = lo * table_regions // width
+    end = -(-hi * table_regions // width)
+    return end - first
 

@@ -479,7 +479,7 @@ class Captures:
         for t in self.ctx.api.store[Kind.TABLE].values():
             if isinstance(t, Table) and t.table_id == d.table_id and t.changefeed == d.changefeed:
                 share = d.key_range.share_of(t.key_range)
-                regions = regions_touched(t.region_count, share)
+                regions = regions_touched(t.region_count, d.key_range, t.key_range)
                 if t.table_id % 3:
                     return round(t.write_rate * share, 3), regions
                 hot = 0.8 if d.key_range.contains_key(_hot_key(t)) else 0.0
