@@ -11,7 +11,10 @@ killed between any two writes leaves a state from which the next decision re-iss
 
 Every write is idempotent when re-issued from the same or a later snapshot:
 
-- ``Create``: AlreadyExists is success (names are deterministic).
+- ``Create``: AlreadyExists is success (names are deterministic), except for an ``exclusive`` create: one
+  whose object records an intent the rest of the chain acts on (a Span created with its placement), where
+  AlreadyExists fails the chain: the object there is not the one this chain made, and its own record
+  (e.g. a deposed maintainer's placement of that span elsewhere) is what the next decision must read.
 - ``Delete``: NotFound is success; a ``uid`` precondition keeps a late delete from removing a
   re-created object of the same name.
 - ``WriteStatus``: carries the resourceVersion the decision was based on; a 409 aborts the chain and
@@ -39,6 +42,8 @@ from controller.model.states import Kind
 @dataclass(frozen=True, slots=True)
 class Create:
     obj: Record
+    #: AlreadyExists fails the chain instead of counting as success (see the module's rules).
+    exclusive: bool = False
 
     def describe(self) -> str:
         return f"create {self.obj.kind} {self.obj.name}"

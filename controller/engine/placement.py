@@ -41,13 +41,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.engine import naming
-from controller.engine.intents import Write
+from controller.engine.intents import Create, Write
 from controller.engine.operators.common import new_dispatcher
 from controller.engine.world import Tick, is_placement
 from controller.model.records import Dispatcher, Span
 from controller.model.states import CLOSED_DISPATCHER_STATES, DispatcherState, SpanState
 
-__all__ = ["advance", "bind", "cancel", "destination", "is_placement", "room"]
+__all__ = ["advance", "bind", "cancel", "create_placed", "destination", "is_placement", "room"]
 
 
 def room(tick: Tick, batch: bool = True) -> int:
@@ -83,26 +83,52 @@ def keys_busy(tick: Tick, span: Span) -> bool:
     return any(x.span != span.name for x in tick.overlapping_dispatchers(span.table_id, span.mode, span.key_range))
 
 
-def bind(tick: Tick, span: Span, capture: str) -> list[Write]:
-    """Place ``span`` (Absent, or created earlier in the same chain) on ``capture``: record it, then create.
-
-    Returns nothing when the span must wait: a dispatcher of it is still closing, or another span's
-    dispatcher runs some of its keys (only a deposed maintainer's writes leave two accepted spans
-    overlapping; the safety net removes the newer one).
-    """
+def _bound(tick: Tick, span: Span, capture: str, dispatcher: str) -> Span | None:
+    """``span`` recorded as placed on ``capture``; None when it must wait: a dispatcher of it is still
+    closing, or another span's dispatcher runs some of its keys (only a deposed maintainer's writes leave
+    two accepted spans overlapping; the safety net removes the newer one)."""
     if tick.dispatchers_of_span(span.name) or keys_busy(tick, span):
-        return []
-    start_ts = max(span.known_checkpoint, tick.checkpoint_floor)
-    bound = replace(
+        return None
+    return replace(
         span,
         state=SpanState.SCHEDULING,
         capture=capture,
-        dispatcher=dispatcher_name(tick, span),
+        dispatcher=dispatcher,
         operator="",
-        checkpoint_ts=start_ts,
+        checkpoint_ts=max(span.known_checkpoint, tick.checkpoint_floor),
         message="",
     )
+
+
+def bind(tick: Tick, span: Span, capture: str) -> list[Write]:
+    """Place ``span`` (Absent) on ``capture``: record it in the span's status, then create the dispatcher.
+    Returns nothing when the span must wait (see ``_bound``)."""
+    bound = _bound(tick, span, capture, dispatcher_name(tick, span))
+    if bound is None:
+        return []
     return [tick.write_status(bound), tick.create(_dispatcher(tick, bound))]
+
+
+def create_placed(tick: Tick, span: Span, capture: str) -> list[Write]:
+    """Create ``span`` (not yet created, ``start_ts`` at or above the checkpoint floor) already placed on
+    ``capture``, then its dispatcher: the create itself records the placement (the annotation
+    ``cdc.maintainer.dev/placement``, which the API keeps where it drops a created object's status), so a
+    fresh span's first placement needs no status write of its own. The create is exclusive: a span of
+    that name already there is not the one this chain made, and its own record is what counts (its
+    dispatcher may be running elsewhere). Returns nothing when the span must wait (see ``_bound``)."""
+    # A name no earlier incarnation of this span name had in this term: the span has no resourceVersion yet.
+    name = dispatcher_name(tick, replace(span, resource_version=f"new@{tick.now!r}"))
+    bound = _bound(tick, span, capture, name)
+    if bound is None:
+        return []
+    assert bound.checkpoint_ts == span.start_ts, "a span is created from a start at or above the floor"
+    created = replace(bound, created_capture=capture, created_dispatcher=name)
+    if tick.mutant("placement-created-unrecorded"):
+        # The mutant: the span is created without the annotation (its status dropped: no record at all).
+        made = replace(created, created_capture="", created_dispatcher="")
+        tick.note(created)
+        return [Create(made, exclusive=True), tick.create(_dispatcher(tick, created))]
+    return [tick.create(created, exclusive=True), tick.create(_dispatcher(tick, created))]
 
 
 def _dispatcher(tick: Tick, span: Span) -> Dispatcher:

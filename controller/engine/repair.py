@@ -410,14 +410,16 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
                 set_span(tick, existing, state=SpanState.ABSENT, message="", checkpoint_ts=start),
             )
         return
-    accepted = replace(span, state=SpanState.ABSENT, checkpoint_ts=start)
-    create = tick.create(span)
     # Within the in-flight limit only: the batch is counted in spans created (whole tables, coverage above),
     # and a span created now and placed later would cost a write more.
     room = placement.room(tick, batch=False)
     capture = placement.destination(tick) if not tick.changefeed.paused and room > 0 else ""
-    bind = placement.bind(tick, accepted, capture) if capture else []
-    tick.emit(f"span {span.name} new", [create, *(bind or [tick.write_status(accepted)])])
+    placed = placement.create_placed(tick, span, capture) if capture else []
+    if placed:
+        tick.emit(f"span {span.name} new", placed)
+        return
+    accepted = replace(span, state=SpanState.ABSENT, checkpoint_ts=start)
+    tick.emit(f"span {span.name} new", [tick.create(span), tick.write_status(accepted)])
 
 
 def _resolve_overlaps(tick: Tick, spans: list[Span]) -> None:

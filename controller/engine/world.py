@@ -146,6 +146,7 @@ MUTANTS = frozenset(
         "reshape-without-capture-skips-new-spans",  # no capture at CreateSpans: Succeeded, new spans never made
         "placement-waits-for-a-lost-capture",  # a placement whose destination is lost waits forever
         "placement-starts-ahead",  # a placement's dispatcher starts above the span's checkpoint (a gap)
+        "placement-created-unrecorded",  # a span is created placed, but without the placement annotation
         "incremental-skips-suspect-spans",  # an incremental decision misses Replicating spans whose dispatcher died
         "incremental-skips-lost-captures",  # an incremental decision misses what is on a capture that was lost
         "incremental-ignores-progress-reports",  # an incremental checkpoint uses no capture's progress report
@@ -580,9 +581,9 @@ class Tick:
         self.note(obj)
         return WriteStatus(obj)
 
-    def create(self, obj: Record) -> Create:
+    def create(self, obj: Record, exclusive: bool = False) -> Create:
         self.note(obj)
-        return Create(obj)
+        return Create(obj, exclusive)
 
     def close_dispatcher(self, d: Dispatcher) -> list[Delete | RemoveFinalizer]:
         """Delete ``d``; if its capture is lost and fenced, also release its finalizer.

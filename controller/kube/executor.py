@@ -1,11 +1,11 @@
 """Apply the engine's intended writes to the API, exactly as ``controller.engine.intents`` specifies.
 
 Chains run concurrently (bounded); the writes of one chain run in order and the chain stops at its
-first failure. Idempotence rules: AlreadyExists on create and NotFound on delete are success; a
-status write carries the resourceVersion the decision saw (or the one an earlier create in the same
-chain returned), and a status write after a create that found the object already there fails as a
-conflict instead of landing blindly on someone else's object. Every successful response is written
-through into the informer's cache.
+first failure. Idempotence rules: AlreadyExists on create (unless the create is exclusive) and NotFound
+on delete are success; a status write carries the resourceVersion the decision saw (or the one an
+earlier create in the same chain returned), and a status write after a create that found the object
+already there fails as a conflict instead of landing blindly on someone else's object. Every successful
+response is written through into the informer's cache.
 
 A failed write (an API error status, a timeout or a broken connection) abandons its chain; the next
 decision starts from a fresh snapshot. Each failure is counted by reason (``Executor.errors``) and
@@ -158,7 +158,7 @@ class Executor:
             try:
                 created = await self.client.create(res, ns, body)
             except ApiError as exc:
-                if exc.already_exists:
+                if exc.already_exists and not w.exclusive:
                     local[(w.obj.kind.value, w.obj.name)] = ALREADY_EXISTS
                     return
                 raise

@@ -262,10 +262,33 @@ class Span(Record):
     operator: str = ""
     message: str = ""
 
+    #: The placement the maintainer recorded in the span when it created it (metadata: the annotation
+    #: ``cdc.maintainer.dev/placement``, which a create keeps where it drops the status): the destination
+    #: capture and the name of the dispatcher to create there, from ``start_ts``. It is the span's record
+    #: only while the status was never written (:meth:`with_recorded_placement`).
+    created_capture: str = ""
+    created_dispatcher: str = ""
+
     @property
     def known_checkpoint(self) -> int:
         """The best persisted lower bound of this span's replicated-up-to ts."""
         return max(self.start_ts, self.checkpoint_ts)
+
+    def with_recorded_placement(self) -> Span:
+        """The span as its records say: one whose status was never written but which was created with a
+        placement is Scheduling there, without an operator, from ``start_ts``, exactly as if that
+        placement had been written to its status (``controller.engine.placement``). Any other span is
+        returned as it is: once the status is written, the status is the record."""
+        if self.state is not None or not (self.created_capture and self.created_dispatcher):
+            return self
+        return self.evolve(
+            state=SpanState.SCHEDULING,
+            capture=self.created_capture,
+            dispatcher=self.created_dispatcher,
+            checkpoint_ts=self.start_ts,
+            operator="",
+            message="",
+        )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,6 +16,10 @@ Layout (every kind is ``cdc.maintainer.dev/v1alpha1``, namespaced; the CRDs in `
   the Lease's annotation ``cdc.maintainer.dev/progress`` (:func:`progress_to_json`), which is read
   leniently: a report that does not parse is ignored (``progress`` None), it never makes the Capture
   invalid (that would make a live capture look gone).
+* ``Span.created_capture``/``created_dispatcher`` (a placement recorded when the maintainer created the span)
+  live in the annotation ``cdc.maintainer.dev/placement``, JSON ``{"capture": ..., "dispatcher": ...}``,
+  read leniently like a progress report (one that does not parse is no placement); a span whose status was
+  never written is read as Scheduling there (``Span.with_recorded_placement``).
 
 ``to_resource`` omits an optional field whose value is the zero value of its type (``""``, ``0``,
 ``0.0``, ``False``, ``()``, ``None``, all-zero span counts) when that is also the model's default;
@@ -87,11 +91,15 @@ from controller.model.states import (
     Stage,
 )
 
+#: The placement the maintainer recorded in a Span it created (``Span.created_capture``/``created_dispatcher``).
+PLACEMENT_ANNOTATION = f"{GROUP}/placement"
+
 __all__ = [
     "CHANGEFEED_LABEL",
     "CONDITION_STATUSES",
     "LEASE_API_VERSION",
     "MAX_TS",
+    "PLACEMENT_ANNOTATION",
     "TABLE_STATES",
     "InvalidResource",
     "capture_from_resources",
@@ -104,6 +112,8 @@ __all__ = [
     "lease_resource",
     "operator_from_resource",
     "parse_time",
+    "placement_from_json",
+    "placement_to_json",
     "progress_from_json",
     "progress_to_json",
     "resource_paths",
@@ -262,7 +272,30 @@ def _metadata(record: Record) -> Obj:
         meta["deletionTimestamp"] = format_time(record.created)
     _put(meta, "finalizers", list(record.finalizers))
     _put(meta, "labels", dict(record.labels))
+    if isinstance(record, Span) and record.created_capture:
+        meta["annotations"] = {PLACEMENT_ANNOTATION: placement_to_json(record)}
     return meta
+
+
+def placement_to_json(span: Span) -> str:
+    """The placement recorded at the span's creation, as its annotation ``cdc.maintainer.dev/placement``."""
+    return json.dumps({"capture": span.created_capture, "dispatcher": span.created_dispatcher}, separators=(",", ":"))
+
+
+def placement_from_json(text: object) -> tuple[str, str]:
+    """(capture, dispatcher) of a placement annotation; ("", "") if there is none or it does not parse."""
+    if not isinstance(text, str):
+        return "", ""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return "", ""
+    if not isinstance(value, dict):
+        return "", ""
+    capture, dispatcher = value.get("capture"), value.get("dispatcher")
+    if not (isinstance(capture, str) and capture and isinstance(dispatcher, str) and dispatcher):
+        return "", ""
+    return capture, dispatcher
 
 
 def _counts(counts: SpanCounts) -> Obj:
@@ -863,6 +896,8 @@ def table_from_resource(obj: Mapping[str, Any]) -> Table:
 def span_from_resource(obj: Mapping[str, Any]) -> Span:
     reader, common, spec, status = _start(obj, Kind.SPAN)
     state = reader.choice(status, "state", "status.state", _enum_values(SpanState))
+    annotations = obj["metadata"].get("annotations")
+    placed = placement_from_json(annotations.get(PLACEMENT_ANNOTATION)) if _is_mapping(annotations) else ("", "")
     return Span(
         **common,
         changefeed=reader.str_(spec, "changefeed", "spec.changefeed", required=True),
@@ -876,7 +911,9 @@ def span_from_resource(obj: Mapping[str, Any]) -> Span:
         checkpoint_ts=reader.int_(status, "checkpointTs", "status.checkpointTs"),
         operator=reader.str_(status, "operator", "status.operator"),
         message=reader.str_(status, "message", "status.message"),
-    )
+        created_capture=placed[0],
+        created_dispatcher=placed[1],
+    ).with_recorded_placement()
 
 
 def dispatcher_from_resource(obj: Mapping[str, Any]) -> Dispatcher:

@@ -55,15 +55,21 @@ def _results(seeds: list[int], mutants: tuple[str, ...], steps: int, jobs: int) 
         yield from pool.imap(_run, work, chunksize=4)
 
 
-def sweep(seeds: list[int], mutants: tuple[str, ...], steps: int, jobs: int, budget: float | None) -> int:
+def sweep(
+    seeds: list[int], mutants: tuple[str, ...], steps: int, jobs: int, budget: float | None, find: tuple[str, ...] = ()
+) -> int:
     t0 = time.perf_counter()
     done = failed = total_steps = 0
     counts: dict[str, int] = {}
+    found: dict[str, list[int]] = {what: [] for what in find}
     for r in _results(seeds, mutants, steps, jobs):
         done += 1
         total_steps += r.steps
         for k, v in r.counts.items():
             counts[k] = counts.get(k, 0) + v
+        for what in find:
+            if r.counts.get(what, 0) > 0:
+                found[what].append(r.seed)
         if not r.ok:
             failed += 1
             print(report(r, mutants, steps))
@@ -76,6 +82,8 @@ def sweep(seeds: list[int], mutants: tuple[str, ...], steps: int, jobs: int, bud
         f"{done / dt:.1f} histories/s, {total_steps / dt:.0f} steps/s"
     )
     print("injected: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    for what, at in found.items():
+        print(f"seeds with {what!r} ({len(at)}): {' '.join(map(str, at[:50]))}")
     return 1 if failed else 0
 
 
@@ -113,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="random steps per history")
     p.add_argument("--mutants", action="store_true", help="mutation check: every mutant must be caught")
     p.add_argument("--mutant", action="append", default=[], help="run with this mutant switched on")
+    p.add_argument(
+        "--find",
+        action="append",
+        default=[],
+        help="list the seeds of the sweep whose histories count this (e.g. 'teardown stale view'), for tests",
+    )
     default = sim_maintainer.Checks()
     p.add_argument(
         "--agree-every",
@@ -143,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(report(r, mutants, a.steps))
             return 1
         return 0
-    return sweep(list(range(a.start, a.start + a.seeds)), mutants, a.steps, a.jobs, a.budget)
+    return sweep(list(range(a.start, a.start + a.seeds)), mutants, a.steps, a.jobs, a.budget, tuple(a.find))
 
 
 if __name__ == "__main__":

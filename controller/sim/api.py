@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
-from controller.model.records import Capture, Record
+from controller.model.records import Capture, Record, Span
 from controller.model.states import Kind
 
 KINDS: tuple[Kind, ...] = (
@@ -212,6 +212,8 @@ class Api:
             deleting=False,
             **_status_defaults(type(obj)),
         )
+        if isinstance(new, Span):
+            new = new.with_recorded_placement()  # a create keeps the annotation that records a placement
         return self._put(None, new)
 
     def create_with_status(self, obj: Record) -> Record:

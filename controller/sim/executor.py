@@ -2,9 +2,10 @@
 
 Why it is separate from the API: this is the part production must get right too (``controller.kube``
 will follow the same rules), so it is written as the rules read: a chain stops at its first failure;
-Create AlreadyExists and Delete NotFound count as success; a status write uses the resourceVersion an
-earlier write of the same chain returned for that object, else the one the decision read; successful
-responses are written through into the maintainer's cache (only if newer than what it holds).
+Create AlreadyExists (unless the create is exclusive) and Delete NotFound count as success; a status
+write uses the resourceVersion an earlier write of the same chain returned for that object, else the one
+the decision read; successful responses are written through into the maintainer's cache (only if newer
+than what it holds).
 
 The maintainer may die between any two writes: ``kill`` is asked before every write.
 """
@@ -150,7 +151,7 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         try:
             new = api.create(w.obj)
         except ApiError as e:
-            if e.reason == "AlreadyExists":
+            if e.reason == "AlreadyExists" and not w.exclusive:
                 # Success for the create; but a later status write in this chain must not land blindly
                 # on an object this chain did not make (another maintainer's, from the same snapshot):
                 # it gets a precondition that cannot match, so the chain stops and the next decision

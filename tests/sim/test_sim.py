@@ -72,7 +72,7 @@ def test_histories_go_through_outages_pauses_and_resumes() -> None:
     maintainer takes the Leases of captures silenced by faults of their own (never by an outage alone:
     that is the availability check)."""
     totals: dict[str, int] = {}
-    for seed in range(20):
+    for seed in range(30):
         r = run_history(seed)
         assert r.ok, r.violation
         for k, v in r.counts.items():

@@ -34,6 +34,7 @@ from tests.unit.fixtures import (
     operator,
     pieces,
     span,
+    statuses,
     table,
     world,
 )
@@ -221,8 +222,9 @@ def test_bootstrap_repairs_orphan_duplicate_hole_and_adopts():
     assert last_status(dec, Kind.SPAN, "a").state is SpanState.REPLICATING
     (hole,) = created(dec, Kind.SPAN)
     assert hole.key_range == P[1]
-    placed = last_status(dec, Kind.SPAN, hole.name)
-    assert placed.state is SpanState.SCHEDULING  # the hole's span is placed as it is created (placement.py)
+    assert hole.state is SpanState.SCHEDULING  # the hole's span is created placed (placement.py)
+    assert hole.created_capture == hole.capture
+    assert hole.created_dispatcher == hole.dispatcher
     assert not created(dec, Kind.OPERATOR)  # "a" is adopted, not added a second time
     assert [d.span for d in created(dec, Kind.DISPATCHER)] == [hole.name]  # none for "a"
 
@@ -384,3 +386,27 @@ def test_bootstrapped_condition_reasserted_when_first_status_write_is_lost():
     written = last_status(second, Kind.CHANGEFEED, "cf").condition(BOOTSTRAPPED)
     assert (written.status, written.reason) == ("True", "Restored")
     assert [w for w in flat(second, keep_bookkeeping=True) if w[0] == "event"] == []
+
+
+def test_a_span_created_placed_is_finished_where_its_create_recorded() -> None:
+    """The previous term died between creating a span placed (its annotation records the destination and the
+    dispatcher's name; its status was dropped by the create) and creating the dispatcher. The successor reads
+    the span as that placement in flight and creates the recorded dispatcher on the recorded capture, from
+    the span's start, rather than placing it anew."""
+    made = replace(
+        span("s", key_range=KeyRange.of_table(1), state=None, checkpoint_ts=0, start_ts=120),
+        created_capture="c1",
+        created_dispatcher="s-d0",
+    ).with_recorded_placement()
+    assert (made.state, made.capture, made.dispatcher, made.checkpoint_ts) == (
+        SpanState.SCHEDULING,
+        "c1",
+        "s-d0",
+        120,
+    )
+    dec = restart(table(1), *CAPS, made)
+    (d,) = created(dec, Kind.DISPATCHER)
+    assert (d.name, d.capture, d.span, d.start_ts) == ("s-d0", "c1", "s", 120)
+    assert not created(dec, Kind.SPAN)
+    assert not created(dec, Kind.OPERATOR)
+    assert statuses(dec, Kind.SPAN, "s") == []

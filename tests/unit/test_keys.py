@@ -193,7 +193,8 @@ def test_the_regions_of_adjacent_spans_add_up_to_at_least_those_of_their_merge(
     assert regions_touched(regions, table, table) == regions
     # Each span touches at least the regions its share covers, and at most two more (one at each end).
     for s in chosen:
-        assert regions * s.share_of(table) - 1e-6 <= regions_touched(regions, s, table) <= regions * s.share_of(table) + 2
+        share = regions * s.share_of(table)
+        assert share - 1e-6 <= regions_touched(regions, s, table) <= share + 2
 
 
 def test_float_noise_in_the_shares_adds_no_region() -> None:
