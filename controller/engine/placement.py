@@ -20,6 +20,11 @@ record in its own status:
                                           v
                                         Absent (the basic scheduler places it again)
 
+A span the safety net creates (a new table's, a hole's) is created placed (:func:`create_placed`): the
+create carries the same record in the annotation ``cdc.maintainer.dev/placement``, which the API keeps
+where it drops a created object's status, and a span whose status was never written is read as
+Scheduling there (``Span.with_recorded_placement``). The record still exists before the dispatcher does.
+
 A restarted maintainer finds the record and re-derives the progress from the observed dispatcher, like
 any operator's: the dispatcher is created if it is missing (under the recorded name, so a re-issued
 create is AlreadyExists), and the span settles when it is Working. Break before make holds as for the
@@ -29,7 +34,7 @@ span's dispatcher runs any of its keys. Placements in flight count towards ``max
 
 Why not an Add SpanOperator for every placement: a fresh span's first placement then cost 3 creates
 (Span, SpanOperator, Dispatcher), 5 status writes and a delete when the operator was garbage-collected;
-now it costs 4 writes (create Span, its status recording the placement, create Dispatcher, its status
+now it costs 3 writes (create Span recording the placement, create Dispatcher, the span's status
 Replicating), and nothing a person or a restart needs is lost: the Span's status says where it is
 being placed and why it is not yet replicating. SpanOperators remain for what carries intent beyond
 "place this span somewhere": user operators (an Add to a named capture included), Move, Split, Merge,

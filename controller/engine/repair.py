@@ -3,9 +3,10 @@
 A restored maintainer and a running one are the same code: there is no separate "recovery mode",
 only these level-triggered rules, applied to whatever no in-flight operator owns.
 
-1. New spans (no status yet, user-applied or left by a crash between create and status write) are
-   validated: inside their table's range, of an enabled mode, overlapping no accepted span. They
-   become Absent, or Invalid with a reason; an invalid span touches nothing else.
+1. New spans (no status yet and no placement recorded at their create: user-applied, or left by a crash
+   between create and status write) are validated: inside their table's range, of an enabled mode,
+   overlapping no accepted span. They become Absent, or Invalid with a reason; an invalid span touches
+   nothing else.
 2. Spans: Replicating whose dispatcher is missing, closed, deleting or on a lost capture -> Absent;
    a placement in flight (Scheduling, no operator, its destination recorded: placement.py) is driven
    one step; Scheduling/Removing whose operator is gone -> Replicating if their dispatcher is Working,
@@ -382,8 +383,8 @@ def _initial_spans(tick: Tick, table: Table, mode: Mode) -> int:
 
 
 def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
-    """Create a span for ``rng`` (initial spans, a hole), placed at once if a capture can take it: create,
-    record the placement, create the dispatcher (placement.py); else created Absent."""
+    """Create a span for ``rng`` (initial spans, a hole), placed at once if a capture can take it: create it
+    with the placement recorded, create the dispatcher (``placement.create_placed``); else created Absent."""
     start = max(tick.checkpoint_floor, table.start_ts)
     span = Span(
         name=naming.span_name(tick.changefeed.name, table.table_id, mode, rng),

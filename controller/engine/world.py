@@ -34,7 +34,8 @@ V = TypeVar("V")
 
 
 def is_placement(span: Span | None) -> bool:
-    """``span`` is being placed without an operator: its status records the destination (placement.py)."""
+    """``span`` is being placed without an operator: its status (or its create) records the destination
+    (placement.py)."""
     return span is not None and span.state is SpanState.SCHEDULING and not span.operator and bool(span.capture)
 
 
