@@ -152,6 +152,12 @@ class SimMaintainer:
             ctx.zombie_written_ops.update(o.name for o in started if isinstance(o, SpanOperator))
             ctx.zombie_placed.update(o.name for o in started if isinstance(o, Span) and is_placement(o))
             ctx.zombie_span_writes.update(o.name for o in started if isinstance(o, Span))
+            # A span created placed records its placement in the create, as a status write would have
+            # (placement.create_placed; seed 29440: a zombie's created placements were counted in the bound).
+            placed = [o.name for o in made if isinstance(o, Span) and is_placement(o)]
+            ctx.zombie_placed.update(placed)
+            ctx.zombie_span_writes.update(placed)
+            ctx.bump("zombie created placed", len(placed))
         out = executor.apply(
             ctx.api, self.cache, decision, kill, self.events, ctx.trace.add, client=self.identity, guard=self._guard
         )
