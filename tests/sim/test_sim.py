@@ -8,13 +8,21 @@ failovers and faults; the mutation check proves the checks can see the bugs they
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 
 import pytest
 
 from controller.engine.world import MUTANTS
+from controller.model import progress
+from controller.model.keys import KeyRange
+from controller.model.records import Dispatcher
+from controller.model.states import DispatcherState, Mode
 from controller.sim.__main__ import main, report
+from controller.sim.api import Api, Watcher
+from controller.sim.captures import Captures, Run, SimCapture
+from controller.sim.context import Ctx, Frontier, Trace, Violation
 from controller.sim.history import run_history
 
 SWEEP = int(os.environ.get("SIM_SEEDS", "2000"))
@@ -82,12 +90,14 @@ def test_histories_go_through_outages_pauses_and_resumes() -> None:
     assert totals.get("capture lease taken", 0) > 0
 
 
-@pytest.mark.parametrize("seed", [27541, 36446])
+@pytest.mark.parametrize("seed", [11672])
 def test_teardown_releases_only_what_a_consistent_read_confirms(seed: int) -> None:
     """Found by the 50,000-history run: the teardown released the Changefeed from a view lagging on one kind
-    (27541: a person's Span created as the Changefeed was deleted; 36446: an operator the new leader created
-    from its stale view after the zombie's last look). The release now follows a consistent read
-    (ConfirmNoneLeft), which these histories see fail before the release lands."""
+    (seeds 27541, a person's Span created as the Changefeed was deleted, and 36446, an operator the new leader
+    created from its stale view after the zombie's last look). The release now follows a consistent read
+    (ConfirmNoneLeft). Since spans are created placed, those seeds make other histories; 11672 (found by
+    ``python -m controller.sim --seeds 50000 --find 'teardown stale view'``) sees the read fail, with a zombie
+    fenced one step before, and the release land once the read finds nothing left."""
     r = run_history(seed)
     assert r.ok, r.violation
     assert r.counts.get("teardown stale view", 0) > 0, r.counts
@@ -101,6 +111,19 @@ def test_a_zombies_spans_created_placed_are_its_placements() -> None:
     r = run_history(29440)
     assert r.ok, r.violation
     assert r.counts.get("zombie created placed", 0) > 0, r.counts
+
+
+def test_the_teardown_is_judged_when_the_changefeed_vanishes() -> None:
+    """Found by the 50,000-history run on seeds 50,000-99,999 after spans were created placed: a zombie, its view
+    not yet showing the new epoch, finished the teardown (a consistent read found nothing left) and released
+    the Changefeed; in the same step the new leader, its view still showing the Changefeed, created a Remove
+    SpanOperator of the teardown. The check read the API at the end of the step and took that late create for
+    something the release left behind. It now judges what the API held when the Changefeed vanished; the late
+    operator carries an ownerReference to it, and the garbage collector deletes it."""
+    r = run_history(86327)
+    assert r.ok, r.violation
+    assert r.counts.get("garbage collected", 0) > 0, r.counts
+    assert r.counts.get("changefeed delete", 0) > 0, r.counts
 
 
 def test_merge_and_split_do_not_take_turns_on_a_table() -> None:
@@ -122,12 +145,36 @@ def test_a_merge_source_is_judged_by_its_uid() -> None:
 
 
 def test_a_dispatcher_is_judged_against_its_own_table_incarnation() -> None:
-    """Found by the second 50,000-history run (seeds 50,000-99,999): table t3 was deleted and a queued duplicate
-    Table of the same ID took over (a new incarnation, a new frontier from its own start) while a capture cut
-    off from the API still held a dispatcher of the old table, paused. Its progress report (1083, what it
-    really delivered) was judged against the new incarnation's frontier (1000). Each simulated dispatcher now
-    delivers, reports and resumes against the frontier of the incarnation it started in."""
-    r = run_history(89912)
+    """Found by the second 50,000-history run (seeds 50,000-99,999, seed 89912 before spans were created
+    placed): table t3 was deleted and a queued duplicate Table of the same ID took over (a new incarnation, a
+    new frontier from its own start) while a capture cut off from the API still held a dispatcher of the old
+    table, paused. Its progress report (1083, what it really delivered) was judged against the new
+    incarnation's frontier (1000). Each simulated dispatcher delivers, reports and resumes against the
+    frontier of the incarnation it started in. Since spans are created placed, seed 89912 makes another
+    history; 77285 has the same shape (found by ``--find 'report of a replaced table incarnation'``, 1 of
+    50,000 seeds), and the check is also driven directly below: a report judged by the new incarnation's
+    frontier is the violation the old simulator reported."""
+    r = run_history(77285)
     assert r.ok, r.violation
-    assert r.counts.get("table delete", 0) > 0, r.counts
-    assert r.counts.get("capture paused", 0) > 0, r.counts
+    assert r.counts.get("report of a replaced table incarnation", 0) > 0, r.counts
+    ctx = Ctx(seed=0, rng=random.Random(0), api=Api(random.Random(0), lambda: 0.0), trace=Trace())
+    captures = Captures(ctx, "cf")
+    key = (3, Mode.DEFAULT)
+    rng = KeyRange.of_table(3)
+    old = ctx.frontier[key] = Frontier.of(rng, 1000)
+    d = Dispatcher(
+        name="d", uid="u", changefeed="cf", span="s", table_id=3, key_range=rng, capture="c", start_ts=1000, epoch=1
+    )
+    run = Run(d, DispatcherState.WORKING, 1083, next_at=0.0)
+    assert captures.run_frontier(run) is old  # bound when it started
+    old.raise_to(rng, 1083)  # what it delivered
+    ctx.frontier[key] = Frontier.of(rng, 1000)  # the table deleted, its ID taken by a new incarnation
+    cap = SimCapture(name="c", watcher=Watcher("c", lambda e: True), runs={"d": run})
+    running = [progress.Running("u", "d", "cf", Mode.DEFAULT, 1000, 1083)]
+    captures._check_report(cap, progress.build(running, "c.0", 0.0), running)  # no violation: judged by its own
+    assert ctx.counts.get("report of a replaced table incarnation") == 1
+    run.fr = ctx.frontier[key]  # as the old simulator judged it: by the table's current frontier
+    with pytest.raises(Violation, match="no gap"):
+        captures._check_report(cap, progress.build(running, "c.0", 0.0), running)
+
+
