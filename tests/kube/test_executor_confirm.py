@@ -9,12 +9,8 @@ fails the chain when something is left, and hands what it found to the informer 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from controller.apiserver import ApiServerHandle, start_server
+from controller.apiserver import ApiServerHandle
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import RESOURCES, Client, Config
@@ -22,17 +18,6 @@ from controller.kube.executor import STALE_VIEW, Executor
 from controller.kube.informer import Informer
 from controller.model.states import API_VERSION, CHANGEFEED_FINALIZER, Kind
 from tests.kube.test_informer_relist import namespace
-
-CRDS = Path(__file__).resolve().parents[2] / "crds"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ApiServerHandle]:
-    handle = start_server(CRDS)
-    try:
-        yield handle
-    finally:
-        handle.stop()
 
 
 def obj(kind: str, name: str, spec: dict[str, object], **meta: object) -> dict[str, object]:
@@ -44,9 +29,9 @@ def release(cf: str) -> Decision:
     return Decision(chains=(chain,), memory=Memory(epoch=1, identity="m"))
 
 
-def test_the_release_waits_until_a_consistent_read_finds_nothing_left(server: ApiServerHandle) -> None:
+def test_the_release_waits_until_a_consistent_read_finds_nothing_left(api_server: ApiServerHandle) -> None:
     async def scenario() -> None:
-        async with Client(Config(url=server.url)) as client:
+        async with Client(Config(url=api_server.url)) as client:
             ns = await namespace(client)
             res = RESOURCES
             await client.create(

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
-import pytest
-
-from controller.apiserver import ApiServerHandle, start_server
+from controller.apiserver import ApiServerHandle
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import RESOURCES, Client, Config
@@ -32,17 +28,8 @@ from controller.sim import executor as sim_executor
 from controller.sim.api import Api
 from tests.kube.test_informer_relist import namespace
 
-CRDS = Path(__file__).resolve().parents[2] / "crds"
 TABLE = KeyRange.of_table(1)
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ApiServerHandle]:
-    handle = start_server(CRDS)
-    try:
-        yield handle
-    finally:
-        handle.stop()
 
 
 def placed(capture: str, dispatcher: str) -> Span:
@@ -83,9 +70,9 @@ def chain(span: Span, exclusive: bool = True) -> Decision:
     return one(I.Create(span, exclusive=exclusive), I.Create(dispatcher_of(span)))
 
 
-def test_a_span_created_placed_reads_back_scheduling_there(server: ApiServerHandle) -> None:
+def test_a_span_created_placed_reads_back_scheduling_there(api_server: ApiServerHandle) -> None:
     async def scenario() -> None:
-        async with Client(Config(url=server.url)) as client:
+        async with Client(Config(url=api_server.url)) as client:
             ns = await namespace(client)
             informer = Informer(client, ns)
             executor = Executor(client, informer, ns)
