@@ -578,12 +578,17 @@ class Agent:
             "resumed: delivering again",
             extra=fields(resumed=resumed, dropped=dropped, paused_for=round(paused_for, 3)),
         )
-        for name, (run, final) in sorted(finals.items()):
-            if name not in current or name in self.closing:
-                continue
-            with contextlib.suppress(*API_ERRORS):  # else reported by the level-triggered loop (_disown)
+        # Claimed before the first await: the loop runs beside this task, and would otherwise report a dropped
+        # dispatcher Stopped itself, with the older checkpoint its object holds, and that write could land last
+        # (test_a_new_maintainer_term_while_paused_starts_its_dispatchers_afresh failed 1 run in 6).
+        reports = {n: rf for n, rf in finals.items() if n in current and n not in self.closing}
+        for name in reports:
+            self.disowned[name] = time.monotonic()
+        for name, (run, final) in sorted(reports.items()):
+            try:
                 await self._write(run.record, DispatcherState.STOPPED, final, f"not resumed: {dropped[name]}")
-                self.disowned[name] = time.monotonic()
+            except API_ERRORS:
+                self.disowned.pop(name, None)  # reported by the level-triggered loop (_disown) instead
 
     # -- the loop ---------------------------------------------------------------------------------------
 
