@@ -36,7 +36,7 @@ from controller.engine.intents import (
 )
 from controller.engine.operators.common import record
 from controller.engine.world import Options, Tick
-from controller.model.records import Dispatcher, Record, Span, SpanOperator, Table
+from controller.model.records import Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
 from controller.model.states import CHANGEFEED_FINALIZER, TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType
 
 #: Table.status.state of a Table whose changefeed was deleted.
@@ -95,7 +95,7 @@ def run(tick: Tick) -> str:
             if not tick.is_touched(op):
                 tick.emit(f"delete {op.name}", [Delete(Kind.OPERATOR, op.name, op.uid)])
         for table in sorted(detach, key=lambda t: t.name):
-            tick.chains.append(_detach(table))
+            tick.chains.append(_detach(table, tick.options))
         if not operators and not detach and CHANGEFEED_FINALIZER in cf.finalizers:
             # Released only after a consistent read confirms what this view says (ConfirmNoneLeft).
             release = RemoveFinalizer(Kind.CHANGEFEED, cf.name, CHANGEFEED_FINALIZER)
@@ -124,11 +124,15 @@ def left_behind(records: Iterable[Record], changefeed: str) -> list[Record]:
 LEFT_BEHIND_KINDS = (Kind.SPAN, Kind.DISPATCHER, Kind.OPERATOR, Kind.TABLE)
 
 
-def _detach(table: Table) -> Chain:
+def _detach(table: Table, options: Options | None = None) -> Chain:
     writes: list[Write] = []
     text = f"changefeed {table.changefeed} was deleted; this table is replicated by no changefeed"
-    if not table.deleting and (table.state, table.message) != (DETACHED, text):
-        writes.append(WriteStatus(table.evolve(state=DETACHED, message=text)))
+    # No span of it exists once its changefeed is torn down (or vanished): the counts say so too.
+    counts = SpanCounts()
+    if options is not None and "detached-table-keeps-counts" in options.mutants:
+        counts = table.span_counts
+    if not table.deleting and (table.state, table.message, table.span_counts) != (DETACHED, text, counts):
+        writes.append(WriteStatus(table.evolve(state=DETACHED, message=text, span_counts=counts)))
     writes.append(RemoveFinalizer(Kind.TABLE, table.name, TABLE_FINALIZER))
     return Chain(tuple(writes), f"table {table.name} detached")
 
@@ -145,7 +149,7 @@ def detach_orphans(
     if options is not None and "tables-never-detached" in options.mutants:
         return []
     return [
-        _detach(t)
+        _detach(t, options)
         for t in sorted(tables, key=lambda t: t.name)
         if TABLE_FINALIZER in t.finalizers and t.changefeed not in changefeeds
     ]

@@ -143,6 +143,7 @@ MUTANTS = frozenset(
         "remove-forgets-finalizer-of-lost-capture",  # dispatchers of a lost capture are never released
         "teardown-releases-early",  # a deleted Changefeed's finalizer goes while dispatchers still run
         "tables-never-detached",  # a deleted Changefeed's Tables keep the finalizer (teardown and janitor)
+        "detached-table-keeps-counts",  # a detached Table's status still counts spans that no longer exist
         "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)
         "reshape-without-capture-skips-new-spans",  # no capture at CreateSpans: Succeeded, new spans never made
         "placement-waits-for-a-lost-capture",  # a placement whose destination is lost waits forever

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field, replace
 
 from controller.engine import invariants, teardown
 from controller.engine.maintainer import Decision, Memory
+from controller.engine.teardown import DETACHED
 from controller.engine.world import Options, World
 from controller.model.keys import KeyRange
-from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
+from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
 from controller.model.states import TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType, SpanState, Stage
 from controller.sim import executor
 from controller.sim.api import Api
@@ -284,6 +285,11 @@ class Sim:
             f"teardown: table {n} keeps its finalizer"
             for n, t in sorted(st[Kind.TABLE].items())
             if isinstance(t, Table) and t.changefeed == CF and TABLE_FINALIZER in t.finalizers
+        ]
+        problems += [
+            f"teardown: detached table {n} still counts spans ({t.span_counts})"
+            for n, t in sorted(st[Kind.TABLE].items())
+            if isinstance(t, Table) and t.changefeed == CF and t.state == DETACHED and t.span_counts != SpanCounts()
         ]
         return problems
 

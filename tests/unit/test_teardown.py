@@ -7,7 +7,7 @@ from dataclasses import replace
 from controller.engine import invariants
 from controller.engine.maintainer import DELETING, Memory, decide
 from controller.engine.teardown import DETACHED
-from controller.model.records import Changefeed, Dispatcher, Span, SpanOperator, Table
+from controller.model.records import Changefeed, Dispatcher, Span, SpanCounts, SpanOperator, Table
 from controller.model.states import (
     CHANGEFEED_FINALIZER,
     TABLE_FINALIZER,
@@ -98,6 +98,7 @@ def test_teardown_removes_everything_and_detaches_the_tables() -> None:
         assert isinstance(t, Table)
         assert TABLE_FINALIZER not in t.finalizers
         assert t.state == DETACHED
+        assert t.span_counts == SpanCounts(), "no span of a detached table exists: its counts say so"
         assert t.message == f"changefeed {CF} was deleted; this table is replicated by no changefeed"
 
 
