@@ -538,17 +538,35 @@ def test_restarted_agent_reports_dispatchers_it_does_not_run_stopped(
     assert "not running" in status["message"]
 
 
+#: Agent._shutdown bounds its own steps: the Stopped reports 3 s, the Lease release 2 s.
+SHUTDOWN_DEADLINES = 3.0 + 2.0
+#: How long a SIGTERMed agent may take to exit before a test calls it hung: its shutdown deadlines, plus
+#: cancelling its tasks and leaving the interpreter, with room for a loaded machine. A hang guard only: how
+#: fast it exits is not what the tests check.
+EXIT_BOUND = 6 * SHUTDOWN_DEADLINES
+
+
 def test_sigterm_stops_dispatchers_and_releases_lease(api: Api, agents: Callable[..., AgentProc]) -> None:
+    """SIGTERM: the agent stops its dispatchers, reports them Stopped, then (last) releases its Lease, and
+    exits 0."""
     api.changefeed()
     agent = agents("c1")
     api.dispatcher("d1", "c1")
-    wait_for(working(api, "d1"), what="Working")
+    wait_for(working(api, "d1"), 20.0, "Working")  # a hang guard, with room for a loaded machine
     agent.proc.send_signal(signal.SIGTERM)
-    assert agent.wait(5) == 0
-    assert api.state("d1") == "Stopped"
-    spec = api.get("leases", "capture-c1")["spec"]
-    assert spec.get("holderIdentity", "") == ""  # released, not left to expire
-    assert spec["leaseDurationSeconds"] == 1
+    assert agent.wait(EXIT_BOUND) == 0
+    assert [x["dispatchers"] for x in agent.said("stopping")] == [["d1"]]
+    assert agent.said("released the Lease")
+    assert not agent.said("could not release")
+    d1 = api.get("dispatchers", "d1")
+    assert d1["status"]["state"] == "Stopped"
+    assert d1["status"]["message"] == "capture agent stopped"
+    lease = api.get("leases", "capture-c1")
+    assert lease["spec"].get("holderIdentity", "") == ""  # released, not left to expire
+    assert lease["spec"]["leaseDurationSeconds"] == 1
+    # The Lease was released after the Stopped report was written (the embedded server's resourceVersions are
+    # one increasing sequence, as etcd's revisions are), so no one acted on the capture's absence before then.
+    assert int(d1["metadata"]["resourceVersion"]) < int(lease["metadata"]["resourceVersion"])
 
 
 def test_pauses_when_its_lease_cannot_be_renewed_and_resumes_in_place(
