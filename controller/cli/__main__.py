@@ -1,7 +1,7 @@
 """``kubectl-changefeed`` (``kubectl changefeed ...``): inspect and steer changefeeds by hand.
 
 Commands: ``status``, ``spans``, ``operators``, ``move``, ``split``, ``merge``, ``drain``, ``undrain``,
-``pause``, ``resume`` (see docs/kubectl-plugin.md). ``move``/``split``/``merge`` create a SpanOperator
+``pause``, ``resume``, ``teardown`` (see docs/kubectl-plugin.md). ``move``/``split``/``merge`` create a SpanOperator
 (source ``user``) after checking it would be accepted; the maintainer carries it out.
 
 Exit codes:
@@ -148,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("pause", "stop the automatic schedulers (spec.paused: true)")
     command("resume", "resume the automatic schedulers (spec.paused: false)")
+
+    p = command(
+        "teardown",
+        "finish deleting a Changefeed (-c; default: every one being deleted) whose maintainer and captures are "
+        "all gone: prove that none of them runs (their Leases lapsed), take those Leases, release the finalizers",
+    )
+    _wait_flags(p, "while a maintainer or capture still runs (until it finishes or its Lease lapses)")
+    p.add_argument("--interval", type=_positive, default=1.0, help=argparse.SUPPRESS)
     return parser
 
 

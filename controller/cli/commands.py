@@ -11,17 +11,20 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 from controller.cli import render, validate
-from controller.cli.errors import EXIT_OK, Failed, Interrupted, NotFound
+from controller.cli import teardown as forced
+from controller.cli.errors import EXIT_OK, Failed, Interrupted, NotFound, Refused
 from controller.cli.kube import OPERATORS, NameTaken, Session, follow_operator
 from controller.cli.snapshot import Snapshot
-from controller.kube.client import LEASES, RESOURCES, Resource
+from controller.kube.client import LEASES, RESOURCES, ApiError, Resource
 from controller.model.keys import KeyRange
 from controller.model.records import SpanOperator
 from controller.model.states import Kind, OpPhase, OpType
 
 Command = Callable[[Session, argparse.Namespace], Awaitable[int]]
+JSON = dict[str, Any]
 
 #: What each command lists (docs/kubectl-plugin.md, "RBAC", says the same): a capture's liveness needs
 #: its Lease, so Captures and Leases always go together; Dispatchers are never read.
@@ -240,6 +243,133 @@ async def resume(session: Session, args: argparse.Namespace) -> int:
     return await _set_paused(session, args, False)
 
 
+# -- forced teardown -------------------------------------------------------------------------------
+
+DISPATCHERS = RESOURCES[Kind.DISPATCHER]
+#: Attempts at a finalizer removal whose resourceVersion precondition failed (the object changed meanwhile).
+RELEASE_ATTEMPTS = 5
+
+
+async def _read_teardown(session: Session, wanted: str | None) -> tuple[list[JSON], list[JSON], list[JSON], list[JSON]]:
+    cfs, dispatchers, tables, leases = await asyncio.gather(
+        *(session.list(r) for r in (CHANGEFEEDS, DISPATCHERS, TABLES, LEASES))
+    )
+    deleting = [c for c in cfs if (c.get("metadata") or {}).get("deletionTimestamp")]
+    if wanted:
+        named = [c for c in cfs if (c.get("metadata") or {}).get("name") == wanted]
+        if not named:
+            raise NotFound(f"changefeed {wanted!r} not found in namespace {session.namespace!r}")
+        refused = forced.plan(named[0], [], [], [], time.time()).blockers
+        if not (named[0].get("metadata") or {}).get("deletionTimestamp"):
+            raise Refused(refused[0])
+        targets = named
+    else:
+        targets = deleting
+        if not targets:
+            raise NotFound(f"no Changefeed is being deleted in namespace {session.namespace!r}")
+    return targets, dispatchers, tables, leases
+
+
+async def _release(session: Session, res: Resource, obj: JSON, finalizer: str) -> None:
+    """Remove ``finalizer`` from ``obj`` (its resourceVersion as precondition; re-read on conflict)."""
+    name = str(obj["metadata"]["name"])
+    with session.errors(f"releasing {res.kind} {name}"):
+        for _ in range(RELEASE_ATTEMPTS):
+            patch = forced.without_finalizer(obj, finalizer)
+            if patch is None:
+                return
+            try:
+                await session.client.patch(res, session.namespace, name, patch)
+                return
+            except ApiError as exc:
+                if exc.not_found:
+                    return
+                if not exc.conflict:
+                    raise
+            try:
+                obj = await session.client.get(res, session.namespace, name)
+            except ApiError as exc:
+                if exc.not_found:
+                    return
+                raise
+    raise Failed(f"{res.kind} {name} kept changing; its finalizer {finalizer} is still there: run the command again")
+
+
+async def _force(session: Session, p: forced.Plan, raw: dict[str, JSON]) -> None:
+    """Carry out ``p``: fences first (a renewal since the reading fails the command), then the releases."""
+    ns = session.namespace
+    for lease in p.fences:
+        with session.errors(f"taking the lapsed Lease {lease.name}"):
+            try:
+                await session.client.replace(LEASES, ns, lease.name, forced.fenced_lease(raw[f"leases/{lease.name}"]))
+            except ApiError as exc:
+                if exc.conflict:
+                    raise Failed(
+                        f"Lease {lease.name} changed since it was read (its holder {lease.holder} renewed it?): "
+                        "nothing was released; run the command again"
+                    ) from None
+                if not exc.not_found:
+                    raise
+        out(f"lease {lease.name} taken from {lease.holder} (lapsed, {forced.describe_age(lease)})")
+    for name, uid, deleting in p.dispatchers:
+        if not deleting:
+            with session.errors(f"deleting Dispatcher {name}"):
+                try:
+                    await session.client.delete(DISPATCHERS, ns, name, uid)
+                except ApiError as exc:
+                    if not exc.not_found:
+                        raise
+        await _release(session, DISPATCHERS, raw[f"dispatchers/{name}"], forced.FINALIZERS["dispatchers"])
+        out(f"dispatcher {name} released")
+    for name, deleting in p.tables:
+        table = raw[f"tables/{name}"]
+        if not deleting:
+            with session.errors(f"detaching Table {name}"):
+                table = await session.client.patch(TABLES, ns, name, forced.detached_status(table), sub="status")
+        await _release(session, TABLES, table, forced.FINALIZERS["tables"])
+        out(f"table {name} detached")
+    if p.release_changefeed:
+        await _release(session, CHANGEFEEDS, raw[f"changefeeds/{p.changefeed}"], forced.FINALIZERS["changefeeds"])
+    out(f"changefeed {p.changefeed} released: the garbage collector removes what it owned")
+
+
+async def teardown(session: Session, args: argparse.Namespace) -> int:
+    """Finish the deletion of Changefeeds whose maintainer and captures are all gone (controller.cli.teardown)."""
+    start = time.monotonic()
+    shown: tuple[str, ...] = ()
+    with on_interrupt("interrupted; what was released stays released, run the command again to finish"):
+        while True:
+            targets, dispatchers, tables, leases = await _read_teardown(session, args.changefeed)
+            raw = {
+                f"{plural}/{(o.get('metadata') or {}).get('name')}": o
+                for plural, items in (
+                    ("changefeeds", targets),
+                    ("dispatchers", dispatchers),
+                    ("tables", tables),
+                    ("leases", leases),
+                )
+                for o in items
+            }
+            plans = [forced.plan(cf, dispatchers, tables, leases, time.time()) for cf in targets]
+            blockers = tuple(b for p in plans for b in p.blockers)
+            if not blockers:
+                for p in plans:
+                    await _force(session, p, raw)
+                return EXIT_OK
+            waited = time.monotonic() - start
+            if not args.wait or waited >= args.timeout:
+                after = f" after {args.timeout:g}s" if args.wait else ""
+                raise Failed(
+                    f"cannot force the teardown{after}: " + "; ".join(blockers) + ". A live maintainer or capture "
+                    "finishes the teardown itself; --wait waits for that or for its Lease to lapse"
+                )
+            if blockers != shown:
+                for b in blockers:
+                    out(f"waiting: {b}")
+                shown = blockers
+            await asyncio.sleep(min(args.interval, max(0.0, args.timeout - waited)))
+
+
 COMMANDS: dict[str, Command] = {
     "status": status,
     "spans": spans,
@@ -251,4 +381,5 @@ COMMANDS: dict[str, Command] = {
     "undrain": undrain,
     "pause": pause,
     "resume": resume,
+    "teardown": teardown,
 }

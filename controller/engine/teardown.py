@@ -124,15 +124,24 @@ def left_behind(records: Iterable[Record], changefeed: str) -> list[Record]:
 LEFT_BEHIND_KINDS = (Kind.SPAN, Kind.DISPATCHER, Kind.OPERATOR, Kind.TABLE)
 
 
+def detached(table: Table) -> Table:
+    """``table`` as its changefeed's teardown leaves it: Detached, and counting no span (none of them
+    exists any more). The forced teardown of ``kubectl changefeed teardown`` writes the same status."""
+    text = f"changefeed {table.changefeed} was deleted; this table is replicated by no changefeed"
+    return table.evolve(state=DETACHED, message=text, span_counts=SpanCounts())
+
+
 def _detach(table: Table, options: Options | None = None) -> Chain:
     writes: list[Write] = []
-    text = f"changefeed {table.changefeed} was deleted; this table is replicated by no changefeed"
-    # No span of it exists once its changefeed is torn down (or vanished): the counts say so too.
-    counts = SpanCounts()
+    target = detached(table)
     if options is not None and "detached-table-keeps-counts" in options.mutants:
-        counts = table.span_counts
-    if not table.deleting and (table.state, table.message, table.span_counts) != (DETACHED, text, counts):
-        writes.append(WriteStatus(table.evolve(state=DETACHED, message=text, span_counts=counts)))
+        target = target.evolve(span_counts=table.span_counts)
+    if not table.deleting and (table.state, table.message, table.span_counts) != (
+        target.state,
+        target.message,
+        target.span_counts,
+    ):
+        writes.append(WriteStatus(target))
     writes.append(RemoveFinalizer(Kind.TABLE, table.name, TABLE_FINALIZER))
     return Chain(tuple(writes), f"table {table.name} detached")
 

@@ -1,0 +1,102 @@
+"""The forced teardown's plan (controller/cli/teardown.py): it proves nothing runs before it releases anything."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.cli import teardown as forced
+from controller.model.resources import format_time
+from controller.model.states import CHANGEFEED_FINALIZER, DISPATCHER_FINALIZER, TABLE_FINALIZER
+
+NOW = 1_800_000_000.0
+JSON = dict[str, Any]
+
+
+def changefeed(deleting: bool = True) -> JSON:
+    meta: JSON = {"name": "demo", "finalizers": [CHANGEFEED_FINALIZER], "resourceVersion": "5"}
+    if deleting:
+        meta["deletionTimestamp"] = format_time(NOW - 30)
+    return {"metadata": meta, "spec": {}}
+
+
+def lease(name: str, holder: str, renewed_ago: float, duration: int = 15) -> JSON:
+    return {
+        "metadata": {"name": name, "resourceVersion": "7"},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration,
+            "renewTime": format_time(NOW - renewed_ago, micro=True),
+        },
+    }
+
+
+def dispatcher(name: str, capture: str, changefeed: str = "demo", deleting: bool = False) -> JSON:
+    meta: JSON = {"name": name, "uid": f"u-{name}", "finalizers": [DISPATCHER_FINALIZER], "resourceVersion": "3"}
+    if deleting:
+        meta["deletionTimestamp"] = format_time(NOW - 5)
+    return {"metadata": meta, "spec": {"changefeed": changefeed, "capture": capture}}
+
+
+def table(name: str, changefeed: str = "demo", finalizer: bool = True) -> JSON:
+    meta: JSON = {"name": name, "finalizers": [TABLE_FINALIZER] if finalizer else [], "resourceVersion": "2"}
+    return {
+        "apiVersion": "cdc.maintainer.dev/v1alpha1",
+        "kind": "Table",
+        "metadata": meta,
+        "spec": {"changefeed": changefeed, "tableID": 1},
+    }
+
+
+def test_a_changefeed_not_being_deleted_is_refused() -> None:
+    p = forced.plan(changefeed(deleting=False), [], [], [], NOW)
+    assert p.blockers and "not being deleted" in p.blockers[0]
+    assert p.nothing_to_do
+
+
+def test_a_live_maintainer_or_capture_blocks_it() -> None:
+    ds = [dispatcher("d1", "c0"), dispatcher("d2", "c1")]
+    live_maintainer = [lease("cfm-demo", "m-1", 3), lease("capture-c0", "c0", 100), lease("capture-c1", "c1", 100)]
+    p = forced.plan(changefeed(), ds, [], live_maintainer, NOW)
+    assert [b.split(" is alive")[0] for b in p.blockers] == ["the maintainer of changefeed demo"]
+    live_capture = [lease("cfm-demo", "m-1", 100), lease("capture-c0", "c0", 2), lease("capture-c1", "", 2)]
+    p = forced.plan(changefeed(), ds, [], live_capture, NOW)
+    assert len(p.blockers) == 1 and p.blockers[0].startswith("capture c0, which holds 1 dispatcher(s) of it,")
+    assert not p.fences and not p.dispatchers, "nothing is planned while anything runs"
+
+
+def test_with_everything_lapsed_it_fences_then_releases() -> None:
+    ds = [dispatcher("d1", "c0"), dispatcher("d2", "c1", deleting=True), dispatcher("x", "c2", changefeed="other")]
+    leases = [
+        lease("cfm-demo", "m-1", 16),
+        lease("capture-c0", "c0", 40),
+        lease("capture-c1", "", 1),  # released on a graceful stop: nothing to take
+        lease("capture-c2", "c2", 1),  # alive, but holds nothing of demo
+    ]
+    tables = [table("t1"), table("t2", finalizer=False), table("t3", changefeed="other")]
+    p = forced.plan(changefeed(), ds, tables, leases, NOW)
+    assert p.blockers == ()
+    assert [f.name for f in p.fences] == ["capture-c0", "cfm-demo"]
+    assert p.dispatchers == (("d1", "u-d1", False), ("d2", "u-d2", True))
+    assert p.tables == (("t1", False),)
+    assert p.release_changefeed
+
+
+def test_the_fence_and_the_release_carry_their_preconditions() -> None:
+    body = forced.fenced_lease(lease("capture-c0", "c0", 40))
+    assert body["spec"]["holderIdentity"] == "" and body["metadata"]["resourceVersion"] == "7"
+    patch = forced.without_finalizer(dispatcher("d1", "c0"), DISPATCHER_FINALIZER)
+    assert patch == {"metadata": {"finalizers": [], "resourceVersion": "3"}}
+    assert forced.without_finalizer(table("t", finalizer=False), TABLE_FINALIZER) is None
+
+
+def test_a_detached_table_counts_no_span() -> None:
+    status = forced.detached_status(table("t1"))["status"]
+    assert status["state"] == "Detached"
+    assert status["spans"] == {"absent": 0, "scheduling": 0, "replicating": 0, "removing": 0, "invalid": 0}
+
+
+def test_a_table_that_does_not_convert_is_still_detached() -> None:
+    broken = table("t1")
+    broken["spec"]["tableID"] = "not a number"
+    status = forced.detached_status(broken)["status"]
+    assert status["state"] == "Detached" and status["spans"]["replicating"] == 0
