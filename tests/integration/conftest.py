@@ -3,11 +3,13 @@
 By default one embedded API server (``controller.apiserver.start_server``) serves a test module. When
 ``CFM_TEST_KUBECONFIG`` names a kubeconfig, the same tests run against that cluster instead: the CRDs of
 crds/ are applied (or updated) once per module, and every test gets a fresh namespace, deleted afterwards
-(after the finalizers that killed processes could not release are stripped).
+(then the plugin's forced teardown releases what the killed processes left, and the finalizers of the
+test's own objects are stripped).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
+from controller.cli.__main__ import main as cli_main
 from tests.integration.harness import CRD_DIR, Api, System, apply_crds, cluster_api, embedded_api, release_everything
 
 
@@ -59,8 +62,16 @@ def api(target: Target) -> Iterator[Api]:
         yield api
     finally:
         if target.handle is None:
-            release_everything(api)
+            # The processes were SIGKILLed (the system fixture ends first): nobody honours a finalizer now. The
+            # namespace goes, then the plugin's forced teardown releases what they left, as a person would
+            # (docs/operations.md, "Deleting a namespace"); release_everything is the backstop for what no
+            # Changefeed owns (a test's own objects).
             api.req("DELETE", f"/api/v1/namespaces/{namespace}")
+            with contextlib.suppress(Exception):
+                cli_main(
+                    ["--kubeconfig", str(api.kubeconfig), "-n", namespace, "teardown", "--wait", "--timeout", "60"]
+                )
+            release_everything(api)
         api.pool.clear()
 
 

@@ -207,7 +207,7 @@ def apply_crds(api: Api) -> None:
 
 def release_everything(api: Api) -> None:
     """Strip the finalizers a dead capture or maintainer left, so that the namespace can go."""
-    for plural in ("dispatchers", "tables", "spans"):
+    for plural in ("dispatchers", "tables", "spans", "spanoperators", "changefeeds", "captures"):
         with contextlib.suppress(Exception):
             for obj in api.list(plural):
                 if obj["metadata"].get("finalizers"):
