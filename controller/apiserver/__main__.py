@@ -1,11 +1,17 @@
-"""``python -m controller.apiserver --port 0 --crds crds/ --kubeconfig PATH``: serve until interrupted."""
+"""``python -m controller.apiserver --port 0 --crds crds/ --kubeconfig PATH``: serve until interrupted.
+
+Prints the URL, then the kubeconfig path, on stdout; logs (controllers.py's warnings) go to stderr in the
+schema of every process of the project (``controller.logs``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import threading
 
+from controller import logs
 from controller.apiserver.server import start_server
 
 
@@ -22,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds between watch BOOKMARKs (a real server: about a minute)",
     )
     parser.add_argument("--history-size", type=int, default=10_000, help="watch events kept for resuming watches")
+    logs.add_arguments(parser)
     args = parser.parse_args(argv)
+    logs.setup(args.log_level, args.log_format)
+    # celpy logs every CEL rule it transpiles at info (the generated Python): the library's detail, not ours.
+    logging.getLogger("celpy").setLevel(logging.WARNING)
     handle = start_server(
         args.crds,
         args.port,

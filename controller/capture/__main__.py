@@ -1,8 +1,11 @@
 """``python -m controller.capture`` / ``changefeed-capture``: run one capture agent.
 
 Exit status: 0 after SIGTERM/SIGINT (dispatchers stopped, Lease released), 2 for bad arguments or an
-unloadable kubeconfig, 3 when the agent fenced itself (Lease not renewable, lost, or an internal task
-died): a supervisor (kubelet, systemd) is expected to restart it.
+unloadable kubeconfig, 3 when the agent fenced itself: a renewal found its Lease deleted or taken (another
+holder, or another process of the same name), or an internal task died. A supervisor (kubelet, systemd) is
+expected to restart it. A Lease it cannot renew (the API unreachable) does not end it: past
+``--renew-deadline`` it pauses its dispatchers and resumes them once a renewal succeeds again
+(docs/architecture.md, "Captures: pause, resume, or fence").
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import logging
 import os
 import sys
 
-from controller.capture import logs
-from controller.capture.agent import Agent, Settings, install_signal_handlers
+from controller import logs
+from controller.capture.agent import RETRY_AFTER_FAILURE, Agent, Settings, install_signal_handlers
 from controller.capture.ledger import LEDGER_ENV
 from controller.kube.client import Client, Config
 
@@ -28,27 +31,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: $KUBECONFIG, ~/.kube, in-cluster)")
     p.add_argument("--context", default=None, help="kubeconfig context")
     p.add_argument("--lease-duration", type=int, default=10, help="Lease duration, whole seconds (default 10)")
-    p.add_argument("--renew-interval", type=float, default=2.0, help="seconds between renewals (default 2)")
+    p.add_argument(
+        "--renew-interval",
+        type=float,
+        default=2.0,
+        help="seconds between Lease renewals, each carrying the checkpoints of the Working dispatchers (default 2); "
+        f"after a failed renewal it retries every {RETRY_AFTER_FAILURE:g} s (or this interval, if shorter)",
+    )
     p.add_argument(
         "--renew-deadline",
         type=float,
         default=7.0,
-        help="fence (stop everything, exit 3) after this many seconds without a renewal; < lease duration (default 7)",
+        help="pause when the last successful renewal was sent this many seconds ago: every dispatcher stops "
+        "delivering but keeps its position, and the agent keeps renewing; once a renewal succeeds it resumes "
+        "the dispatchers still assigned to it. It exits 3 only when a renewal finds its Lease deleted or taken. "
+        "< --lease-duration (default 7)",
     )
     p.add_argument(
         "--report-interval",
         type=float,
         default=2.0,
-        help="seconds before an unseen status write is re-sent, and between traffic checks (default 2); "
-        "checkpoints are reported with every Lease renewal (--renew-interval)",
+        help="seconds between full passes over the dispatchers and between traffic checks; a status write the API "
+        "does not show is sent again after twice this (default 2). Checkpoints travel with every Lease renewal "
+        "(--renew-interval)",
     )
-    p.add_argument("--init-delay", type=float, default=0.5, help="seconds a new dispatcher stays Initializing")
-    p.add_argument("--tick", type=float, default=0.2, help="seconds between loop iterations (default 0.2)")
+    p.add_argument(
+        "--init-delay", type=float, default=0.5, help="seconds a new dispatcher stays Initializing (default 0.5)"
+    )
+    p.add_argument(
+        "--tick",
+        type=float,
+        default=0.2,
+        help="at most this many seconds between loop iterations; a watch event wakes the loop at once (default 0.2)",
+    )
     p.add_argument("--address", default=os.environ.get("POD_IP", ""), help="status.address (default: $POD_IP)")
     p.add_argument(
         "--readiness",
         default="",
-        help="e.g. http://0.0.0.0:8081/readyz: 200 while registered with a current Lease and its kinds listed",
+        help="e.g. http://0.0.0.0:8081/readyz: 200 while registered, not paused, with a renewal younger than "
+        "--renew-deadline, and its Dispatchers and Capture listed; else 503",
     )
     p.add_argument(
         "--ledger-dir",
@@ -56,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"append what the dispatchers deliver to DIR/<name>.<incarnation>.jsonl (default: ${LEDGER_ENV}; "
         "none when empty), for the no-gap check of controller.capture.ledger",
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    logs.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -72,7 +93,7 @@ async def _run(settings: Settings, config: Config) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logs.setup(args.log_level)
+    logs.setup(args.log_level, args.log_format)
     settings = Settings(
         name=args.name,
         namespace=args.namespace,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from controller import logs
 from controller.kube.client import RESOURCES, ApiError, Client, Config, Resource
 from controller.model.states import Kind
 
@@ -36,8 +38,10 @@ PAUSE_CREATE = "cdc.maintainer.dev/pause-create"
 class System:
     """The processes of one run, and the client to look at them."""
 
-    def __init__(self, kubeconfig: str, namespace: str, captures: int, log_dir: Path) -> None:
+    def __init__(self, kubeconfig: str, namespace: str, captures: int, log_dir: Path, log_format: str = "json") -> None:
         self.kubeconfig = kubeconfig
+        #: ``--log-format`` of every process it starts.
+        self.log_format = log_format
         self.namespace = namespace
         self.capture_names = [f"capture-{i}" for i in range(captures)]
         self.log_dir = log_dir
@@ -56,7 +60,7 @@ class System:
         self._spawn(
             name,
             ["-m", "controller.maintainer", "--namespace", self.namespace, "--kubeconfig", self.kubeconfig,
-             "--identity", name, "--metrics-port", "0"],
+             "--identity", name, "--metrics-port", "0", "--log-format", self.log_format],
         )  # fmt: skip
         return name
 
@@ -65,7 +69,7 @@ class System:
             self._spawn(
                 c,
                 ["-m", "controller.capture", "--name", c, "--namespace", self.namespace,
-                 "--kubeconfig", self.kubeconfig],
+                 "--kubeconfig", self.kubeconfig, "--log-format", self.log_format],
             )  # fmt: skip
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -239,7 +243,7 @@ async def run(a: argparse.Namespace) -> int:
     log_dir = Path(a.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     client = Client(Config.load(kubeconfig, a.context))
-    system = System(kubeconfig, a.namespace, a.captures, log_dir)
+    system = System(kubeconfig, a.namespace, a.captures, log_dir, a.log_format)
     try:
         if handle is None:
             await ensure_crds(client)
@@ -272,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=0.0, help="keep running and printing this many seconds")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--port", type=int, default=0, help="port of the embedded API (0: any)")
-    p.add_argument("--log-dir", default=".demo-logs")
+    p.add_argument("--log-dir", default=".demo-logs", help="where the logs of the maintainer and captures go")
+    logs.add_arguments(p)  # this process's own log (stderr), and --log-format of the processes it starts
     a = p.parse_args(argv)
+    logs.setup(a.log_level, a.log_format)
+    # The embedded API's celpy logs every CEL rule it transpiles at info (the generated Python): not for people.
+    logging.getLogger("celpy").setLevel(logging.WARNING)
     try:
         return asyncio.run(run(a))
     except KeyboardInterrupt:

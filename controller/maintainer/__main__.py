@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from urllib.parse import urlsplit
@@ -12,6 +11,7 @@ from urllib.parse import urlsplit
 import kopf
 import prometheus_client
 
+from controller import logs
 from controller.engine.world import AUDIT_INTERVAL
 from controller.kube.probes import parse_endpoint
 from controller.maintainer import operator
@@ -21,9 +21,17 @@ from controller.maintainer.runner import Settings, default_identity
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="changefeed-maintainer", description=__doc__)
     p.add_argument("--namespace", default=operator.pod_namespace(), help="namespace of the changefeeds")
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig (default: in-cluster)")
-    p.add_argument("--context", default=None)
-    p.add_argument("--identity", default=None, help="leader-election identity (default: pod name + random)")
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster)",
+    )
+    p.add_argument("--context", default=None, help="kubeconfig context")
+    p.add_argument(
+        "--identity",
+        default=None,
+        help="leader-election identity (default: $POD_NAME or the host name, plus a random suffix)",
+    )
     p.add_argument(
         "--tick",
         type=float,
@@ -38,11 +46,29 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds between full audits, decisions over every record instead of the index's candidates "
         f"(0: every decision; default {AUDIT_INTERVAL:g})",
     )
-    p.add_argument("--lease-duration", type=float, default=15.0)
-    p.add_argument("--renew-deadline", type=float, default=10.0)
-    p.add_argument("--retry-period", type=float, default=2.0)
+    p.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds a changefeed's Lease cfm-<changefeed> may go unrenewed before another replica takes it "
+        "(default 15)",
+    )
+    p.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=10.0,
+        help="seconds without a successful renewal after which this replica stops writing for that changefeed and "
+        "competes for its Lease again (it resumes the same term if nobody took it); < --lease-duration (default 10)",
+    )
+    p.add_argument(
+        "--retry-period", type=float, default=2.0, help="seconds between Lease renewals and bids (default 2)"
+    )
     p.add_argument("--max-leases", type=int, default=0, help="lead at most this many changefeeds (0: all)")
-    p.add_argument("--liveness", default="", help="e.g. http://0.0.0.0:8080/healthz (Kopf's liveness endpoint)")
+    p.add_argument(
+        "--liveness",
+        default="",
+        help="e.g. http://0.0.0.0:8080/healthz: Kopf's liveness endpoint, failing when a watch has died or gone silent",
+    )
     p.add_argument(
         "--readiness",
         default="",
@@ -53,9 +79,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--metrics-port", type=int, default=9090, help="port of the Prometheus endpoint /metrics (0: disabled)"
     )
     p.add_argument("--metrics-address", default="0.0.0.0", help="address the Prometheus endpoint listens on")
-    p.add_argument("--log-format", choices=["plain", "json"], default="plain")
-    p.add_argument("--verbose", action="store_true")
+    logs.add_arguments(p)
+    p.add_argument("--verbose", action="store_true", help="the same as --log-level DEBUG")
     a = p.parse_args(argv)
+    if a.verbose:
+        a.log_level = "DEBUG"
     if not 0 <= a.metrics_port <= 65535:
         p.error(f"--metrics-port {a.metrics_port}: not a port (0 disables the endpoint)")
     if a.metrics_port and a.liveness and liveness_port(a.liveness) == a.metrics_port:
@@ -83,6 +111,7 @@ def liveness_port(url: str) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    operator.setup_logging(a.log_level, a.log_format)
     settings = Settings(
         namespace=a.namespace,
         identity=a.identity or default_identity(),
@@ -99,11 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KUBECONFIG"] = a.kubeconfig  # for Kopf's own login as well
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
     operator.configure(settings, a.kubeconfig, a.context, readiness=a.readiness)
-    kopf.configure(
-        verbose=a.verbose,
-        log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.PLAIN,
-    )
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
         asyncio.run(
             kopf.operator(

@@ -1,4 +1,4 @@
-"""Kopf wiring: the process lifecycle, the liveness probe and logging come from Kopf.
+"""Kopf wiring: the process lifecycle and the liveness probe come from Kopf; logging is the project's.
 
 Kopf runs no resource handlers here on purpose. The maintainer's multi-step state lives only in our
 own status fields; Kopf's progress storage (annotations written in a separate request from status,
@@ -13,6 +13,13 @@ listed and every Changefeed's Lease is being competed for, so ``helm install --w
 The Prometheus endpoint (``--metrics-port``, see ``controller.maintainer.metrics``) is an aiohttp server
 of its own in the same event loop, on a port other than Kopf's liveness endpoint; it is started before
 the maintainer (a port that cannot be bound stops the process at once) and stopped at cleanup.
+
+Logging (:func:`setup_logging`): every record, Kopf's included, goes through the schema of
+``controller.logs``, the one the capture agent writes too; ``kopf.configure`` (Kopf's own formats) is not
+used. Kopf runs the probe handlers below for the requests to the liveness endpoint (at most every 10 s)
+and logs each success at info (``Activity 'watches' succeeded.``), which made an idle maintainer log two
+lines per kubelet probe for ever: those successes are logged at debug instead; a failing probe still logs
+its error.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import Any
 
 import kopf
 
+from controller import logs
 from controller.kube.client import Client, Config
 from controller.kube.probes import ProbeServer
 from controller.maintainer.metrics import MetricsServer
@@ -30,6 +38,36 @@ from controller.maintainer.runner import Maintainer, Settings
 
 log = logging.getLogger("controller.maintainer")
 _state: dict[str, Any] = {}
+#: The logger of Kopf's probe activity (kopf/_core/engines/activities.py, ``kopf.activities.<activity>``):
+#: the liveness endpoint runs every ``@kopf.on.probe`` handler through it, at most every 10 s.
+PROBE_LOGGER = "kopf.activities.probe"
+
+
+class ProbeSuccessesAtDebug(logging.Filter):
+    """On Kopf's probe logger: ``Activity '<probe>' succeeded.`` becomes a debug record, dropped unless the
+    logger is enabled for debug. Anything else (``... failed permanently: <why>`` at error) passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and record.getMessage().endswith(" succeeded."):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def setup_logging(level: str = "INFO", log_format: str = "json") -> None:
+    """The maintainer's logging: ``controller.logs`` for every record (Kopf's too), probe successes at debug."""
+    logs.setup(level, log_format)
+    probe = logging.getLogger(PROBE_LOGGER)
+    if not any(isinstance(f, ProbeSuccessesAtDebug) for f in probe.filters):
+        probe.addFilter(ProbeSuccessesAtDebug())
+    # As kopf.configure did (the maintainer called it before): asyncio's own logger, the event loop's
+    # low-level messages, stays out unless at debug.
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.propagate = logging.getLogger().isEnabledFor(logging.DEBUG)
+    if not asyncio_log.propagate:
+        asyncio_log.handlers[:] = [logging.NullHandler()]
+    # One access line per request to the liveness endpoint: not worth a line.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 def configure(settings: Settings, kubeconfig: str | None, context: str | None, readiness: str = "") -> None:
@@ -92,7 +130,12 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         _state["readiness_server"] = probe
     _state["maintainer"] = maintainer
     await maintainer.start()
-    log.info("maintainer %s started in namespace %s", maintainer.settings.identity, maintainer.settings.namespace)
+    log.info(
+        "maintainer %s started in namespace %s",
+        s.identity,
+        s.namespace,
+        extra=logs.fields(identity=s.identity, namespace=s.namespace),
+    )
 
 
 @kopf.on.cleanup()

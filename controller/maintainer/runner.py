@@ -29,6 +29,7 @@ from controller.kube.client import Client, sleep_or
 from controller.kube.executor import Executor
 from controller.kube.informer import LEASE_FRESH, Informer
 from controller.kube.lease import LeaderElector
+from controller.logs import fields
 from controller.maintainer.metrics import MaintainerMetrics
 from controller.model.records import Changefeed, Table
 from controller.model.states import Kind
@@ -181,7 +182,12 @@ class Maintainer:
                 task = self.loops.pop(name)
                 if not task.cancelled() and task.exception() is not None:
                     self.stats.loop_crashes += 1
-                    log.error("changefeed %s: loop ended: %r; restarting it", name, task.exception())
+                    log.error(
+                        "changefeed %s: loop ended: %r; restarting it",
+                        name,
+                        task.exception(),
+                        extra=fields(changefeed=name),
+                    )
             for name in sorted(names - set(self.loops)):
                 self._wakeups[name] = asyncio.Event()
                 self.loops[name] = asyncio.create_task(self._changefeed(name), name=f"changefeed-{name}")
@@ -241,7 +247,12 @@ class Maintainer:
                     # Never let one error end the changefeed's loop for good (it would stay unmaintained
                     # while the process looks healthy): report, give the Lease up, back off, compete again.
                     self.stats.loop_crashes += 1
-                    log.exception("changefeed %s: the maintainer loop failed; retrying in %.1fs", name, backoff)
+                    log.exception(
+                        "changefeed %s: the maintainer loop failed; retrying in %.1fs",
+                        name,
+                        backoff,
+                        extra=fields(changefeed=name),
+                    )
                     await elector.release()
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 60.0)
@@ -267,7 +278,12 @@ class Maintainer:
             await asyncio.gather(holder, return_exceptions=True)
         if not lost.is_set():
             return False
-        log.warning("changefeed %s: leadership lost at epoch %d; stopped writing", name, epoch)
+        log.warning(
+            "changefeed %s: leadership lost at epoch %d; stopped writing",
+            name,
+            epoch,
+            extra=fields(changefeed=name, epoch=epoch),
+        )
         return True
 
     def _audited(self, name: str, world: World, memory: Memory, audit: Decision) -> None:
@@ -283,6 +299,7 @@ class Maintainer:
                 "(an index bug; the audit acts on it): %s",
                 name,
                 "; ".join(missed[:5]) or "(same writes in another order)",
+                extra=fields(changefeed=name, epoch=memory.epoch),
             )
 
     async def _lead(self, name: str, epoch: int, lost: asyncio.Event) -> None:
@@ -293,7 +310,9 @@ class Maintainer:
         else:
             # The same term resumed (the Lease was still ours after we could not renew it for a while, an
             # API outage): nothing happened under another epoch, so what this term learnt still holds.
-            log.info("changefeed %s: leadership resumed at epoch %d", name, epoch)
+            log.info(
+                "changefeed %s: leadership resumed at epoch %d", name, epoch, extra=fields(changefeed=name, epoch=epoch)
+            )
         self.memories[name] = memory
         began = time.monotonic()
         wakeup = self._wakeups.setdefault(name, asyncio.Event())
@@ -306,12 +325,22 @@ class Maintainer:
             if decision.full and world.index is not None and memory.bootstrapped:
                 self._audited(name, world, memory, decision)
             if decision.fenced:
-                log.warning("changefeed %s: a newer epoch is published; this maintainer is fenced", name)
+                log.warning(
+                    "changefeed %s: a newer epoch is published; this maintainer is fenced",
+                    name,
+                    extra=fields(changefeed=name, epoch=epoch),
+                )
                 lost.set()
                 return
             if memory.bootstrapped is False and decision.memory.bootstrapped:
                 self.stats.bootstrap_seconds[name] = time.monotonic() - began
-                log.info("changefeed %s bootstrapped at epoch %d: %s", name, epoch, decision.memory.report)
+                log.info(
+                    "changefeed %s bootstrapped at epoch %d: %s",
+                    name,
+                    epoch,
+                    decision.memory.report,
+                    extra=fields(changefeed=name, epoch=epoch),
+                )
             memory = decision.memory
             self.memories[name] = memory
             self.stats.decisions += 1
