@@ -109,11 +109,13 @@ def test_after_helm_uninstall_the_plugin_proves_nothing_runs_first(
     assert "is alive (Lease" in capsys.readouterr().err
     assert plugin(api, "teardown", "--wait", "--timeout", "30") == 0
     out = capsys.readouterr().out
-    assert "lease capture-c0 taken from c0" in out and f"lease cfm-{CHANGEFEED} taken from m1" in out
+    assert "lease capture-c0 taken from c0" in out
+    assert f"lease cfm-{CHANGEFEED} taken from m1" in out
     assert f"changefeed {CHANGEFEED} released" in out
     assert api.get("changefeeds", CHANGEFEED) is None
     for t in api.list("tables"):
-        assert t["status"]["state"] == "Detached" and not t["metadata"].get("finalizers")
+        assert t["status"]["state"] == "Detached"
+        assert not t["metadata"].get("finalizers")
         assert set(t["status"]["spans"].values()) == {0}
     delete_namespace(api)
     namespace_gone(api)
