@@ -49,7 +49,8 @@ def table(name: str, changefeed: str = "demo", finalizer: bool = True) -> JSON:
 
 def test_a_changefeed_not_being_deleted_is_refused() -> None:
     p = forced.plan(changefeed(deleting=False), [], [], [], NOW)
-    assert p.blockers and "not being deleted" in p.blockers[0]
+    assert p.blockers
+    assert "not being deleted" in p.blockers[0]
     assert p.nothing_to_do
 
 
@@ -60,8 +61,9 @@ def test_a_live_maintainer_or_capture_blocks_it() -> None:
     assert [b.split(" is alive")[0] for b in p.blockers] == ["the maintainer of changefeed demo"]
     live_capture = [lease("cfm-demo", "m-1", 100), lease("capture-c0", "c0", 2), lease("capture-c1", "", 2)]
     p = forced.plan(changefeed(), ds, [], live_capture, NOW)
-    assert len(p.blockers) == 1 and p.blockers[0].startswith("capture c0, which holds 1 dispatcher(s) of it,")
-    assert not p.fences and not p.dispatchers, "nothing is planned while anything runs"
+    assert len(p.blockers) == 1
+    assert p.blockers[0].startswith("capture c0, which holds 1 dispatcher(s) of it,")
+    assert (p.fences, p.dispatchers) == ((), ()), "nothing is planned while anything runs"
 
 
 def test_with_everything_lapsed_it_fences_then_releases() -> None:
@@ -83,7 +85,8 @@ def test_with_everything_lapsed_it_fences_then_releases() -> None:
 
 def test_the_fence_and_the_release_carry_their_preconditions() -> None:
     body = forced.fenced_lease(lease("capture-c0", "c0", 40))
-    assert body["spec"]["holderIdentity"] == "" and body["metadata"]["resourceVersion"] == "7"
+    assert body["spec"]["holderIdentity"] == ""
+    assert body["metadata"]["resourceVersion"] == "7"
     patch = forced.without_finalizer(dispatcher("d1", "c0"), DISPATCHER_FINALIZER)
     assert patch == {"metadata": {"finalizers": [], "resourceVersion": "3"}}
     assert forced.without_finalizer(table("t", finalizer=False), TABLE_FINALIZER) is None
@@ -99,4 +102,5 @@ def test_a_table_that_does_not_convert_is_still_detached() -> None:
     broken = table("t1")
     broken["spec"]["tableID"] = "not a number"
     status = forced.detached_status(broken)["status"]
-    assert status["state"] == "Detached" and status["spans"]["replicating"] == 0
+    assert status["state"] == "Detached"
+    assert status["spans"]["replicating"] == 0
