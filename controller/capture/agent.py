@@ -61,7 +61,7 @@ from controller.capture.informer import NETWORK_ERRORS, Informer
 from controller.capture.ledger import Ledger
 from controller.capture.logs import fields
 from controller.capture.runtime import DispatcherRuntime, LogicalClockRuntime
-from controller.kube.client import JSON, LEASES, RESOURCES, ApiError, Client, sleep_or
+from controller.kube.client import JSON, LEASES, RESOURCES, ApiError, Client, remove_finalizer, sleep_or
 from controller.kube.probes import ProbeServer, parse_endpoint
 from controller.model import progress
 from controller.model.records import Capture, Dispatcher
@@ -869,33 +869,7 @@ class Agent:
 
     async def _release_finalizer(self, obj: JSON) -> bool:
         """Remove our finalizer with a resourceVersion precondition, re-reading on conflict."""
-        s = self.settings
-        for _ in range(5):
-            meta = obj.get("metadata") or {}
-            finalizers = list(meta.get("finalizers") or [])
-            if DISPATCHER_FINALIZER not in finalizers:
-                return True
-            patch = {
-                "metadata": {
-                    "finalizers": [f for f in finalizers if f != DISPATCHER_FINALIZER],
-                    "resourceVersion": meta.get("resourceVersion"),
-                }
-            }
-            try:
-                await self.client.patch(DISPATCHERS, s.namespace, meta["name"], patch)
-                return True
-            except ApiError as exc:
-                if exc.not_found:
-                    return True
-                if not exc.conflict:
-                    raise
-            try:
-                obj = await self.client.get(DISPATCHERS, s.namespace, meta["name"])
-            except ApiError as exc:
-                if exc.not_found:
-                    return True
-                raise
-        return False
+        return await remove_finalizer(self.client, DISPATCHERS, self.settings.namespace, obj, DISPATCHER_FINALIZER)
 
     async def _epoch(self, changefeed: str, epochs: Epochs) -> int | None:
         """The changefeed's published epoch by a strong read (GET); ``None`` if it does not exist.

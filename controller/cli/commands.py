@@ -18,7 +18,7 @@ from controller.cli import teardown as forced
 from controller.cli.errors import EXIT_OK, Failed, Interrupted, NotFound, Refused
 from controller.cli.kube import OPERATORS, NameTaken, Session, follow_operator
 from controller.cli.snapshot import Snapshot
-from controller.kube.client import LEASES, RESOURCES, ApiError, Resource
+from controller.kube.client import LEASES, RESOURCES, ApiError, Resource, remove_finalizer
 from controller.model.keys import KeyRange
 from controller.model.records import SpanOperator
 from controller.model.states import Kind, OpPhase, OpType
@@ -259,9 +259,8 @@ async def _read_teardown(session: Session, wanted: str | None) -> tuple[list[JSO
         named = [c for c in cfs if (c.get("metadata") or {}).get("name") == wanted]
         if not named:
             raise NotFound(f"changefeed {wanted!r} not found in namespace {session.namespace!r}")
-        refused = forced.plan(named[0], [], [], [], time.time()).blockers
         if not (named[0].get("metadata") or {}).get("deletionTimestamp"):
-            raise Refused(refused[0])
+            raise Refused(forced.not_being_deleted(wanted))
         targets = named
     else:
         targets = deleting
@@ -271,27 +270,10 @@ async def _read_teardown(session: Session, wanted: str | None) -> tuple[list[JSO
 
 
 async def _release(session: Session, res: Resource, obj: JSON, finalizer: str) -> None:
-    """Remove ``finalizer`` from ``obj`` (its resourceVersion as precondition; re-read on conflict)."""
     name = str(obj["metadata"]["name"])
     with session.errors(f"releasing {res.kind} {name}"):
-        for _ in range(RELEASE_ATTEMPTS):
-            patch = forced.without_finalizer(obj, finalizer)
-            if patch is None:
-                return
-            try:
-                await session.client.patch(res, session.namespace, name, patch)
-                return
-            except ApiError as exc:
-                if exc.not_found:
-                    return
-                if not exc.conflict:
-                    raise
-            try:
-                obj = await session.client.get(res, session.namespace, name)
-            except ApiError as exc:
-                if exc.not_found:
-                    return
-                raise
+        if await remove_finalizer(session.client, res, session.namespace, obj, finalizer, RELEASE_ATTEMPTS):
+            return
     raise Failed(f"{res.kind} {name} kept changing; its finalizer {finalizer} is still there: run the command again")
 
 

@@ -28,7 +28,7 @@ not start one), and one whose maintainer or any of whose captures still runs (th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from controller.engine.teardown import detached
@@ -100,11 +100,13 @@ class Plan:
     tables: tuple[tuple[str, bool], ...] = ()
     #: Whether the Changefeed still carries the teardown finalizer.
     release_changefeed: bool = False
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
-    @property
-    def nothing_to_do(self) -> bool:
-        return not (self.fences or self.dispatchers or self.tables or self.release_changefeed)
+
+def not_being_deleted(name: str) -> str:
+    return (
+        f"changefeed {name} is not being deleted: this command only finishes a deletion "
+        f"(kubectl delete changefeed {name} --wait=false, then run it again)"
+    )
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -135,13 +137,7 @@ def plan(
     name = _name(changefeed)
     meta = changefeed.get("metadata") or {}
     if not meta.get("deletionTimestamp"):
-        return Plan(
-            name,
-            blockers=(
-                f"changefeed {name} is not being deleted: this command only finishes a deletion "
-                f"(kubectl delete changefeed {name} --wait=false, then run it again)",
-            ),
-        )
+        return Plan(name, blockers=(not_being_deleted(name),))
     by_name = {_name(lease): lease_state(lease, now) for lease in leases}
     blockers: list[str] = []
     fences: dict[str, LeaseState] = {}
@@ -194,21 +190,6 @@ def plan(
 def fenced_lease(lease: Mapping[str, Any]) -> JSON:
     """The body that takes ``lease``: holder cleared, its resourceVersion kept (the precondition)."""
     return {**lease, "spec": {**(lease.get("spec") or {}), "holderIdentity": NOBODY}}
-
-
-def without_finalizer(obj: Mapping[str, Any], finalizer: str) -> JSON | None:
-    """A merge patch that removes ``finalizer`` from ``obj`` if the object still is as read (its
-    resourceVersion as precondition), or None when it does not carry it."""
-    meta = obj.get("metadata") or {}
-    finalizers = list(meta.get("finalizers") or [])
-    if finalizer not in finalizers:
-        return None
-    return {
-        "metadata": {
-            "finalizers": [f for f in finalizers if f != finalizer],
-            "resourceVersion": meta.get("resourceVersion"),
-        }
-    }
 
 
 def detached_status(table: Mapping[str, Any]) -> JSON:

@@ -322,3 +322,45 @@ async def sleep_or(event: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout=seconds)
     event.clear()
+
+
+def without_finalizer(obj: Mapping[str, Any], finalizer: str) -> JSON | None:
+    """A merge patch that removes ``finalizer`` from ``obj`` if the object is still as read (its resourceVersion
+    as precondition), or None when ``obj`` does not carry it."""
+    meta = obj.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
+    if finalizer not in finalizers:
+        return None
+    return {
+        "metadata": {
+            "finalizers": [f for f in finalizers if f != finalizer],
+            "resourceVersion": meta.get("resourceVersion"),
+        }
+    }
+
+
+async def remove_finalizer(
+    client: Client, res: Resource, namespace: str, obj: Mapping[str, Any], finalizer: str, attempts: int = 5
+) -> bool:
+    """Remove ``finalizer`` from ``obj`` with a resourceVersion precondition, re-reading it on conflict. True once
+    it is gone (or the object is); False if the object kept changing for ``attempts`` tries."""
+    name = str((obj.get("metadata") or {})["name"])
+    for _ in range(attempts):
+        patch = without_finalizer(obj, finalizer)
+        if patch is None:
+            return True
+        try:
+            await client.patch(res, namespace, name, patch)
+            return True
+        except ApiError as exc:
+            if exc.not_found:
+                return True
+            if not exc.conflict:
+                raise
+        try:
+            obj = await client.get(res, namespace, name)
+        except ApiError as exc:
+            if exc.not_found:
+                return True
+            raise
+    return False

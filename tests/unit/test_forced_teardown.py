@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.cli import teardown as forced
+from controller.kube.client import without_finalizer
 from controller.model.resources import format_time
 from controller.model.states import CHANGEFEED_FINALIZER, DISPATCHER_FINALIZER, TABLE_FINALIZER
 
@@ -51,7 +52,7 @@ def test_a_changefeed_not_being_deleted_is_refused() -> None:
     p = forced.plan(changefeed(deleting=False), [], [], [], NOW)
     assert p.blockers
     assert "not being deleted" in p.blockers[0]
-    assert p.nothing_to_do
+    assert (p.fences, p.dispatchers, p.tables, p.release_changefeed) == ((), (), (), False)
 
 
 def test_a_live_maintainer_or_capture_blocks_it() -> None:
@@ -87,9 +88,9 @@ def test_the_fence_and_the_release_carry_their_preconditions() -> None:
     body = forced.fenced_lease(lease("capture-c0", "c0", 40))
     assert body["spec"]["holderIdentity"] == ""
     assert body["metadata"]["resourceVersion"] == "7"
-    patch = forced.without_finalizer(dispatcher("d1", "c0"), DISPATCHER_FINALIZER)
+    patch = without_finalizer(dispatcher("d1", "c0"), DISPATCHER_FINALIZER)
     assert patch == {"metadata": {"finalizers": [], "resourceVersion": "3"}}
-    assert forced.without_finalizer(table("t", finalizer=False), TABLE_FINALIZER) is None
+    assert without_finalizer(table("t", finalizer=False), TABLE_FINALIZER) is None
 
 
 def test_a_detached_table_counts_no_span() -> None:
