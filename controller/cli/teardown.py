@@ -2,7 +2,8 @@
 
 The maintainer's teardown (``controller/engine/teardown.py``) is what normally ends a Changefeed's deletion;
 its finalizers exist so that replication stops before the objects go. With every maintainer and capture of
-the namespace gone (``helm uninstall``, pods SIGKILLed, a namespace being deleted after its processes),
+the namespace gone (``helm uninstall``, pods SIGKILLed, a namespace being deleted after its processes were
+killed; a maintainer stopped *with* its namespace releases them itself, ``controller.kube.namespace``),
 nobody is left to honour them and ``kubectl delete`` waits for ever. This module decides, from one reading
 of the namespace, whether that is the case and what releasing them takes:
 

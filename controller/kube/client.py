@@ -63,11 +63,13 @@ EVENTS = Resource("", "v1", "events", "Event")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        #: The ``reason`` of each of the Status's ``details.causes`` (e.g. ``NamespaceTerminating``).
+        self.causes = causes
 
     @property
     def not_found(self) -> bool:
@@ -193,7 +195,10 @@ class Client:
             if resp.status >= 400:
                 # The API's machine-readable reason (a Status object); the numeric code when there is none.
                 reason = str(payload.get("reason") or resp.status)
-                raise ApiError(resp.status, reason, str(payload.get("message", text)))
+                details = payload.get("details")
+                found = details.get("causes") if isinstance(details, dict) else None
+                causes = tuple(str(c.get("reason", "")) for c in found or () if isinstance(c, dict))
+                raise ApiError(resp.status, reason, str(payload.get("message", text)), causes)
             return payload
 
     # -- verbs ----------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ themselves this way; ``max_leases`` caps how many one replica leads, so others t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from controller.engine import teardown
 from controller.engine.maintainer import Decision, Memory, decide
 from controller.engine.world import AUDIT_INTERVAL, Options, World
+from controller.kube import namespace
 from controller.kube.client import Client, sleep_or
 from controller.kube.executor import Executor
 from controller.kube.informer import LEASE_FRESH, Informer
@@ -38,6 +40,8 @@ log = logging.getLogger("controller.maintainer")
 MIN_INTERVAL = 0.05
 #: Seconds between passes over Tables whose changefeed is gone (teardown.detach_orphans).
 JANITOR_INTERVAL = 2.0
+#: Seconds that stopping may spend releasing finalizers in a namespace being deleted.
+STOP_RELEASE_BUDGET = 10.0
 
 
 def default_identity() -> str:
@@ -110,6 +114,10 @@ class Maintainer:
         self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
 
     async def stop(self) -> None:
+        with contextlib.suppress(Exception):  # best effort within a bound: shutting down must not hang on it
+            async with asyncio.timeout(STOP_RELEASE_BUDGET):
+                if await namespace.terminating(self.client, self.settings.namespace):
+                    await namespace.release_finalizers(self.client, self.settings.namespace, deleting_only=False)
         if self._supervisor is not None:
             self._supervisor.cancel()
         for t in self.loops.values():
@@ -156,8 +164,13 @@ class Maintainer:
     # -- supervision -------------------------------------------------------------------------------
 
     async def _janitor(self) -> None:
-        """Tables whose changefeed is gone but which still hold our finalizer (teardown.detach_orphans)."""
+        """Tables whose changefeed is gone but which still hold our finalizer (teardown.detach_orphans); while
+        a Changefeed is being deleted, whether that is because its namespace is (``controller.kube.namespace``)."""
         store = self.informer.store
+        if any(cf.deleting for cf in store.all(Kind.CHANGEFEED).values()) and await namespace.terminating(
+            self.client, self.settings.namespace
+        ):
+            await namespace.release_finalizers(self.client, self.settings.namespace, deleting_only=True)
         tables = [t for t in store.all(Kind.TABLE).values() if isinstance(t, Table)]
         chains = teardown.detach_orphans(tables, set(store.all(Kind.CHANGEFEED)))
         if chains:

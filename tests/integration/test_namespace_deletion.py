@@ -15,6 +15,8 @@ On a real cluster (``CFM_TEST_KUBECONFIG``) the same tests delete their own name
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -75,6 +77,29 @@ def test_a_running_system_tears_down_and_the_namespace_goes(api: Api, system: Sy
     boot_with_operators_in_flight(api, system)
     delete_namespace(api)
     namespace_gone(api)
+
+
+def test_a_maintainer_that_lost_its_lease_to_the_namespace_releases_the_rest(api: Api, system: System) -> None:
+    """(a') The chart's case: the namespace controller deletes the Leases with everything else, so the
+    maintainer's term ends (its Lease cannot be created again) and no capture can renew: nobody could finish
+    the teardown. Here the captures died first (their dispatchers need the maintainer to release them); the
+    maintainer, finding its namespace terminating, releases our finalizers (controller/kube/namespace.py),
+    and on SIGTERM it exits cleanly."""
+    boot_with_operators_in_flight(api, system)
+    for c in CAPTURES:
+        system.signal(c)
+    # The maintainer frozen while the namespace controller deletes the Leases and marks the rest: when it runs
+    # again its term is over by its own clock (no renewal for longer than the renew deadline), as a pod whose
+    # Lease was deleted finds, and it is stopped at once, as the pod is.
+    m1 = system.procs["m1"].popen.pid
+    os.killpg(m1, signal.SIGSTOP)
+    delete_namespace(api)
+    time.sleep(4)
+    assert api.get("leases", f"cfm-{CHANGEFEED}") is None
+    os.killpg(m1, signal.SIGCONT)
+    assert system.signal("m1", signal.SIGTERM, wait=40) == 0, system.tails()
+    namespace_gone(api, within=10)
+    assert system.gone["m1"].count("is being deleted: released") == 1, system.tails()
 
 
 def test_a_killed_system_is_released_by_the_plugin(
