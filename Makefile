@@ -91,7 +91,7 @@ install: $(HELM)
 	$(HELM) upgrade --install $(RELEASE) charts/changefeed-maintainer --kube-context kind-$(CLUSTER) \
 	  --namespace $(NAMESPACE) --create-namespace --wait --timeout 5m \
 	  --set image.repository=$(firstword $(subst :, ,$(IMAGE))) --set image.tag=$(lastword $(subst :, ,$(IMAGE))) \
-	  --set image.pullPolicy=Never
+	  --set image.pullPolicy=Never --set capture.testHooks=true
 
 e2e:
 	CFM_E2E_NAMESPACE=$(NAMESPACE) CFM_E2E_RELEASE=$(RELEASE) CFM_E2E_IMAGE=$(IMAGE) HELM=$(HELM) \

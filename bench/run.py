@@ -171,7 +171,7 @@ class System:
             self.captures[name] = subprocess.Popen(
                 [sys.executable, "-m", "controller.capture", "--name", name, "--namespace", NS, "--kubeconfig",
                  self.kubeconfig, "--report-interval", str(self.a.report_interval),
-                 "--renew-interval", str(self.a.renew_interval), "--log-level", "WARNING"],
+                 "--renew-interval", str(self.a.renew_interval), "--log-level", "WARNING", "--test-hooks"],
                 stdout=open(self.log_dir / f"{name}.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT,  # noqa: SIM115
                 start_new_session=True,
             )  # fmt: skip

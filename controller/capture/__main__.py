@@ -77,6 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"append what the dispatchers deliver to DIR/<name>.<incarnation>.jsonl (default: ${LEDGER_ENV}; "
         "none when empty), for the no-gap check of controller.capture.ledger",
     )
+    p.add_argument(
+        "--test-hooks",
+        action="store_true",
+        help="honour the test hooks (annotations cdc.maintainer.dev/hold-close and pause-create on the Capture): "
+        "for tests and the demo only; without it they are reported and ignored",
+    )
     logs.add_arguments(p)
     return p.parse_args(argv)
 
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         address=args.address,
         readiness=args.readiness,
         ledger_dir=args.ledger_dir,
+        test_hooks=args.test_hooks,
     )
     try:
         settings.check()

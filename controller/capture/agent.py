@@ -56,7 +56,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.capture.hooks import Hooks, hooks_from_annotations
+from controller.capture.hooks import Hooks, disabled_hooks, hooks_from_annotations
 from controller.capture.informer import NETWORK_ERRORS, Informer
 from controller.capture.ledger import Ledger
 from controller.capture.logs import fields
@@ -143,6 +143,9 @@ class Settings:
     readiness: str = ""
     #: Directory of the delivery ledger of the default runtime ("" for none; controller/capture/ledger.py).
     ledger_dir: str = ""
+    #: Honour the test hooks (``controller.capture.hooks``): off in production, where anyone allowed to patch a
+    #: Capture could otherwise freeze every close, a teardown's included.
+    test_hooks: bool = False
 
     def check(self) -> None:
         if not self.name or not self.namespace:
@@ -906,7 +909,12 @@ class Agent:
     def _read_hooks(self) -> bool:
         """Read the test hooks from the Capture's annotations; whether they changed."""
         obj = self.captures.objects.get(self.settings.name) or {}
-        hooks, problems = hooks_from_annotations((obj.get("metadata") or {}).get("annotations"))
+        annotations = (obj.get("metadata") or {}).get("annotations")
+        hooks, problems = hooks_from_annotations(annotations)
+        if not self.settings.test_hooks:
+            if hooks != Hooks():
+                problems = [f"{', '.join(disabled_hooks(annotations))}: ignored, test hooks are off (--test-hooks)"]
+            hooks = Hooks()
         changed = hooks != self.hooks
         if changed:
             log.info("test hooks changed", extra=fields(hooks=hooks.describe()))

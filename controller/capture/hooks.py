@@ -5,6 +5,9 @@
 * ``cdc.maintainer.dev/pause-create`` (TiCDC ``BlockCreateDispatcher``): a new dispatcher is not started
   (no epoch check, no status) until the hook is released.
 
+Off unless the agent runs with ``--test-hooks`` (chart value ``capture.testHooks``): an annotation set on a
+capture without it is reported and ignored.
+
 Value: ``"*"`` for every table, or a comma-separated list of table IDs (``"7, 12"``). Absent: off.
 A value with no valid table ID is treated as off (and reported), never as "all": a typo must not hold
 every table of a test.
@@ -99,3 +102,8 @@ def hooks_from_annotations(annotations: Mapping[str, object] | None) -> tuple[Ho
             problems.append(f"{key}: ignored {', '.join(repr(b) for b in bad)} (want '*' or table IDs)")
         scopes[key] = scope
     return Hooks(hold_close=scopes[HOLD_CLOSE], pause_create=scopes[PAUSE_CREATE]), problems
+
+
+def disabled_hooks(annotations: Mapping[str, str] | None) -> list[str]:
+    """The hook annotations set on a Capture (for the warning of an agent that does not honour them)."""
+    return [key for key in HOOKS if (annotations or {}).get(key) is not None]

@@ -69,7 +69,7 @@ class System:
             self._spawn(
                 c,
                 ["-m", "controller.capture", "--name", c, "--namespace", self.namespace,
-                 "--kubeconfig", self.kubeconfig, "--log-format", self.log_format],
+                 "--kubeconfig", self.kubeconfig, "--log-format", self.log_format, "--test-hooks"],
             )  # fmt: skip
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

@@ -37,7 +37,8 @@ def kube(pytestconfig: pytest.Config) -> Kube:
         subprocess.run(
             [helm, "upgrade", "--install", RELEASE, str(ROOT / "charts" / "changefeed-maintainer"),
              "--kube-context", context, "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "5m",
-             "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never"],
+             "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+             "--set", "capture.testHooks=true"],
             check=True,
         )  # fmt: skip
     k = Kube(context, NAMESPACE)

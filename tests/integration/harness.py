@@ -74,6 +74,7 @@ CAPTURE_FLAGS = [
     "3",
     "--report-interval",
     "0.5",
+    "--test-hooks",
 ]
 
 Obj = dict[str, Any]

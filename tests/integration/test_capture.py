@@ -488,9 +488,25 @@ def test_progress_rides_on_the_lease_and_a_dispatcher_is_written_only_on_changes
     assert entry(api, "c1") is None
 
 
+def test_hooks_are_ignored_and_reported_unless_enabled(api: Api, agents: Callable[..., AgentProc]) -> None:
+    """Production agents (no --test-hooks) do not honour the failpoints: a Capture annotated with them by
+    anyone allowed to patch it cannot freeze closes or creates; the agent says it ignores them."""
+    api.changefeed()
+    agent = agents("c1")
+    wait_for(lambda: api.get("captures", "c1"), what="Capture")
+    api.annotate("c1", {HOLD_CLOSE: "*", PAUSE_CREATE: "*"})
+    wait_for(lambda: agent.said("bad test hook annotation"), what="the ignored hooks reported")
+    assert "test hooks are off" in agent.said("bad test hook annotation")[0]["problem"]
+    api.dispatcher("a1", "c1", table_id=1)
+    wait_for(working(api, "a1"), what="a1 Working although pause-create is set")
+    api.delete("dispatchers", "a1")
+    wait_for(lambda: api.get("dispatchers", "a1") is None, what="a1 closed although hold-close is set")
+    assert not agent.said("test hooks changed")
+
+
 def test_scoped_hooks_hold_close_and_pause_create(api: Api, agents: Callable[..., AgentProc]) -> None:
     api.changefeed()
-    agents("c1")
+    agents("c1", "--test-hooks")
     wait_for(lambda: api.get("captures", "c1"), what="Capture")
     api.annotate("c1", {HOLD_CLOSE: "2", PAUSE_CREATE: "4"})
     api.dispatcher("a1", "c1", table_id=1)

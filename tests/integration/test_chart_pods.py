@@ -50,7 +50,7 @@ def helm() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def render(namespace: str) -> list[dict[str, Any]]:
+def render(namespace: str, *sets: str) -> list[dict[str, Any]]:
     out = subprocess.run(
         [
             helm(),
@@ -61,6 +61,7 @@ def render(namespace: str) -> list[dict[str, Any]]:
             namespace,
             "--set",
             f"capture.replicas={CAPTURES}",
+            *(arg for value in sets for arg in ("--set", value)),
         ],
         check=True,
         capture_output=True,
@@ -262,3 +263,14 @@ def test_the_chart_rbac_is_enforced(cluster: tuple[ApiServerHandle, Api, Rbac, l
     # ... and discovery is open to every authenticated user.
     assert pool.request("GET", f"{handle.url}/apis", headers=token).status == 200
     assert rbac.denied()
+
+
+def test_test_hooks_are_off_unless_the_chart_turns_them_on() -> None:
+    """The failpoint annotations freeze dispatcher closes: production captures do not honour them."""
+
+    def capture_args(*sets: str) -> list[str]:
+        sts = next(d for d in render("ns", *sets) if d["kind"] == "StatefulSet")
+        return list(sts["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--test-hooks" not in capture_args()
+    assert "--test-hooks" in capture_args("capture.testHooks=true")
