@@ -2,7 +2,8 @@
 
 Input: a :class:`World` snapshot (from synced caches), the maintainer's :class:`Memory` for this
 leadership term, and :class:`Options`. Output: a :class:`Decision`, the chains of intended writes
-plus the next memory. The caller applies the chains and calls again (every ~500 ms and on events).
+plus the next memory. The caller applies the chains and calls again: on events, when something is
+due, and at least every ``--tick`` seconds (30 by default) as a backstop.
 
 Order of one decision::
 

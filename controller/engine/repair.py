@@ -13,7 +13,7 @@ only these level-triggered rules, applied to whatever no in-flight operator owns
    else Absent; Absent with a Working dispatcher that matches exactly -> adopted (Replicating), not
    duplicated.
 3. Dispatchers no span claims (no span, a deleted span, a duplicate for a span that names another)
-   are deleted; on a lost capture their finalizer is released too (it fenced itself).
+   are deleted; on a lost capture their finalizer is released too, once its Lease was taken (it cannot resume).
 4. Coverage: a live table with no spans gets its initial spans (pre-split policy), placed at once
    when a capture can take them (whole tables, up to ``basicBatchSize`` new spans a decision, at
    least one table); a hole in a table's coverage gets a span; an overlap no operator explains is
