@@ -16,13 +16,16 @@ Every write is idempotent when re-issued from the same or a later snapshot:
   AlreadyExists fails the chain: the object there is not the one this chain made, and its own record
   (e.g. a deposed maintainer's placement of that span elsewhere) is what the next decision must read.
 - ``Delete``: NotFound is success; a ``uid`` precondition keeps a late delete from removing a
-  re-created object of the same name.
+  re-created object of the same name, and its refusal (409) fails the chain (what follows in it, a
+  finalizer's release, would name that other object too).
 - ``WriteStatus``: carries the resourceVersion the decision was based on; a 409 aborts the chain and
   the next decision re-reads. For an object created earlier in the same chain, the executor uses the
   resourceVersion that create returned; if that create found the object already there, the status
   write fails as a conflict (it would otherwise land, unconditioned, on an object this chain did not
   make, e.g. a concurrent maintainer's operator of the same deterministic name).
-- ``AddFinalizer`` / ``RemoveFinalizer``: no-ops when already in the wanted state.
+- ``AddFinalizer`` / ``RemoveFinalizer``: no-ops when already in the wanted state (as the decision's view
+  shows it); otherwise the finalizers of that view, changed, with its resourceVersion (or the one an
+  earlier write of the chain returned) as precondition: a 409 fails the chain.
 - ``FenceCapture``: takes a lapsed capture's Lease with the version the decision judged as its
   precondition; success if the Lease already does not name the capture (or is gone); a conflict (the
   capture renewed since) fails the chain.

@@ -179,9 +179,11 @@ class Executor:
             try:
                 resp = await self.client.delete(RESOURCES[w.kind], ns, w.name, w.uid)
             except ApiError as exc:
-                if exc.not_found or exc.status == 409:  # gone, or another incarnation (uid mismatch)
+                if exc.not_found:
                     self.informer.forget(w.kind.value, w.name)
                     return
+                # 409: another incarnation has the name (uid precondition). The chain stops, as the simulator's
+                # executor stops it: its next writes (a finalizer's release) name that object too.
                 raise
             if resp.get("kind") == RESOURCES[w.kind].kind and resp.get("metadata", {}).get("deletionTimestamp"):
                 self.informer.offer(w.kind.value, resp)

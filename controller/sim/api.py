@@ -284,6 +284,25 @@ class Api:
             raise ApiError(409, "Conflict", f"Lease of {name}: version {version} != {cur.resource_version}")
         return self._put(cur, cur.evolve(lease_taken=True))
 
+    def patch_finalizers(
+        self, kind: Kind, name: str, finalizers: tuple[str, ...], precondition: str, faulty: bool = True
+    ) -> Record | None:
+        """A merge patch of ``metadata.finalizers`` with a resourceVersion precondition (what the production
+        executor sends). Returns the updated object, or None if removing the last finalizer made it vanish."""
+        self._maybe_fail(faulty)
+        cur = self.store[kind].get(name)
+        if cur is None:
+            raise ApiError(404, "NotFound", f"{kind} {name}")
+        if precondition and cur.resource_version != precondition:
+            raise ApiError(409, "Conflict", f"{kind} {name}: version {precondition} != {cur.resource_version}")
+        if cur.deleting and set(finalizers) - set(cur.finalizers):
+            raise ApiError(422, "Invalid", f"{kind} {name} is being deleted: no new finalizers")
+        new = replace(cur, finalizers=tuple(finalizers))
+        if new.deleting and not new.finalizers:
+            self._remove(cur)
+            return None
+        return self._put(cur, new)
+
     def remove_finalizer(self, kind: Kind, name: str, finalizer: str, faulty: bool = True) -> Record | None:
         """Returns the updated object, or None if removing the last finalizer made it vanish."""
         self._maybe_fail(faulty)

@@ -2,10 +2,11 @@
 
 Why it is separate from the API: this is the part production must get right too (``controller.kube``
 will follow the same rules), so it is written as the rules read: a chain stops at its first failure;
-Create AlreadyExists (unless the create is exclusive) and Delete NotFound count as success; a status
-write uses the resourceVersion an earlier write of the same chain returned for that object, else the one
-the decision read; successful responses are written through into the maintainer's cache (only if newer
-than what it holds).
+Create AlreadyExists (unless the create is exclusive) and Delete NotFound count as success (a Delete
+refused for another uid fails the chain); a finalizer edit patches the finalizers of the maintainer's view
+with that view's resourceVersion as precondition; a status write uses the resourceVersion an earlier write
+of the same chain returned for that object, else the one the decision read; successful responses are
+written through into the maintainer's cache (only if newer than what it holds).
 
 The maintainer may die between any two writes: ``kill`` is asked before every write.
 """
@@ -172,12 +173,10 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         except ApiError as e:
             if e.code == 404:
                 return
-            raise
+            raise  # 409: another incarnation has the name; the chain stops (its next writes name it too)
         _after(api, cache, w.kind, w.name, left, local)
-    elif isinstance(w, I.AddFinalizer):
-        new = api.add_finalizer(w.kind, w.name, w.finalizer)
-        local[(new.kind, new.name)] = new.resource_version
-        cache.offer(new)
+    elif isinstance(w, I.AddFinalizer | I.RemoveFinalizer):
+        _finalizer(api, cache, w, local)
     elif isinstance(w, I.FenceCapture):
         taken = api.fence_capture(w.capture, w.lease_version)
         if taken is not None:
@@ -191,14 +190,35 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
             for o in found:
                 cache.offer(o)
             raise ApiError(409, STALE_VIEW, f"{len(found)} object(s) of {w.changefeed} left, e.g. {found[0].name}")
-    elif isinstance(w, I.RemoveFinalizer):
-        try:
-            left = api.remove_finalizer(w.kind, w.name, w.finalizer)
-        except ApiError as e:
-            if e.code == 404:
-                return
-            raise
-        _after(api, cache, w.kind, w.name, left, local)
+
+
+def _finalizer(
+    api: Api, cache: Cache, w: I.AddFinalizer | I.RemoveFinalizer, local: dict[tuple[Kind, str], str]
+) -> None:
+    """As ``controller.kube.executor``: the finalizers the maintainer's view holds, changed, written with the
+    resourceVersion of that view (or of this chain's last write) as precondition; no-op if already so."""
+    current = cache.objects[w.kind].get(w.name)
+    if current is None:
+        if isinstance(w, I.RemoveFinalizer):
+            return
+        raise ApiError(404, "NotFound", f"{w.kind} {w.name} not in cache")
+    have = current.finalizers
+    if isinstance(w, I.AddFinalizer):
+        if w.finalizer in have:
+            return
+        want = (*have, w.finalizer)
+    else:
+        if w.finalizer not in have:
+            return
+        want = tuple(f for f in have if f != w.finalizer)
+    try:
+        left = api.patch_finalizers(w.kind, w.name, want, local.get((w.kind, w.name), current.resource_version))
+    except ApiError as e:
+        if e.code == 404 and isinstance(w, I.RemoveFinalizer):
+            cache.remove(w.kind, w.name, api.rv)
+            return
+        raise
+    _after(api, cache, w.kind, w.name, left, local)
 
 
 def _after(
