@@ -74,7 +74,6 @@ CAPTURE_FLAGS = [
     "3",
     "--report-interval",
     "0.5",
-    "--test-hooks",
 ]
 
 Obj = dict[str, Any]
@@ -287,7 +286,8 @@ class System:
         return self._spawn(identity, args)
 
     def capture(self, name: str, *, kubeconfig: Path | None = None, flags: list[str] | None = None) -> Proc:
-        """A capture agent process; ``flags`` replace the short timings (``[]``: the defaults)."""
+        """A capture agent process; ``flags`` replace the short timings (``[]``: the defaults). The test hooks are
+        on (``--test-hooks``) whatever the flags: the tests hold operators in flight with them."""
         args = [
             "-m",
             "controller.capture",
@@ -298,6 +298,7 @@ class System:
             "--kubeconfig",
             str(kubeconfig or self.api.kubeconfig),
             *(CAPTURE_FLAGS if flags is None else flags),
+            "--test-hooks",
             "--ledger-dir",
             str(self.ledger_dir),
         ]
