@@ -66,6 +66,7 @@ from controller.kube.probes import ProbeServer, parse_endpoint
 from controller.model import progress
 from controller.model.records import Capture, Dispatcher
 from controller.model.resources import (
+    CAPTURE_LABEL,
     InvalidResource,
     dispatcher_from_resource,
     format_time,
@@ -78,16 +79,12 @@ from controller.model.resources import (
 from controller.model.states import (
     CLOSED_DISPATCHER_STATES,
     DISPATCHER_FINALIZER,
-    GROUP,
     LIVE_DISPATCHER_STATES,
     DispatcherState,
     Kind,
 )
 
 log = logging.getLogger("controller.capture")
-
-#: Label the maintainer puts on a Dispatcher naming the capture that runs it.
-CAPTURE_LABEL = f"{GROUP}/capture"
 
 DISPATCHERS = RESOURCES[Kind.DISPATCHER]
 CAPTURES = RESOURCES[Kind.CAPTURE]

@@ -29,6 +29,7 @@ from controller.engine import controller, naming, placement
 from controller.engine.intents import Write
 from controller.engine.operators.common import set_span
 from controller.engine.world import Tick, is_placement
+from controller.model import resources as conv
 from controller.model.keys import KeyError_, KeyRange, gaps, overlapping_pairs
 from controller.model.records import Dispatcher, Span, SpanOperator, Table
 from controller.model.states import (
@@ -224,10 +225,7 @@ def _belongs(tick: Tick, d: Dispatcher, span: Span) -> bool:
     """``d`` replicates ``span``: it names it, or it is an orphan adopted for exactly its keys."""
     if d.span == span.name:
         return True
-    return (
-        d.span not in tick.spans
-        and (d.table_id, d.mode, d.key_range) == (span.table_id, span.mode, span.key_range)
-    )
+    return d.span not in tick.spans and (d.table_id, d.mode, d.key_range) == (span.table_id, span.mode, span.key_range)
 
 
 def _absent(tick: Tick, span: Span, d: Dispatcher | None, why: str) -> None:
@@ -395,10 +393,7 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
         key_range=rng,
         start_ts=start,
         created=tick.now,
-        labels=(
-            ("cdc.maintainer.dev/changefeed", tick.changefeed.name),
-            ("cdc.maintainer.dev/table-id", str(table.table_id)),
-        ),
+        labels=conv.span_labels(tick.changefeed.name, table.table_id),
     )
     existing = tick.spans.get(span.name)
     if existing is not None:
@@ -458,7 +453,7 @@ def _remove_spans(tick: Tick, spans: list[Span], reason: str) -> None:
         source=OpSource.MAINTAINER,
         reason=reason,
         created=tick.now,
-        labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+        labels=conv.changefeed_labels(tick.changefeed.name),
     )
     if op.name in tick.operators:
         return

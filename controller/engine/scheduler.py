@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from controller.engine import naming, placement
 from controller.engine.world import Tick
+from controller.model import resources as conv
 from controller.model.records import Span, SpanOperator
 from controller.model.states import OpSource, OpType, SpanState
 
@@ -83,7 +84,7 @@ def scheduler_operator(tick: Tick, name: str, type_: OpType, spans: tuple[str, .
         spans=spans,
         source=OpSource.SCHEDULER,
         created=tick.now,
-        labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+        labels=conv.changefeed_labels(tick.changefeed.name),
         **spec,  # type: ignore[arg-type]
     )
 

@@ -15,6 +15,7 @@ from controller.engine import controller, naming
 from controller.engine.intents import AddFinalizer, RemoveFinalizer, WriteStatus
 from controller.engine.operators.common import owned_spans, record
 from controller.engine.world import Tick
+from controller.model import resources as conv
 from controller.model.records import SpanOperator, Table
 from controller.model.states import TABLE_FINALIZER, Kind, Mode, OpPhase, OpSource, OpType
 
@@ -109,7 +110,7 @@ def remove_spans(tick: Tick, spans: list[str], basis: str, why: str, cancel: tup
         source=OpSource.MAINTAINER,
         reason=why,
         created=tick.now,
-        labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+        labels=conv.changefeed_labels(tick.changefeed.name),
     )
     if op.name in tick.operators:
         return  # created already (not yet started: the in-flight limit)

@@ -95,17 +95,20 @@ from controller.model.states import (
 PLACEMENT_ANNOTATION = f"{GROUP}/placement"
 
 __all__ = [
+    "CAPTURE_LABEL",
     "CHANGEFEED_LABEL",
     "CONDITION_STATUSES",
     "LEASE_API_VERSION",
     "MAX_TS",
     "PLACEMENT_ANNOTATION",
+    "TABLE_ID_LABEL",
     "TABLE_STATES",
     "InvalidResource",
     "capture_from_resources",
     "changefeed_from_resource",
     "changefeed_labels",
     "dispatcher_from_resource",
+    "dispatcher_labels",
     "format_time",
     "from_resource",
     "lease_name",
@@ -119,6 +122,7 @@ __all__ = [
     "resource_paths",
     "round_time",
     "span_from_resource",
+    "span_labels",
     "status_merge_patch",
     "status_of",
     "table_from_resource",
@@ -127,6 +131,10 @@ __all__ = [
 
 #: Label on every object the maintainer creates, naming its changefeed (selectors, ``kubectl -l``).
 CHANGEFEED_LABEL = f"{GROUP}/changefeed"
+#: Label of a Dispatcher naming its capture (each capture watches only its own: a label selector).
+CAPTURE_LABEL = f"{GROUP}/capture"
+#: Label of a Span naming its table's ID (``kubectl get spans -l cdc.maintainer.dev/table-id=7``).
+TABLE_ID_LABEL = f"{GROUP}/table-id"
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 #: Values of ``Table.status.state`` ("" in the model: not yet validated, omitted in the resource).
 TABLE_STATES = ("Active", "Invalid", "Removing", "Detached")
@@ -171,6 +179,16 @@ class InvalidResource(ValueError):
 def changefeed_labels(changefeed: str) -> tuple[tuple[str, str], ...]:
     """The labels of an object the maintainer creates for ``changefeed``, in the model's form."""
     return ((CHANGEFEED_LABEL, changefeed),)
+
+
+def span_labels(changefeed: str, table_id: int) -> tuple[tuple[str, str], ...]:
+    """The labels of a Span the maintainer creates (a new table's, a hole's, a split's or merge's)."""
+    return ((CHANGEFEED_LABEL, changefeed), (TABLE_ID_LABEL, str(table_id)))
+
+
+def dispatcher_labels(changefeed: str, capture: str) -> tuple[tuple[str, str], ...]:
+    """The labels of a Dispatcher the maintainer creates."""
+    return ((CAPTURE_LABEL, capture), (CHANGEFEED_LABEL, changefeed))
 
 
 def lease_name(capture: str) -> str:

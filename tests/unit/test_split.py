@@ -127,6 +127,8 @@ def test_origin_gone_creates_children_deletes_parent_and_places_them():
     kids = created(dec, Kind.SPAN)
     assert [(k.key_range, k.start_ts) for k in kids] == [(r, 130) for r in pieces(1, 2)]
     assert [(d.span, d.start_ts) for d in ds] == [("child0", 130), ("child1", 130)]
+    # Labelled as a new table's spans are (kubectl get spans -l cdc.maintainer.dev/table-id=1 finds them).
+    assert {dict(k.labels).get("cdc.maintainer.dev/table-id") for k in kids} == {"1"}
 
 
 def test_create_spans_restored_with_some_children_created():

@@ -17,6 +17,7 @@ from dataclasses import replace
 from controller.engine import naming
 from controller.engine.intents import Write
 from controller.engine.world import Tick
+from controller.model import resources as conv
 from controller.model.keys import KeyRange
 from controller.model.records import Dispatcher, Origin, Span, SpanOperator, Target
 from controller.model.states import (
@@ -230,10 +231,7 @@ def new_dispatcher(
         epoch=tick.epoch,
         created=tick.now,
         finalizers=(DISPATCHER_FINALIZER,),
-        labels=(
-            ("cdc.maintainer.dev/capture", capture),
-            ("cdc.maintainer.dev/changefeed", tick.changefeed.name),
-        ),
+        labels=conv.dispatcher_labels(tick.changefeed.name, capture),
     )
 
 

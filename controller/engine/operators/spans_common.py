@@ -24,6 +24,7 @@ from controller.engine.operators.common import (
     set_span,
 )
 from controller.engine.world import Tick
+from controller.model import resources as conv
 from controller.model.records import Span, SpanOperator
 from controller.model.states import Kind, OpPhase, SpanState, Stage
 
@@ -88,7 +89,7 @@ def create_spans(tick: Tick, op: SpanOperator, *replaced: str) -> list[Write]:
                         key_range=t.key_range,
                         start_ts=op.checkpoint_ts,
                         created=tick.now,
-                        labels=(("cdc.maintainer.dev/changefeed", tick.changefeed.name),),
+                        labels=conv.span_labels(tick.changefeed.name, template.table_id),
                     )
                 )
             )
