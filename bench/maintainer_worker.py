@@ -34,7 +34,7 @@ from collections import Counter  # noqa: E402
 from typing import Any  # noqa: E402
 
 import controller.maintainer.runner as runner  # noqa: E402
-from controller.capture.runtime import physical_ms  # noqa: E402
+from controller.model.tso import physical_ms  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
 from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
 from controller.model.states import Kind  # noqa: E402

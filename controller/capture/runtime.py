@@ -34,18 +34,7 @@ from typing import Protocol
 
 from controller.model.keys import KeyRange, regions_touched
 from controller.model.records import Dispatcher
-
-#: Bits of a TSO below the physical milliseconds (TiDB's logical counter).
-LOGICAL_BITS = 18
-
-
-def tso(physical_ms: int, logical: int = 0) -> int:
-    """A TiDB-style timestamp from physical milliseconds and a logical counter."""
-    return (physical_ms << LOGICAL_BITS) | logical
-
-
-def physical_ms(ts: int) -> int:
-    return ts >> LOGICAL_BITS
+from controller.model.tso import tso
 
 
 class DispatcherRuntime(Protocol):

@@ -15,18 +15,12 @@ from controller.cli.snapshot import Snapshot, span_states
 from controller.model import resources as conv
 from controller.model.records import SpanOperator
 from controller.model.states import Mode, OpPhase
+from controller.model.tso import physical_seconds
 
-#: Low bits of a TSO that hold the logical counter.
-LOGICAL_BITS = 18
 JSON = dict[str, Any]
 
 
 # -- small formats ---------------------------------------------------------------------------------
-
-
-def physical_seconds(ts: int) -> float:
-    """Wall time (seconds since the epoch) of a TSO."""
-    return (ts >> LOGICAL_BITS) / 1000.0
 
 
 def age(seconds: float) -> str:

@@ -35,10 +35,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.capture.runtime import physical_ms
 from controller.engine import progress
 from controller.model.records import Capture, Changefeed, Span, SpanOperator
 from controller.model.states import Kind, OpPhase, OpType, SchedulerState
+from controller.model.tso import physical_ms
 
 if TYPE_CHECKING:
     from controller.maintainer.runner import Maintainer

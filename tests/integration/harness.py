@@ -33,13 +33,13 @@ from urllib.parse import urlencode
 import urllib3
 
 from controller.capture import ledger
-from controller.capture.runtime import tso
 from controller.engine import invariants
 from controller.engine.world import World
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator, Table
 from controller.model.resources import capture_from_resources, from_resource, lease_name
 from controller.model.states import LIVE_DISPATCHER_STATES
+from controller.model.tso import tso
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"

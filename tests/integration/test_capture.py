@@ -28,12 +28,13 @@ from controller.apiserver import ApiServerHandle, start_server
 from controller.capture.hooks import HOLD_CLOSE, PAUSE_CREATE, Scope, hooks_from_annotations, parse_scope
 from controller.capture.informer import Informer
 from controller.capture.ledger import Required, check, read
-from controller.capture.runtime import LogicalClockRuntime, physical_ms
+from controller.capture.runtime import LogicalClockRuntime
 from controller.kube.client import JSON, RESOURCES, ApiError, Client, Resource
 from controller.model.keys import KeyRange
 from controller.model.progress import PROGRESS_ANNOTATION, digest
 from controller.model.records import Dispatcher
 from controller.model.states import Kind, Mode
+from controller.model.tso import physical_ms
 from tests.integration.chaos import Chaos
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -38,6 +38,7 @@ from controller.model.keys import KeyRange, table_key
 from controller.model.progress import Progress, ProgressEntry
 from controller.model.records import Capture, Changefeed, Condition, Span, SpanOperator, Table, Target
 from controller.model.states import Mode, OpPhase, OpSource, OpType, SpanState, Stage
+from controller.model.tso import physical_seconds
 
 NOW = 1_700_000_000.0
 CF = "cf"
@@ -429,7 +430,7 @@ def test_span_states_counts_new_spans() -> None:
 def test_small_formats() -> None:
     assert [render.age(s) for s in (-1, 5, 65, 3700, 90000)] == ["0s", "5s", "1m05s", "1h01m", "1d01h"]
     assert render.elapsed(1.25) == "1.2s"
-    assert render.physical_seconds(tso(NOW)) == NOW
+    assert physical_seconds(tso(NOW)) == NOW
     assert render.checkpoint(0, NOW) == "-"
     assert render.checkpoint_lag(0, NOW) is None
     assert render.checkpoint_lag(tso(NOW - 2.5), NOW) == pytest.approx(2.5)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller.capture.ledger import Delivered, Ledger, Required, check, read
-from controller.capture.runtime import LogicalClockRuntime, tso
+from controller.capture.runtime import LogicalClockRuntime
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
 from controller.model.states import Mode
+from controller.model.tso import tso
 
 T = KeyRange.of_table(1)
 MID = table_key(1) + b"\x80"

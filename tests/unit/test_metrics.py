@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.capture.runtime import tso
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import ApiError, BadResponse, Client
@@ -27,6 +26,7 @@ from controller.model.keys import KeyRange
 from controller.model.progress import Progress, ProgressEntry, digest
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, SchedulerStatus, Span, SpanOperator
 from controller.model.states import DispatcherState, Kind, Mode, OpPhase, OpType, SchedulerState, SpanState, Stage
+from controller.model.tso import tso
 
 CF = "cf"
 OTHER = "other"  # a changefeed this process does not lead
