@@ -124,6 +124,9 @@ class Ctx:
     #: Every object a zombie created (kind, name): after a Changefeed's teardown, only these may outlive it
     #: (nothing fences a create; the garbage collector removes them, see Sim.collect_garbage).
     zombie_made: set[tuple[Kind, str]] = field(default_factory=set)
+    #: Spans a zombie deleted (a Split's or Merge's origins it replaced from its stale view, a Remove's): its
+    #: successor, whose Span watch may not show that yet, can admit another operator on such a span.
+    zombie_deleted: set[str] = field(default_factory=set)
     #: When the Changefeed was deleted (kubectl delete), if it was; and when it vanished from the API.
     cf_deleted_at: float | None = None
     cf_gone_at: float | None = None

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from controller.engine import intents as I
-from controller.engine.intents import Create, WriteStatus
+from controller.engine.intents import Create, Delete, WriteStatus
 from controller.engine.liveness import Silence, ViewClock
 from controller.engine.maintainer import Decision, Memory, decide
 from controller.engine.world import Options, World, is_placement
@@ -139,6 +139,9 @@ class SimMaintainer:
             made = [w.obj for c in decision.chains for w in c.writes if isinstance(w, Create)]
             ctx.zombie_spans.update(o.name for o in made if isinstance(o, Span))
             ctx.zombie_made.update((o.kind, o.name) for o in made)
+            ctx.zombie_deleted.update(
+                w.name for c in decision.chains for w in c.writes if isinstance(w, Delete) and w.kind is Kind.SPAN
+            )
             # A user's span the zombie accepts from its stale view may overlap spans its successor
             # created meanwhile (seed 1766): the successor's overlap repair resolves it.
             written = (w.obj for c in decision.chains for w in c.writes if isinstance(w, WriteStatus))
