@@ -152,6 +152,17 @@ def _structural(node: Node, root: bool) -> list[Problem]:
         out.append(Problem(f"{path}.type", "Required value: must not be empty for specified object fields"))
     if root and s.get("type") not in (None, "object"):
         out.append(Problem(f"{path}.type", 'Invalid value: must be "object" at the root'))
+    meta = (s.get("properties") or {}).get("metadata") if root else None
+    if isinstance(meta, dict) and (
+        set(meta) - {"type", "properties"} or set(meta.get("properties") or {}) - {"name", "generateName"}
+    ):
+        out.append(
+            Problem(
+                f"{path}.properties[metadata]",
+                "Forbidden: must not specify anything other than name and generateName, "
+                "but metadata is implicitly specified",
+            )
+        )
     if "properties" in s and "additionalProperties" in s and s.get("additionalProperties") is not False:
         out.append(
             Problem(

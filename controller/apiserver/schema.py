@@ -379,12 +379,24 @@ class Schema:
         for key in self.root.get("required") or []:
             if key not in obj:
                 errors.append(required(key))
+        self._metadata(props.get("metadata"), obj.get("metadata"), (old or {}).get("metadata"), errors)
         for key, sub in props.items():
             if key in _ROOT_KEEP or key not in obj:
                 continue
             has_old = old is not None and key in old
             self._node(sub, obj[key], key, key, old[key] if has_old and old else None, has_old, errors)
         return errors
+
+    def _metadata(self, schema: Any, meta: Any, old: Any, errors: list[FieldError]) -> None:
+        """A CRD's schema may restrict ``metadata.name`` and ``metadata.generateName`` (and nothing else of
+        metadata: crdcheck refuses the rest); the real server validates them with the rest of the object."""
+        if not isinstance(schema, dict) or not isinstance(meta, dict):
+            return
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in ("name", "generateName") and isinstance(sub, dict) and key in meta:
+                has_old = isinstance(old, dict) and key in old
+                path = f"metadata.{key}"
+                self._node(sub, meta[key], path, path, old[key] if has_old else None, has_old, errors)
 
     def validate_lists(self, obj: JSON, old: JSON | None = None) -> list[FieldError]:
         """``x-kubernetes-list-type`` invariants: no duplicate items in a ``set``, no duplicate keys in a ``map``

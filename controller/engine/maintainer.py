@@ -21,7 +21,9 @@ Order of one decision::
     (a Changefeed being deleted: only its teardown, see teardown.py)
     status      Changefeed and Table status (incl. what the schedulers do); on the term's first
                 decision, the Bootstrapped condition and one Event saying what was restored and
-                repaired; an Event for each capture newly found lost while it held our spans
+                repaired; an Event for each capture newly found lost while it held our spans; the
+                WritesRefused condition (and an Event) when the API refused a create of the last
+                decisions (``Memory.refusal``, fed by the caller through :func:`observed`)
 
 There is no separate recovery path: bootstrap is the first ordinary decision of a term, and every
 rule is level-triggered on the snapshot.
@@ -58,6 +60,37 @@ BOOTSTRAPPED = "Bootstrapped"
 CHECKPOINT_INTERVAL = 1.0
 #: Condition of a Changefeed being deleted: what its teardown still has to remove.
 DELETING = "Deleting"
+#: Condition: True while the API refuses a create this maintainer keeps retrying (reason: the API's reason,
+#: message: which create and the API's message); False once a later create lands.
+WRITES_REFUSED = "WritesRefused"
+#: The Event of a refusal (once per new refusal message).
+REFUSED_EVENT = "WriteRefused"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A create the API refused for good (not a conflict, a timeout or a transient error): 400, 403 or 422.
+    Retrying cannot help until something changes (the object, a quota, a webhook, RBAC), so a person must
+    be told (``WritesRefused``)."""
+
+    write: str  # e.g. "create Span t1-s0"
+    reason: str  # the API's reason (Invalid, Forbidden, BadRequest)
+    message: str  # the API's message
+
+
+#: Status codes of a refusal: the request itself is refused, as opposed to a conflict or an unavailable API.
+REFUSAL_CODES = (400, 403, 422)
+
+
+def observed(memory: Memory, created: int, refusals: tuple[Refusal, ...]) -> Memory:
+    """The memory after applying a decision: the first create the API refused (kept until a later decision's
+    create lands), or none once ``created`` creates landed without a refusal. What the caller must call
+    after every apply (the runner and the simulator alike)."""
+    if refusals:
+        return replace(memory, refusal=refusals[0])
+    if created and memory.refusal is not None:
+        return replace(memory, refusal=None)
+    return memory
 
 
 @dataclass(frozen=True)
@@ -82,6 +115,8 @@ class Memory:
     checkpoint_at: float = 0.0
     #: When the last full decision (every rule over everything) ran: the term's first decision counts.
     audited_at: float = 0.0
+    #: A create the API refused and that no later create has followed (:func:`observed`).
+    refusal: Refusal | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +188,10 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         else memory.report
     )
     lost = _lost_captures(tick)
-    published, waiting = _status(tick, first, report, sched, sorted(lost - memory.lost_captures), memory.checkpoint_at)
+    refusal = None if "refusals-not-reported" in options.mutants else memory.refusal
+    published, waiting = _status(
+        tick, first, report, sched, sorted(lost - memory.lost_captures), memory.checkpoint_at, refusal
+    )
 
     new_memory = replace(
         memory,
@@ -335,8 +373,39 @@ def _in_flight_count(tick: Tick) -> int:
     return len(tick.in_flight())
 
 
+def _refused_condition(cf: Changefeed, refusal: Refusal | None, now: float) -> Condition | None:
+    """WritesRefused as the last applies left it: True with the API's words, False once a create landed
+    after a refusal, None (no such condition) for a changefeed that never had one."""
+    if refusal is not None:
+        message = f"the API refused {refusal.write}: {refusal.message} (retried at every decision)"
+        return Condition(
+            type=WRITES_REFUSED,
+            status="True",
+            reason=refusal.reason or "Refused",
+            message=message,
+            observed_generation=cf.generation,
+            last_transition=now,
+        )
+    if cf.condition(WRITES_REFUSED) is None:
+        return None
+    return Condition(
+        type=WRITES_REFUSED,
+        status="False",
+        reason="Accepted",
+        message="the API accepts this maintainer's creates",
+        observed_generation=cf.generation,
+        last_transition=now,
+    )
+
+
 def _status(
-    tick: Tick, first: bool, report: str, sched: SchedulerStatus, newly_lost: list[str], checkpoint_at: float
+    tick: Tick,
+    first: bool,
+    report: str,
+    sched: SchedulerStatus,
+    newly_lost: list[str],
+    checkpoint_at: float,
+    refusal: Refusal | None = None,
 ) -> tuple[bool, bool]:
     """Changefeed and Table status. Returns (the Changefeed's write carries a new checkpoint, a new
     checkpoint waits for ``CHECKPOINT_INTERVAL``: the caller is due again then)."""
@@ -356,6 +425,12 @@ def _status(
     events: list[object] = []
     if first:
         events.append(tick.event(cf, "Bootstrapped", report))
+    refused = _refused_condition(cf, refusal, tick.now)
+    if refused is not None:
+        old = cf.condition(WRITES_REFUSED)
+        conditions = _set_condition(replace(cf, conditions=conditions), refused)
+        if refusal is not None and (old is None or (old.status, old.message) != ("True", refused.message)):
+            events.append(tick.event(cf, REFUSED_EVENT, refused.message, warning=True))
     for name in newly_lost:
         if tick.index is not None:
             held = tick.index.holding.get(name, 0)

@@ -27,7 +27,7 @@ import aiohttp
 
 from controller.engine import intents as I
 from controller.engine import teardown
-from controller.engine.maintainer import Decision
+from controller.engine.maintainer import REFUSAL_CODES, Decision, Refusal
 from controller.kube.client import EVENTS, LEASES, LIST_PAGE, RESOURCES, ApiError, BadResponse, Client
 from controller.kube.informer import LEASE, Informer
 from controller.model import resources as conv
@@ -88,6 +88,9 @@ class Outcome:
     failed: int = 0
     writes: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    #: Creates that landed (AlreadyExists included) and creates the API refused (for ``maintainer.observed``).
+    created: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
 
 
 class Executor:
@@ -135,11 +138,18 @@ class Executor:
                 except WRITE_ERRORS as exc:
                     reason = failure_reason(exc) or type(exc).__name__
                     out.errors[reason] += 1
+                    if isinstance(w, I.Create) and isinstance(exc, ApiError) and exc.status in REFUSAL_CODES:
+                        out.refusals.append(Refusal(w.describe(), exc.reason, exc.message))
+                        log.warning(
+                            "the API refused %s: %s %s: %s", w.describe(), exc.status, exc.reason, exc.message
+                        )
                     self._failed(reason)
                     log.debug("chain %r stopped at %s: %s", chain.why, w.describe(), exc)
                     return False
                 if not isinstance(w, I.ConfirmNoneLeft):
                     out.writes += 1
+                if isinstance(w, I.Create):
+                    out.created += 1
         return True
 
     async def _one(self, w: I.Write, local: dict[tuple[str, str], str]) -> None:

@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from controller.engine import teardown
-from controller.engine.maintainer import Decision, Memory, decide
+from controller.engine.maintainer import Decision, Memory, decide, observed
 from controller.engine.world import AUDIT_INTERVAL, Options, World
 from controller.kube import namespace
 from controller.kube.client import Client, sleep_or
@@ -369,6 +369,10 @@ class Maintainer:
                 out = apply.result()
                 self.stats.writes += out.writes
                 self.stats.failed_chains += out.failed
+                before, memory = memory.refusal, observed(memory, out.created, tuple(out.refusals))
+                self.memories[name] = memory
+                if memory.refusal != before:
+                    wakeup.set()  # the next decision says so (WritesRefused, an Event) at once, not at the next tick
             # Batch: at most one decision per MIN_INTERVAL, however many events arrive. Then sleep until an
             # event of this changefeed (our own writes included, so an operator advances as fast as its
             # steps land), until something is due, or at the latest for a tick.

@@ -38,6 +38,7 @@ class ApiError(Exception):
         super().__init__(f"{code} {reason}: {message}")
         self.code = code
         self.reason = reason
+        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,9 @@ class Api:
         self.outage_until = 0.0
         #: Clients cut off alone (a network partition of one process), until when.
         self.cut_until: dict[str, float] = {}
+        #: Spans of these tables are refused on create (422) until when: an admission policy (a webhook, a quota)
+        #: that no retry gets past; the maintainer must say so (``WritesRefused``) rather than retry silently.
+        self.refusing: dict[int, float] = {}
         #: Called with (old, new) after every successful change (new None: deleted).
         self.observers: list[Callable[[Record | None, Record | None], None]] = []
 
@@ -200,6 +204,10 @@ class Api:
 
     def create(self, obj: Record, faulty: bool = True) -> Record:
         self._maybe_fail(faulty)
+        if faulty and isinstance(obj, Span) and self.refusing.get(obj.table_id, 0.0) > self.clock():
+            # Admission runs before storage: refused even where the name exists. (Only the maintainer's creates:
+            # the workload's own, faulty=False, stand for a person's, which the policy lets through.)
+            raise ApiError(422, "Invalid", f"Span {obj.name}: admission refuses spans of table {obj.table_id}")
         if obj.name in self.store[obj.kind]:
             raise ApiError(409, "AlreadyExists", f"{obj.kind} {obj.name}")
         self.uids += 1

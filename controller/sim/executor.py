@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from controller.engine import intents as I
 from controller.engine import teardown
 from controller.engine.index import Index
-from controller.engine.maintainer import Decision
+from controller.engine.maintainer import REFUSAL_CODES, Decision, Refusal
 from controller.model.records import Record
 from controller.model.states import Kind
 from controller.sim.api import KINDS, Api, ApiError, WatchEvent
@@ -95,6 +95,9 @@ class Outcome:
     stale_views: int = 0  # chains a consistent read (ConfirmNoneLeft) stopped
     killed: bool = False
     log: list[str] = field(default_factory=list)
+    #: Creates that landed (AlreadyExists included) and creates the API refused (for ``maintainer.observed``).
+    created: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
 
 
 def apply(
@@ -135,8 +138,11 @@ def apply(
             except ApiError as e:
                 error = f"{w.describe()} -> {e.code} {e.reason}"
                 out.stale_views += e.reason == STALE_VIEW
+                if isinstance(w, I.Create) and e.code in REFUSAL_CODES:
+                    out.refusals.append(Refusal(w.describe(), e.reason, e.message))
                 break
             done += 1
+            out.created += isinstance(w, I.Create)
             if not isinstance(w, I.ConfirmNoneLeft):
                 out.writes += 1
         if error:

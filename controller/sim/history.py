@@ -187,6 +187,7 @@ class Sim:
         api.faults.p500 = api.faults.p409 = 0.0
         api.faults.watch_delay = 0.5
         api.cut_until.clear()  # partitions heal; an outage of the whole API runs to its end
+        api.refusing.clear()
         self.kill_at = None
         for name in self.captures.alive_names():
             cap = self.captures.all[name]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from controller.engine import intents as I
 from controller.engine.intents import Create, Delete, WriteStatus
 from controller.engine.liveness import Silence, ViewClock
-from controller.engine.maintainer import Decision, Memory, decide
+from controller.engine.maintainer import REFUSED_EVENT, WRITES_REFUSED, Decision, Memory, Refusal, decide, observed
 from controller.engine.world import Options, World, is_placement
 from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator
 from controller.model.states import Kind, OpPhase
@@ -68,6 +68,8 @@ class SimMaintainer:
         self.kill_after: int | None = None  # die after this many more writes
         self.events: list[str] = []
         self.decisions = 0
+        #: A refusal the last apply found, which the next decision must report.
+        self.unreported: Refusal | None = None
         ctx.trace.add(f"  {self.identity} started at epoch {epoch} (cache synced by LIST)")
 
     def stop(self) -> None:
@@ -126,6 +128,7 @@ class SimMaintainer:
         world = self.world()
         decision = decide(world, self.memory, self.options)
         self._check_agreement(world, decision)
+        self._check_refusal_reported(world, decision)
         self.memory = decision.memory
         who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
         if decision.fenced:
@@ -165,6 +168,12 @@ class SimMaintainer:
             ctx.api, self.cache, decision, kill, self.events, ctx.trace.add, client=self.identity, guard=self._guard
         )
         ctx.bump("writes", out.writes)
+        before = self.memory.refusal
+        self.memory = observed(self.memory, out.created, tuple(out.refusals))  # as the runner does
+        if out.refusals:
+            ctx.bump("creates refused")
+        if self.memory.refusal is not None and self.memory.refusal != before:
+            self.unreported = self.memory.refusal
         if out.stale_views:
             ctx.bump("teardown stale view", out.stale_views)
         if out.killed:
@@ -191,6 +200,42 @@ class SimMaintainer:
                 f"fencing: {self.identity} released the finalizer of {d.name} while {d.capture}'s Lease still "
                 "names it (the capture could resume it)"
             )
+
+    def _check_refusal_reported(self, world: World, decision: Decision) -> None:
+        """A create the API refused shows in the next decision: the Changefeed's WritesRefused condition True
+        with the API's message (written by this decision, or already so), and an Event unless the condition
+        already said exactly that."""
+        refusal, self.unreported = self.unreported, None
+        cf = world.changefeed
+        if (
+            refusal is None
+            or decision.fenced
+            or cf.deleting
+            or any(c.why.startswith("publish epoch") for c in decision.chains)
+        ):
+            return
+        written = [
+            w.obj
+            for c in decision.chains
+            for w in c.writes
+            if isinstance(w, WriteStatus) and isinstance(w.obj, Changefeed) and w.obj.name == cf.name
+        ]
+        old = cf.condition(WRITES_REFUSED)
+        cond = written[-1].condition(WRITES_REFUSED) if written else old
+        if (
+            cond is None
+            or cond.status != "True"
+            or refusal.write not in cond.message
+            or refusal.message not in cond.message
+        ):
+            self.ctx.fail(
+                f"refusal: {self.identity}'s next decision does not report that the API refused {refusal.write}"
+            )
+            return
+        told = any(isinstance(w, I.Event) and w.reason == REFUSED_EVENT for c in decision.chains for w in c.writes)
+        if not told and (old is None or (old.status, old.message) != (cond.status, cond.message)):
+            self.ctx.fail(f"refusal: no Event says that the API refused {refusal.write}")
+        self.ctx.bump("refusals reported")
 
     def _check_agreement(self, world: World, decision: Decision) -> None:
         """The incremental decision (over the index's candidates) must be the full one (every rule over

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 CF = "cf"
 #: What users no longer do for a changefeed they deleted.
-CHANGEFEED_EVENTS = ("table add", "user op", "user span", "pause")
+CHANGEFEED_EVENTS = ("table add", "user op", "user span", "pause", "refused table")
 #: What still happens while the API is out: nothing that needs it (processes die, networks fail).
 DURING_OUTAGE = ("capture crash", "lease fail", "maintainer kill", "watch burst", "write faults", "capture cut off")
 
@@ -128,6 +128,7 @@ class Workload:
             (0.012, "api outage"),
             (0.008, "capture cut off"),
             (0.005, "maintainer cut off"),
+            (0.01, "refused table"),
         ]
         if ctx.cf_deleted_at is not None:
             # Deleted: users stop writing for it (creates naming it would be the user's own leftovers).
@@ -144,6 +145,14 @@ class Workload:
         ctx, rng, api = self.ctx, self.ctx.rng, self.ctx.api
         caps = self.sim.captures
         if what == "table add":
+            self.add_table(initial=False)
+        elif what == "refused table":
+            # A table whose spans the API refuses for a while (an admission policy): the maintainer retries and
+            # must report it (WritesRefused, an Event) in its next decision.
+            seconds = rng.uniform(1.0, 8.0)
+            api.refusing[self.next_table] = ctx.now + seconds
+            ctx.bump("refused table")
+            ctx.trace.add(f"  the API refuses spans of table {self.next_table} for {seconds:.1f}s")
             self.add_table(initial=False)
         elif what == "table delete":
             live = self._tables()

@@ -19,7 +19,7 @@ import pytest
 from controller.apiserver import ApiServerHandle, start_server
 from controller.engine.maintainer import Decision, Memory
 from controller.engine.world import Options, World
-from controller.kube.client import LEASES, RESOURCES, Client, Config
+from controller.kube.client import EVENTS, LEASES, RESOURCES, ApiError, Client, Config
 from controller.maintainer import runner
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model.states import API_VERSION, Kind
@@ -168,6 +168,74 @@ def test_readiness_needs_every_kind_listed_and_a_bid_for_every_lease(server: Api
                 await until(lambda: m.ready()[0], "ready")
                 await until(lambda: CF in m.leading, "leading")
                 assert m.ready() == (True, "1 changefeed(s), leading 1")
+            finally:
+                await m.stop()
+
+    asyncio.run(main())
+
+
+class RefusingClient(Client):
+    """Creates of Spans are refused (422, as an admission webhook or a quota refuses them) until ``allow`` is set."""
+
+    MESSAGE = 'admission webhook "spans.policy.example" denied the request: no new spans today'
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.allow = False
+        self.refused = 0
+
+    async def create(self, res: Any, namespace: str, body: Any) -> Any:
+        if res is RESOURCES[Kind.SPAN] and not self.allow:
+            self.refused += 1
+            raise ApiError(422, "Invalid", self.MESSAGE)
+        return await super().create(res, namespace, body)
+
+
+def test_a_create_the_api_refuses_shows_as_a_condition_and_an_event(server: ApiServerHandle) -> None:
+    """Issue 24: a create the API keeps refusing is not retried silently. The next decision sets the Changefeed's
+    WritesRefused condition (the API's reason and message) and posts one Warning Event; once a create lands,
+    the condition goes False."""
+
+    async def main() -> None:
+        async with RefusingClient(Config.load(str(server.kubeconfig_path))) as client:
+            ns = await setup(client)
+            m = Maintainer(client, settings(ns))
+            await m.start()
+            try:
+                await until(lambda: bootstrapped(m), "the bootstrap")
+                table = {"apiVersion": API_VERSION, "kind": "Table", "metadata": {"name": "t1"}}
+                await client.create(RESOURCES[Kind.TABLE], ns, {**table, "spec": {"changefeed": CF, "tableID": 1}})
+                await until(lambda: client.refused > 0, "a refused span create")
+                cond: dict[str, Any] = {}
+
+                async def condition() -> dict[str, Any]:
+                    cf = await client.get(RESOURCES[Kind.CHANGEFEED], ns, CF)
+                    found = [c for c in cf["status"].get("conditions", []) if c["type"] == "WritesRefused"]
+                    return found[0] if found else {}
+
+                deadline = time.monotonic() + 30
+                while cond.get("status") != "True":
+                    assert time.monotonic() < deadline, f"no WritesRefused condition: {cond}"
+                    await asyncio.sleep(0.05)
+                    cond = await condition()
+                assert cond["reason"] == "Invalid"
+                assert "create Span" in cond["message"] and RefusingClient.MESSAGE in cond["message"]
+                events, _ = await client.list(EVENTS, ns)
+                refused = [e for e in events if e["reason"] == "WriteRefused"]
+                assert len(refused) == 1, refused  # once per new refusal, not once per retry
+                assert refused[0]["type"] == "Warning"
+                assert RefusingClient.MESSAGE in refused[0]["message"]
+                assert refused[0]["involvedObject"]["name"] == CF
+
+                client.allow = True
+                deadline = time.monotonic() + 30
+                while cond.get("status") != "False":
+                    assert time.monotonic() < deadline, f"WritesRefused stays: {cond}"
+                    await asyncio.sleep(0.05)
+                    cond = await condition()
+                assert cond["reason"] == "Accepted"
+                spans, _ = await client.list(RESOURCES[Kind.SPAN], ns)
+                assert spans, "the table's spans were created once the API accepted them"
             finally:
                 await m.stop()
 

@@ -177,3 +177,22 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "bad.yaml: CustomResourceDefinition things.example.test: " in out
     assert "every create of its kind fails" in out
+
+
+def test_metadata_may_restrict_only_name_and_generate_name() -> None:
+    def crd(metadata: dict[str, object]) -> dict[str, object]:
+        schema = {"type": "object", "properties": {"metadata": metadata, "spec": {"type": "object"}}}
+        return {
+            "metadata": {"name": "things.example.com"},
+            "spec": {
+                "group": "example.com",
+                "names": {"plural": "things", "kind": "Thing"},
+                "scope": "Namespaced",
+                "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}],
+            },
+        }
+
+    ok = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 63}}}
+    assert not [p for p in check_crd(crd(ok)) if "metadata" in str(p)]
+    bad = {"type": "object", "properties": {"labels": {"type": "object"}}}
+    assert any("must not specify anything other than name and generateName" in str(p) for p in check_crd(crd(bad)))

@@ -13,6 +13,7 @@ from dataclasses import MISSING, Field, fields, is_dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import celpy
 import jsonschema
@@ -110,7 +111,10 @@ def json_schema(node: Any, strict: bool = True) -> Any:
     """OpenAPI -> JSON Schema: drop x-kubernetes-*; strict: refuse undeclared properties (the API server
     would prune them silently, which is what we want to catch)."""
     if isinstance(node, dict):
-        out = {k: json_schema(v, strict) for k, v in node.items() if not k.startswith("x-kubernetes-")}
+        # metadata is never pruned (a CRD may only restrict its name): not strict under it
+        out = {
+            k: json_schema(v, strict and k != "metadata") for k, v in node.items() if not k.startswith("x-kubernetes-")
+        }
         if strict and "properties" in out and "type" in out:
             out.setdefault("additionalProperties", False)
         return out
@@ -211,7 +215,14 @@ def test_schema_is_structural(plural: str) -> None:
     schema = load_crd(plural)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert schema["type"] == "object"
     assert {"apiVersion", "kind", "metadata", "spec", "status"} <= set(schema["properties"])
-    assert schema["properties"]["metadata"] == {"type": "object"}  # no constraints on metadata
+    # No constraints on metadata but the only ones a CRD may have (name, generateName): a Changefeed's name must
+    # fit in a label value.
+    name_limit = (
+        {"properties": {"name": {"type": "string", "maxLength": 63, "description": ANY}}}
+        if plural == "changefeeds"
+        else {}
+    )
+    assert schema["properties"]["metadata"] == {"type": "object", **name_limit}
     problems: list[str] = []
     for path, node, in_list in walk(schema):
         if path == ".metadata":
