@@ -198,6 +198,8 @@ class Agent:
     last_renew: float = 0.0
     lease_rv: str = ""
     fence_reason: str = ""
+    #: Why this capture may not run here at all (its Lease is forbidden to it): it exits 1 without registering.
+    refused: str = ""
     #: When it stopped delivering because it could not renew its Lease (monotonic); None while delivering.
     paused_at: float | None = None
     #: Per changefeed, the highest epoch a strong read has shown it (a paused dispatcher resumes only if no
@@ -290,7 +292,7 @@ class Agent:
 
     async def _run(self) -> int:
         if not await self._register():
-            return EXIT_OK  # stopped before it could register
+            return EXIT_ERROR if self.refused else EXIT_OK  # refused its Lease, or stopped before it registered
         tasks = {
             asyncio.create_task(self.dispatchers.run(), name="watch-dispatchers"),
             asyncio.create_task(self.captures.run(), name="watch-capture"),
@@ -382,6 +384,8 @@ class Agent:
         s = self.settings
         while not self.stop.is_set():
             try:
+                if not await self._lease_allowed():
+                    return False
                 await self._ensure_capture()
                 await self._acquire_lease()
                 self.last_renew = time.monotonic()
@@ -392,6 +396,28 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), timeout=s.renew_interval)
         return False
+
+    async def _lease_allowed(self) -> bool:
+        """Whether this capture may read (hence renew) its own Lease. The chart's Role names the Leases of the
+        StatefulSet's pods 0 .. capture.maxReplicas-1; a pod beyond them (``kubectl scale`` or an HPA past it)
+        could create its Lease (a create cannot be limited by name) but never renew it, so its spans would be
+        placed on it and lost again one lease duration later. It is refused before it registers, saying why."""
+        s = self.settings
+        name = lease_name(s.name)
+        try:
+            await self.client.get(LEASES, s.namespace, name)
+        except ApiError as exc:
+            if exc.status == 403:
+                self.refused = (
+                    f"this capture may not read its Lease {name} ({exc.message}). The chart's Role names the Leases "
+                    "of capture pods 0 .. capture.maxReplicas-1 only: raise capture.maxReplicas (helm upgrade) "
+                    "before scaling the StatefulSet beyond it"
+                )
+                log.error("refused: %s", self.refused, extra=fields(capture=s.name, lease=name))
+                return False
+            if not exc.not_found:
+                raise
+        return True
 
     async def _ensure_capture(self) -> None:
         s = self.settings

@@ -274,3 +274,79 @@ def test_test_hooks_are_off_unless_the_chart_turns_them_on() -> None:
 
     assert "--test-hooks" not in capture_args()
     assert "--test-hooks" in capture_args("capture.testHooks=true")
+
+
+def test_kubectl_scale_of_the_captures_works_up_to_max_replicas(tmp_path: Path) -> None:
+    """Issue 24, item 2: `kubectl scale statefulset` to one more capture (within capture.maxReplicas): the new pod
+    may renew its Lease under the chart's Role, joins and gets spans. One more than maxReplicas: refused before it
+    registers, exit 1, with a message that says what to change; the Role grants it nothing else."""
+    namespace = f"cfm-scale-{uuid.uuid4().hex[:6]}"
+    docs = render(namespace, f"capture.maxReplicas={CAPTURES + 1}")
+    rbac = Rbac()
+    rbac.load(docs)
+    for doc in docs:
+        if doc["kind"] == "ServiceAccount":
+            rbac.add_service_account(f"token-{doc['metadata']['name']}", namespace, doc["metadata"]["name"])
+    handle = start_server(CRD_DIR, bookmark_interval=0.5, rbac=rbac)
+    procs: list[Proc] = []
+    try:
+        api = embedded_api(handle.url, handle.kubeconfig_path, namespace)
+        api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        deployment, statefulset = workload(docs, "Deployment"), workload(docs, "StatefulSet")
+        sts = statefulset["metadata"]["name"]
+
+        def pod(kind_doc: dict[str, Any], name: str) -> Proc:
+            args, _ = pod_args(kind_doc, name, namespace)
+            sa = kind_doc["spec"]["template"]["spec"]["serviceAccountName"]
+            kc = kubeconfig_for(handle, f"token-{sa}", tmp_path / f"{name}.kubeconfig")
+            return start(name, args, kc, name, tmp_path)
+
+        procs.append(pod(deployment, f"{RELEASE}-maintainer-0"))
+        procs += [pod(statefulset, f"{sts}-{i}") for i in range(CAPTURES)]
+        apply_examples(api)
+
+        def replicating_on(capture: str | None = None) -> bool:
+            spans = api.list("spans")
+            states = [(s.get("status") or {}) for s in spans]
+            if not spans or any(s.get("state") != "Replicating" for s in states):
+                return False
+            return capture is None or any(s.get("capture") == capture for s in states)
+
+        wait_for("examples/ Replicating", replicating_on, procs, timeout=90)
+
+        # kubectl scale statefulset ... --replicas=3: pod -2 starts under the same Role.
+        third = f"{sts}-{CAPTURES}"
+        procs.append(pod(statefulset, third))
+        wait_for(
+            "the new capture's Lease renewed",
+            lambda: any(
+                (lease.get("spec") or {}).get("holderIdentity") == third
+                for lease in api.list("leases")
+            ),
+            procs,
+        )
+        table = {"apiVersion": "cdc.maintainer.dev/v1alpha1", "kind": "Table", "metadata": {"name": "scaled"}}
+        api.ok("POST", api.path("tables"), {**table, "spec": {"changefeed": "demo", "tableID": 900}})
+        wait_for(f"a span Replicating on {third}", lambda: replicating_on(third), procs, timeout=60)
+        assert rbac.denied() == [], "the scaled-out capture needed more than the chart grants"
+
+        # One beyond capture.maxReplicas: refused, exit 1, and it says how to fix it.
+        beyond = pod(statefulset, f"{sts}-{CAPTURES + 1}")
+        deadline = time.monotonic() + 30
+        while beyond.popen.poll() is None:
+            assert time.monotonic() < deadline, f"the capture beyond maxReplicas still runs:\n{beyond.tail()}"
+            time.sleep(0.2)
+        assert beyond.popen.returncode == 1, beyond.tail()
+        assert "capture.maxReplicas" in beyond.log.read_text(), beyond.tail()
+        denied = rbac.denied()
+        assert denied
+        assert all(f"capture-{sts}-{CAPTURES + 1}" in str(d) for d in denied), denied
+        assert not [c for c in api.list("captures") if c["metadata"]["name"] == f"{sts}-{CAPTURES + 1}"]
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, 9)
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=10)
+        handle.stop()
