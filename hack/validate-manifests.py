@@ -112,6 +112,16 @@ def monitoring_errors(docs: list[dict[str, Any]], expect: set[str], promtool: st
     problems: list[str] = []
     found = {kind: [d for d in docs if d["kind"] == kind] for kind in MONITORING_KINDS}
     found["ConfigMap"] = [d for d in found["ConfigMap"] if any(k.endswith(".json") for k in d.get("data") or {})]
+    # The captures' budget (capture.podDisruptionBudget, on by default) is not the maintainer's: checked on its own.
+    captures = [d for d in found["PodDisruptionBudget"] if d["metadata"]["name"].endswith("-capture")]
+    found["PodDisruptionBudget"] = [d for d in found["PodDisruptionBudget"] if d not in captures]
+    statefulsets = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("-capture")]
+    for pdb in captures:
+        sts = statefulsets[0] if len(statefulsets) == 1 else None
+        if sts is None or not selects(pdb["spec"].get("selector") or {}, sts["spec"]["template"]["metadata"]["labels"]):
+            problems.append(f"PodDisruptionBudget {pdb['metadata']['name']}: does not select the capture pods")
+        elif sts["spec"].get("replicas", 1) < 2:
+            problems.append(f"PodDisruptionBudget {pdb['metadata']['name']}: rendered for fewer than two captures")
     for kind, objs in found.items():
         if len(objs) != (1 if kind in expect else 0):
             problems.append(f"expected {1 if kind in expect else 0} {kind}, rendered {len(objs)}")

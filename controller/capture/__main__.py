@@ -1,6 +1,8 @@
 """``python -m controller.capture`` / ``changefeed-capture``: run one capture agent.
 
-Exit status: 0 after SIGTERM/SIGINT (dispatchers stopped, Lease released), 2 for bad arguments or an
+Exit status: 0 after SIGTERM/SIGINT (with ``--drain-timeout``, after the maintainer moved its dispatchers
+off or the timeout ran out; then dispatchers stopped, Lease released), 1 when the capture may not read its own
+Lease (a pod beyond the chart's capture.maxReplicas), 2 for bad arguments or an
 unloadable kubeconfig, 3 when the agent fenced itself: a renewal found its Lease deleted or taken (another
 holder, or another process of the same name), or an internal task died. A supervisor (kubelet, systemd) is
 expected to restart it. A Lease it cannot renew (the API unreachable) does not end it: past
@@ -83,6 +85,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="honour the test hooks (annotations cdc.maintainer.dev/hold-close and pause-create on the Capture): "
         "for tests and the demo only; without it they are reported and ignored",
     )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=0.0,
+        help="on SIGTERM, mark the Capture draining and wait up to this many seconds for the maintainer to move "
+        "its dispatchers off (Move operators: no span goes Absent) before stopping what is left and releasing "
+        "the Lease; keep it below the pod's termination grace period. 0 (default): stop at once. A second "
+        "SIGTERM stops at once too",
+    )
     logs.add_arguments(p)
     return p.parse_args(argv)
 
@@ -114,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         readiness=args.readiness,
         ledger_dir=args.ledger_dir,
         test_hooks=args.test_hooks,
+        drain_timeout=args.drain_timeout,
     )
     try:
         settings.check()

@@ -67,6 +67,8 @@ from controller.model import progress
 from controller.model.records import Capture, Dispatcher
 from controller.model.resources import (
     CAPTURE_LABEL,
+    DRAIN_FOR_SHUTDOWN,
+    DRAIN_REASON_ANNOTATION,
     InvalidResource,
     dispatcher_from_resource,
     format_time,
@@ -143,6 +145,9 @@ class Settings:
     #: Honour the test hooks (``controller.capture.hooks``): off in production, where anyone allowed to patch a
     #: Capture could otherwise freeze every close, a teardown's included.
     test_hooks: bool = False
+    #: SIGTERM: seconds to wait for the maintainer to move this capture's dispatchers off (the agent marks its
+    #: Capture draining) before it stops what is left and releases its Lease; 0 stops at once.
+    drain_timeout: float = 0.0
 
     def check(self) -> None:
         if not self.name or not self.namespace:
@@ -153,6 +158,8 @@ class Settings:
             raise ValueError("need 0 < --renew-interval < --renew-deadline < --lease-duration")
         if self.report_interval <= 0 or self.tick <= 0:
             raise ValueError("--report-interval and the tick must be positive")
+        if self.drain_timeout < 0:
+            raise ValueError("--drain-timeout must be at least 0")
         if self.readiness:
             try:
                 parse_endpoint(self.readiness)
@@ -200,6 +207,9 @@ class Agent:
     fence_reason: str = ""
     #: Why this capture may not run here at all (its Lease is forbidden to it): it exits 1 without registering.
     refused: str = ""
+    #: A SIGTERM asked it to stop: it is draining (``drain_timeout``), then sets ``stop``.
+    terminating: bool = False
+    _drain_task: asyncio.Task[None] | None = field(default=None, repr=False)
     #: When it stopped delivering because it could not renew its Lease (monotonic); None while delivering.
     paused_at: float | None = None
     #: Per changefeed, the highest epoch a strong read has shown it (a paused dispatcher resumes only if no
@@ -387,6 +397,7 @@ class Agent:
                 if not await self._lease_allowed():
                     return False
                 await self._ensure_capture()
+                await self._end_shutdown_drain()
                 await self._acquire_lease()
                 self.last_renew = time.monotonic()
                 log.info("registered", extra=fields(capture=s.name, lease=lease_name(s.name)))
@@ -396,6 +407,97 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), timeout=s.renew_interval)
         return False
+
+    # -- graceful shutdown: drain first ---------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """SIGTERM/SIGINT. With ``drain_timeout`` and once registered: mark the Capture draining and wait (at
+        most that long) for the maintainer to move its dispatchers off, then stop. A second signal, or none of
+        that: stop at once (stop what runs, report it Stopped, release the Lease)."""
+        if self.terminating or self.settings.drain_timeout <= 0 or not self.lease_rv or self.fence_reason:
+            self.stop.set()
+            return
+        self.terminating = True
+        self._drain_task = asyncio.create_task(self._drain_then_stop(), name="drain")
+
+    def holding(self) -> list[str]:
+        """The dispatchers this capture still holds: those it runs, those being deleted whose close has not
+        finished (its finalizer is still on), and those assigned to it that are not closed (a Pending one the
+        maintainer created before it saw the drain). A closed one not being deleted is no work of this
+        capture's: the maintainer deletes it when it gets to it."""
+        closed = {st.value for st in CLOSED_DISPATCHER_STATES}
+        held = set(self.runs)
+        for name, obj in self.dispatchers.objects.items():
+            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+            if meta.get("deletionTimestamp") or status.get("state") not in closed:
+                held.add(name)
+        return sorted(held)
+
+    async def _drain_then_stop(self) -> None:
+        s = self.settings
+        began = time.monotonic()
+        try:
+            try:
+                await self._mark_draining()
+            except API_ERRORS as exc:
+                log.warning("could not mark the Capture draining; stopping now", extra=fields(error=repr(exc)))
+                return
+            log.info(
+                "draining before exit: waiting for the maintainer to move the dispatchers off",
+                extra=fields(capture=s.name, dispatchers=len(self.holding()), timeout=s.drain_timeout),
+            )
+            while time.monotonic() - began < s.drain_timeout and not self.stop.is_set():
+                if not self.holding():
+                    log.info(
+                        "drained: every dispatcher moved off",
+                        extra=fields(capture=s.name, seconds=round(time.monotonic() - began, 3)),
+                    )
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), timeout=0.1)
+            left = self.holding()
+            if left:
+                log.warning(
+                    "drain timed out; stopping the dispatchers still here (their spans are placed again)",
+                    extra=fields(capture=s.name, dispatchers=len(left), timeout=s.drain_timeout),
+                )
+        finally:
+            self.stop.set()
+
+    async def _mark_draining(self) -> None:
+        """``spec.draining: true`` on its own Capture, with the annotation that says the agent set it for its
+        shutdown (so the next process of this capture clears it). A drain a person set already stays theirs."""
+        s = self.settings
+        current = await self.client.get(CAPTURES, s.namespace, s.name)
+        if (current.get("spec") or {}).get("draining"):
+            return
+        patch = {
+            "metadata": {
+                "resourceVersion": current["metadata"]["resourceVersion"],
+                "annotations": {DRAIN_REASON_ANNOTATION: DRAIN_FOR_SHUTDOWN},
+            },
+            "spec": {"draining": True},
+        }
+        await self.client.patch(CAPTURES, s.namespace, s.name, patch)
+        log.info("marked the Capture draining for shutdown", extra=fields(capture=s.name))
+
+    async def _end_shutdown_drain(self) -> None:
+        """A previous process of this capture drained it for its shutdown: this one is new and empty, so the
+        maintainer may place spans on it again (a person's drain, without the annotation, stays)."""
+        s = self.settings
+        current = await self.client.get(CAPTURES, s.namespace, s.name)
+        annotations = (current.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(DRAIN_REASON_ANNOTATION) != DRAIN_FOR_SHUTDOWN:
+            return
+        patch = {
+            "metadata": {
+                "resourceVersion": current["metadata"]["resourceVersion"],
+                "annotations": {DRAIN_REASON_ANNOTATION: None},
+            },
+            "spec": {"draining": False},
+        }
+        await self.client.patch(CAPTURES, s.namespace, s.name, patch)
+        log.info("cleared the drain a previous process set for its shutdown", extra=fields(capture=s.name))
 
     async def _lease_allowed(self) -> bool:
         """Whether this capture may read (hence renew) its own Lease. The chart's Role names the Leases of the
@@ -1013,4 +1115,4 @@ def _expired(lease_spec: JSON) -> bool:
 def install_signal_handlers(agent: Agent) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, agent.stop.set)
+        loop.add_signal_handler(sig, agent.request_stop)

@@ -145,6 +145,7 @@ MUTANTS = frozenset(
         "tables-never-detached",  # a deleted Changefeed's Tables keep the finalizer (teardown and janitor)
         "detached-table-keeps-counts",  # a detached Table's status still counts spans that no longer exist
         "refusals-not-reported",  # a create the API refuses is retried silently (no condition, no Event)
+        "capture-exits-before-drained",  # a capture told to stop exits before its spans are moved off
         "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)
         "reshape-without-capture-skips-new-spans",  # no capture at CreateSpans: Succeeded, new spans never made
         "placement-waits-for-a-lost-capture",  # a placement whose destination is lost waits forever

@@ -93,11 +93,17 @@ from controller.model.states import (
 
 #: The placement the maintainer recorded in a Span it created (``Span.created_capture``/``created_dispatcher``).
 PLACEMENT_ANNOTATION = f"{GROUP}/placement"
+#: On a Capture whose ``spec.draining`` its own agent set while shutting down (value ``shutdown``): the next
+#: process of that capture clears the drain as it starts; a drain a person set (no annotation) stays.
+DRAIN_REASON_ANNOTATION = f"{GROUP}/drain-reason"
+DRAIN_FOR_SHUTDOWN = "shutdown"
 
 __all__ = [
     "CAPTURE_LABEL",
     "CHANGEFEED_LABEL",
     "CONDITION_STATUSES",
+    "DRAIN_FOR_SHUTDOWN",
+    "DRAIN_REASON_ANNOTATION",
     "LEASE_API_VERSION",
     "MAX_TS",
     "PLACEMENT_ANNOTATION",

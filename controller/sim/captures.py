@@ -42,13 +42,15 @@ the agent does.
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.model import progress
 from controller.model.keys import regions_touched
 from controller.model.records import Capture, Changefeed, Dispatcher, Table
+from controller.model.states import CLOSED_DISPATCHER_STATES as CLOSED
 from controller.model.states import DISPATCHER_FINALIZER, DispatcherState, Kind, Mode
 from controller.sim.api import ApiError, Watcher, WatchEvent
 from controller.sim.context import Ctx, Frontier
@@ -140,6 +142,11 @@ class SimCapture:
     restarts: int = 0
     #: The report its Lease carried when this process started (only the mutation check looks at it).
     previous: progress.Progress | None = None
+    #: SIGTERM with a drain timeout (agent.py ``request_stop``): it marked its Capture draining and exits once
+    #: it holds nothing or at this time, whichever comes first; None while not stopping.
+    stopping_until: float | None = None
+    #: After a graceful exit, when its next process starts (a StatefulSet recreating the pod); None: never.
+    respawn_at: float | None = None
 
     def hooked(self, hook: str, table_id: int) -> bool:
         scope = self.hooks.get(hook)
@@ -159,6 +166,11 @@ class Captures:
         #: Mutant: a slow resume check's result is used however old the last renewal is by then.
         self.trusts_old_renewal = "capture-resume-check-trusts-an-old-renewal" in mutants
         ctx.holds = self.holds
+        #: Mutant: a capture told to stop exits at once, before the maintainer moved its spans off.
+        self.exits_before_drained = "capture-exits-before-drained" in mutants
+        #: Captures whose ``spec.draining`` their own agent set for a shutdown (the annotation
+        #: cdc.maintainer.dev/drain-reason: shutdown): the next process of that name clears it.
+        self.shutdown_drains: set[str] = set()
         #: Per capture, when the maintainer last took its Lease (ground truth, from the API's changes).
         self.taken_at: dict[str, float] = {}
         ctx.api.observers.append(self._observe_take)
@@ -196,10 +208,91 @@ class Captures:
             return
         cap.alive = False
         cap.own_fault = True
+        cap.stopping_until = cap.respawn_at = None  # a crash ends a graceful stop too; nothing restarts it
         cap.runs.clear()
         cap.check = None
         self.ctx.api.unwatch(cap.watcher)
         self.ctx.trace.add(f"  capture {name} {why}")
+
+    def stop(self, name: str, grace: float, respawn_after: float) -> None:
+        """SIGTERM to a capture run with a drain timeout of ``grace`` (a rollout, a scale-down, a node drain):
+        it marks its Capture draining (agent.py ``_mark_draining``), goes on as before while the maintainer
+        moves its spans off, and exits gracefully once it holds nothing or ``grace`` ran out (``_step_one``).
+        Its next process starts ``respawn_after`` seconds after it exits."""
+        ctx, api = self.ctx, self.ctx.api
+        cap = self.all[name]
+        if not cap.alive or cap.stopping_until is not None:
+            return
+        cap.respawn_at = respawn_after  # relative until the exit makes it absolute
+        cap.stopping_until = ctx.now + grace
+        ctx.trace.add(f"  capture {name}: SIGTERM, drains for up to {grace:.1f}s")
+        if self.exits_before_drained:
+            self._exit(cap)
+            return
+        cur = api.get(Kind.CAPTURE, name)
+        if not api.reachable(name) or cap.acquiring or not isinstance(cur, Capture):
+            cap.stopping_until = ctx.now  # cannot mark itself draining: stops at once, as before
+            return
+        if not cur.draining:
+            api.update_spec(replace(cur, draining=True))
+            self.shutdown_drains.add(name)
+
+    def _holding(self, cap: SimCapture) -> list[str]:
+        """What it still holds, by its own view (agent.py ``holding``): what it runs, its dispatchers being deleted
+        (until their close releases the finalizer) and those not closed."""
+        held = set(cap.runs)
+        for n, obj in cap.cache.objects[Kind.DISPATCHER].items():
+            if isinstance(obj, Dispatcher) and (obj.deleting or obj.state not in CLOSED):
+                held.add(n)
+        return sorted(held)
+
+    def _exit(self, cap: SimCapture) -> None:
+        """The graceful end of a process (agent.py ``_shutdown``): what still runs is stopped and reported
+        Stopped, then the Lease is released (lease_taken: nothing of this process can resume)."""
+        ctx, api = self.ctx, self.ctx.api
+        assert cap.stopping_until is not None
+        left = sorted(cap.runs)
+        if left and ctx.now < cap.stopping_until:
+            ctx.fail(
+                f"drain: capture {cap.name} exited running {len(left)} dispatcher(s) ({', '.join(left[:3])}) before "
+                "its drain timeout ran out (they were to be moved off first)"
+            )
+        ctx.bump("capture graceful exit" if not left else "capture drain timed out")
+        mine = cap.cache.objects[Kind.DISPATCHER]
+        for n in left:
+            run = cap.runs.pop(n)
+            obj = mine.get(n)
+            if isinstance(obj, Dispatcher) and api.reachable(cap.name):
+                self._status(cap, obj, DispatcherState.STOPPED, run.cp, "capture agent stopped")
+        cap.runs.clear()
+        cap.alive = False  # the process ends with the release below (nothing of it runs any more)
+        if api.reachable(cap.name) and not cap.acquiring:
+            released = Capture(name=cap.name, renew_time=ctx.now, lease_duration=1.0, lease_taken=True)
+            with contextlib.suppress(ApiError):  # taken or changed meanwhile: it lapses
+                api.write_status(released, cap.lease_rv, faulty=False)
+        cap.check = None
+        api.unwatch(cap.watcher)
+        cap.respawn_at = ctx.now + (cap.respawn_at or 0.0)
+        cap.stopping_until = None
+        ctx.trace.add(f"  capture {cap.name} exited (left {len(left)})")
+
+    def _end_shutdown_drain(self, cap: SimCapture) -> None:
+        """A new process of a capture whose previous one drained it for its shutdown clears that drain as it
+        registers (retried until the API answers, as registration is)."""
+        cur = self.ctx.api.get(Kind.CAPTURE, cap.name)
+        if cap.name in self.shutdown_drains and isinstance(cur, Capture) and self.ctx.api.reachable(cap.name):
+            self.ctx.api.update_spec(replace(cur, draining=False))
+            self.shutdown_drains.discard(cap.name)
+            self.ctx.trace.add(f"  capture {cap.name}: its new process clears the shutdown drain")
+
+    def _respawn(self, cap: SimCapture) -> None:
+        """Its next process (the pod recreated under the same name): registers, and clears a drain the previous
+        process set for its shutdown (agent.py ``_end_shutdown_drain``)."""
+        ctx = self.ctx
+        cap.respawn_at = None
+        cap.alive = True
+        cap.watcher = ctx.api.watch(cap.name, _mine(cap.name))
+        self.restart(cap.name)
 
     def restart(self, name: str) -> None:
         """The capture process dies and its supervisor starts it again at once (same name, same Lease):
@@ -208,6 +301,8 @@ class Captures:
         cap = self.all[name]
         if not cap.alive:
             return
+        cap.stopping_until = cap.respawn_at = None
+        self._end_shutdown_drain(cap)
         cap.runs.clear()
         cap.pending_since.clear()
         cap.closing.clear()
@@ -385,6 +480,12 @@ class Captures:
             cap = self.all[name]
             if cap.alive:
                 self._step_one(cap)
+                if cap.alive and cap.stopping_until is not None and (
+                    not self._holding(cap) or self.ctx.now >= cap.stopping_until
+                ):
+                    self._exit(cap)
+            elif cap.respawn_at is not None and self.ctx.now >= cap.respawn_at:
+                self._respawn(cap)
 
     def _step_one(self, cap: SimCapture) -> None:
         ctx = self.ctx
@@ -395,6 +496,8 @@ class Captures:
             self._renew(cap)
             if not cap.alive:
                 return
+        if cap.stopping_until is None and cap.name in self.shutdown_drains:
+            self._end_shutdown_drain(cap)  # registration retried
         if cap.acquiring:
             # A restarted process registers first, as the agent's _register: until it holds its Lease it
             # runs nothing (seed 5859: one that could not renew started dispatchers, paused, and resumed

@@ -129,6 +129,7 @@ class Workload:
             (0.008, "capture cut off"),
             (0.005, "maintainer cut off"),
             (0.01, "refused table"),
+            (0.015, "capture roll"),
         ]
         if ctx.cf_deleted_at is not None:
             # Deleted: users stop writing for it (creates naming it would be the user's own leftovers).
@@ -188,6 +189,13 @@ class Workload:
         elif what == "capture join":
             caps.join()
             ctx.bump("capture join")
+        elif what == "capture roll":
+            # A rollout (or a scale-down, a node drain) stops one capture gracefully: SIGTERM with a drain
+            # timeout; its pod comes back under the same name a little after it exits.
+            alive = [n for n in caps.alive_names() if caps.all[n].stopping_until is None]
+            if len(alive) > 1:
+                caps.stop(rng.choice(alive), rng.choice([1.0, 5.0, 20.0]), rng.uniform(0.5, 3.0))
+                ctx.bump("capture roll")
         elif what == "capture drain":
             alive = caps.alive_names()
             if len(alive) > 1:

@@ -33,6 +33,7 @@ from controller.kube.client import JSON, RESOURCES, ApiError, Client, Resource
 from controller.model.keys import KeyRange
 from controller.model.progress import PROGRESS_ANNOTATION, digest
 from controller.model.records import Dispatcher
+from controller.model.resources import DRAIN_FOR_SHUTDOWN, DRAIN_REASON_ANNOTATION
 from controller.model.states import Kind, Mode
 from controller.model.tso import physical_ms
 from tests.integration.chaos import Chaos
@@ -584,6 +585,61 @@ def test_sigterm_stops_dispatchers_and_releases_lease(api: Api, agents: Callable
     # The Lease was released after the Stopped report was written (the embedded server's resourceVersions are
     # one increasing sequence, as etcd's revisions are), so no one acted on the capture's absence before then.
     assert int(d1["metadata"]["resourceVersion"]) < int(lease["metadata"]["resourceVersion"])
+
+
+def test_sigterm_with_a_drain_timeout_drains_first_and_its_next_process_clears_the_drain(
+    api: Api, agents: Callable[..., AgentProc]
+) -> None:
+    """--drain-timeout: SIGTERM marks the Capture draining (annotation drain-reason: shutdown) and waits for the
+    maintainer to move its dispatchers off. With no maintainer here nothing moves: the timeout runs out, and the
+    agent stops what is left as without a drain (Stopped reports, Lease released, exit 0). Its next process
+    clears that drain; a drain a person set (no annotation) stays."""
+    api.changefeed()
+    agent = agents("c1", "--drain-timeout", "1.5")
+    api.dispatcher("d1", "c1")
+    wait_for(working(api, "d1"), 20.0, "Working")
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait(EXIT_BOUND + 1.5) == 0
+    assert agent.said("marked the Capture draining for shutdown")
+    assert [x["dispatchers"] for x in agent.said("drain timed out; stopping the dispatchers still here")] == [1]
+    assert not agent.said("drained: every dispatcher moved off")
+    assert api.get("dispatchers", "d1")["status"]["state"] == "Stopped"
+    assert api.get("leases", "capture-c1")["spec"].get("holderIdentity", "") == ""
+    cap = api.get("captures", "c1")
+    assert cap["spec"]["draining"] is True
+    assert cap["metadata"]["annotations"][DRAIN_REASON_ANNOTATION] == DRAIN_FOR_SHUTDOWN
+
+    again = agents("c1", "--drain-timeout", "1.5")
+    wait_for(lambda: again.said("cleared the drain a previous process set for its shutdown"), 20.0, "drain cleared")
+    cap = api.get("captures", "c1")
+    assert cap["spec"]["draining"] is False
+    assert DRAIN_REASON_ANNOTATION not in (cap["metadata"].get("annotations") or {})
+
+    # A person's drain is theirs: a SIGTERM keeps it as it is and a new process does not clear it.
+    api.patch("captures", "c1", {"spec": {"draining": True}})
+    again.proc.send_signal(signal.SIGTERM)
+    assert again.wait(EXIT_BOUND + 1.5) == 0
+    third = agents("c1", "--drain-timeout", "1.5")
+    wait_for(lambda: third.said("registered"), 20.0, "registered")
+    cap = api.get("captures", "c1")
+    assert cap["spec"]["draining"] is True
+    assert DRAIN_REASON_ANNOTATION not in (cap["metadata"].get("annotations") or {})
+    assert not third.said("cleared the drain")
+
+
+def test_sigterm_with_a_drain_timeout_exits_once_nothing_is_held(api: Api, agents: Callable[..., AgentProc]) -> None:
+    """Holding nothing (its dispatcher moved off: deleted, its finalizer released by the agent's close), a draining
+    agent exits at once, long before its drain timeout."""
+    api.changefeed()
+    agent = agents("c1", "--drain-timeout", "60")
+    api.dispatcher("d1", "c1")
+    wait_for(working(api, "d1"), 20.0, "Working")
+    agent.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: agent.said("marked the Capture draining for shutdown"), 20.0, "draining")
+    api.delete("dispatchers", "d1")  # as a Move's RemoveOrigin does
+    assert agent.wait(EXIT_BOUND) == 0  # well inside the 60 s timeout
+    assert agent.said("drained: every dispatcher moved off")
+    assert api.get("dispatchers", "d1") is None  # closed and released before the exit
 
 
 def test_pauses_when_its_lease_cannot_be_renewed_and_resumes_in_place(

@@ -58,6 +58,7 @@ from controller.model.resources import (
     table_from_resource,
     to_resource,
 )
+from tests.unit.test_crds import json_schema
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 API = "cdc.maintainer.dev/v1alpha1"
@@ -333,15 +334,9 @@ def _strict_validator(kind: str) -> jsonschema.Draft7Validator:
 
 
 def _json_schema(node: Any) -> Any:
-    """OpenAPI -> JSON Schema: drop x-kubernetes-*, and refuse undeclared properties (as pruning would)."""
-    if isinstance(node, dict):
-        out = {k: _json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-")}
-        if isinstance(out.get("properties"), dict) and "type" in out:
-            out.setdefault("additionalProperties", False)
-        return out
-    if isinstance(node, list):
-        return [_json_schema(v) for v in node]
-    return node
+    """OpenAPI -> JSON Schema: drop x-kubernetes-*, and refuse undeclared properties (as pruning would); metadata
+    is never pruned (test_crds.json_schema)."""
+    return json_schema(node)
 
 
 VALIDATORS: dict[str, jsonschema.Draft7Validator] = {}
