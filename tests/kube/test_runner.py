@@ -219,7 +219,8 @@ def test_a_create_the_api_refuses_shows_as_a_condition_and_an_event(server: ApiS
                     await asyncio.sleep(0.05)
                     cond = await condition()
                 assert cond["reason"] == "Invalid"
-                assert "create Span" in cond["message"] and RefusingClient.MESSAGE in cond["message"]
+                assert "create Span" in cond["message"]
+                assert RefusingClient.MESSAGE in cond["message"]
                 events, _ = await client.list(EVENTS, ns)
                 refused = [e for e in events if e["reason"] == "WriteRefused"]
                 assert len(refused) == 1, refused  # once per new refusal, not once per retry
