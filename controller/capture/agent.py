@@ -209,6 +209,13 @@ class Agent:
     refused: str = ""
     #: A SIGTERM asked it to stop: it is draining (``drain_timeout``), then sets ``stop``.
     terminating: bool = False
+    #: The Lease this process took over did not name this capture (released by a previous process, or taken by a
+    #: maintainer after it lapsed): the maintainer may be releasing what was assigned before, on the strength of
+    #: that Lease. So the Pending dispatchers of its first listing (``inherited``) are reported Stopped, never
+    #: started: the maintainer places those spans again. (A Lease still naming it: the maintainer's take is a
+    #: compare-and-swap on the version this process's acquisition changed, so nothing was released.)
+    took_over_foreign: bool = False
+    inherited: set[str] = field(default_factory=set)
     _drain_task: asyncio.Task[None] | None = field(default=None, repr=False)
     #: When it stopped delivering because it could not renew its Lease (monotonic); None while delivering.
     paused_at: float | None = None
@@ -447,7 +454,7 @@ class Agent:
                 extra=fields(capture=s.name, dispatchers=len(self.holding()), timeout=s.drain_timeout),
             )
             while time.monotonic() - began < s.drain_timeout and not self.stop.is_set():
-                if not self.holding():
+                if not self.holding() and not await self._assigned():
                     log.info(
                         "drained: every dispatcher moved off",
                         extra=fields(capture=s.name, seconds=round(time.monotonic() - began, 3)),
@@ -463,6 +470,24 @@ class Agent:
                 )
         finally:
             self.stop.set()
+
+    async def _assigned(self) -> list[str]:
+        """A consistent read (LIST without resourceVersion) of the Dispatchers assigned to this capture that it
+        would still have to run or close: what its watch may not show yet (one the maintainer created just
+        before it saw the drain). Unreadable: assume some are."""
+        try:
+            items, _ = await self.client.list(
+                DISPATCHERS, self.settings.namespace, label_selector=f"{CAPTURE_LABEL}={self.settings.name}"
+            )
+        except API_ERRORS:
+            return ["(unreadable)"]
+        closed = {st.value for st in CLOSED_DISPATCHER_STATES}
+        return [
+            o["metadata"]["name"]
+            for o in items
+            if (o.get("spec") or {}).get("capture") == self.settings.name
+            and (o["metadata"].get("deletionTimestamp") or (o.get("status") or {}).get("state") not in closed)
+        ]
 
     async def _mark_draining(self) -> None:
         """``spec.draining: true`` on its own Capture, with the annotation that says the agent set it for its
@@ -552,6 +577,7 @@ class Agent:
         holder = spec.get("holderIdentity") or ""
         if holder not in ("", s.name) and not _expired(spec):
             raise LeaseLost(f"Lease {name} is held by {holder!r} and has not expired")
+        self.took_over_foreign = self.took_over_foreign or holder != s.name
         self.lease_rv = current["metadata"]["resourceVersion"]
         out = await self.client.replace(LEASES, s.namespace, name, self._lease_body())
         self.lease_rv = out["metadata"]["resourceVersion"]
@@ -723,6 +749,15 @@ class Agent:
     async def _main_loop(self) -> None:
         await self.dispatchers.synced.wait()
         await self.captures.synced.wait()
+        if self.took_over_foreign:
+            # Listed after the acquisition: everything assigned before it is here (and maybe a few after).
+            self.inherited = set(self.dispatchers.objects)
+            if self.inherited:
+                log.info(
+                    "took over a Lease that did not name this capture: its Pending dispatchers are reported "
+                    "Stopped, not started",
+                    extra=fields(dispatchers=len(self.inherited)),
+                )
         log.info("watching dispatchers", extra=fields(selector=f"{CAPTURE_LABEL}={self.settings.name}"))
         while True:
             began = time.monotonic()
@@ -848,6 +883,8 @@ class Agent:
             return  # paused: nothing starts, nothing advances, nothing is reported
         elif name in self.runs:
             await self._advance(self.runs[name], d, epochs)
+        elif d.state is DispatcherState.PENDING and name in self.inherited:
+            await self._disown(d)
         elif d.state is DispatcherState.PENDING:
             await self._create(d, epochs)
         elif d.state in LIVE_DISPATCHER_STATES:
@@ -970,6 +1007,8 @@ class Agent:
             return
         if d.name in self.rejected:
             state, message = DispatcherState.REJECTED, "stale epoch"
+        elif d.name in self.inherited and d.state is DispatcherState.PENDING:
+            state, message = DispatcherState.STOPPED, "assigned before this process took over its Lease (not started)"
         else:
             state, message = DispatcherState.STOPPED, "not running on this capture (the capture agent restarted)"
         await self._write(d, state, d.checkpoint_ts, message)

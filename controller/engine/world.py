@@ -146,6 +146,7 @@ MUTANTS = frozenset(
         "detached-table-keeps-counts",  # a detached Table's status still counts spans that no longer exist
         "refusals-not-reported",  # a create the API refuses is retried silently (no condition, no Event)
         "capture-exits-before-drained",  # a capture told to stop exits before its spans are moved off
+        "taker-decides-before-listed",  # a replica taking a changefeed over decides before its Dispatchers are listed
         "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)
         "reshape-without-capture-skips-new-spans",  # no capture at CreateSpans: Succeeded, new spans never made
         "placement-waits-for-a-lost-capture",  # a placement whose destination is lost waits forever
@@ -169,6 +170,9 @@ MUTANTS = frozenset(
 #: Seconds between full audits (every rule over every record) by default: the backstop of incremental
 #: decisions. A full decision at 50,000 spans takes seconds; this keeps its share of a core small.
 AUDIT_INTERVAL = 300.0
+#: Seconds after a dispatcher's creation before a capture absent from the view (no Capture, no Lease) counts as
+#: fenced (``Tick.capture_fenced``): longer than any maintainer outlives its Lease with a stale view.
+UNKNOWN_CAPTURE_GRACE = 60.0
 
 
 @dataclass(frozen=True)
@@ -355,10 +359,16 @@ class Tick:
     def capture_alive(self, name: str) -> bool:
         return name in self.alive
 
-    def capture_fenced(self, name: str) -> bool:
-        """Nothing the capture runs can resume: its Lease does not name it (or there is no Lease at all)."""
+    def capture_fenced(self, name: str, assigned_at: float | None = None) -> bool:
+        """Nothing the capture runs can resume: its Lease does not name it, or there is no Lease (nor Capture)
+        at all and the dispatcher was assigned to it ``UNKNOWN_CAPTURE_GRACE`` ago. A capture missing from this
+        view may simply be newer than the view (a deposed maintainer's stale cache, before it stops, sees a
+        dispatcher its successor placed on a capture that joined since: simulator seed 265); a capture registers
+        its Lease before anything is assigned to it, so one still unknown that long after does not exist."""
         capture = self.world.captures.get(name)
-        return capture is None or capture.lease_taken
+        if capture is None:
+            return assigned_at is None or self.now - assigned_at >= UNKNOWN_CAPTURE_GRACE
+        return capture.lease_taken
 
     def schedulable_captures(self) -> list[str]:
         caps = self.world.captures
@@ -608,7 +618,7 @@ class Tick:
             and DISPATCHER_FINALIZER in d.finalizers
             and not self.mutant("remove-forgets-finalizer-of-lost-capture")
         ):
-            if self.capture_fenced(d.capture) or self.mutant("release-before-fence"):
+            if self.capture_fenced(d.capture, d.created) or self.mutant("release-before-fence"):
                 writes.append(RemoveFinalizer(Kind.DISPATCHER, d.name, DISPATCHER_FINALIZER))
             else:
                 self.fence_capture(d.capture)

@@ -126,9 +126,15 @@ class LeaderElector:
         self.renewed = sent
         return True
 
-    async def acquire(self, floor: int = 0) -> int:
+    async def acquire(self, floor: int = 0, may: Callable[[], bool] = lambda: True) -> int:
+        """Bid until won; returns the term's epoch. ``may()`` false: hold back this round (the caller's share
+        of the changefeeds is full), which also counts as an answer (``on_answer``)."""
         failures = 0
         while True:
+            if not may():
+                self.on_answer()
+                await asyncio.sleep(self.retry)
+                continue
             try:
                 # Each attempt bounded (not the client's 30 s): an API that hung is retried soon after it returns.
                 async with asyncio.timeout(max(1.0, 2 * self.retry)):

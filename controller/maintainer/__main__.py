@@ -63,7 +63,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--retry-period", type=float, default=2.0, help="seconds between Lease renewals and bids (default 2)"
     )
-    p.add_argument("--max-leases", type=int, default=0, help="lead at most this many changefeeds (0: all)")
+    p.add_argument(
+        "--max-leases", type=int, default=0, help="lead at most this many changefeeds, a hard cap (0: no cap)"
+    )
+    p.add_argument(
+        "--no-balance",
+        dest="balance",
+        action="store_false",
+        help="do not spread the changefeeds evenly over the live replicas (by default each replica announces "
+        "itself with a member Lease cfmm-<identity>, bids only while it leads fewer than its share, "
+        "ceil(changefeeds/replicas), and hands changefeeds over above it)",
+    )
     p.add_argument(
         "--liveness",
         default="",
@@ -121,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         renew_deadline=a.renew_deadline,
         retry=a.retry_period,
         max_leases=a.max_leases,
+        balance=a.balance,
         metrics_port=a.metrics_port,
         metrics_address=a.metrics_address,
     )

@@ -121,6 +121,21 @@ class StateCollector(Collector):
                 info.add_metric([name], 1.0)
         yield info
 
+        members = GaugeMetricFamily(
+            PREFIX + "members",
+            "Maintainer replicas this process sees alive (member Leases cfmm-<identity>), itself included; the "
+            "changefeeds are spread over them (each leads floor or ceil of changefeeds/members).",
+        )
+        members.add_metric([], float(len(m.counts())))
+        yield members
+        handoffs = CounterMetricFamily(
+            PREFIX + "handoffs",
+            "Changefeeds this process handed over to another replica to balance the replicas (a graceful end of "
+            "its term: the taker bootstraps at a new epoch).",
+        )
+        handoffs.add_metric([], float(m.stats.handoffs))
+        yield handoffs
+
         leader = GaugeMetricFamily(
             PREFIX + "leader",
             "1 for each changefeed this process leads (holds its Lease cfm-<changefeed>).",

@@ -17,19 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from controller.engine import teardown
+from controller.engine import shards, teardown
 from controller.engine.maintainer import Decision, Memory, decide, observed
 from controller.engine.world import AUDIT_INTERVAL, Options, World
 from controller.kube import namespace
-from controller.kube.client import Client, sleep_or
+from controller.kube.client import LEASES, ApiError, Client, sleep_or
 from controller.kube.executor import Executor
-from controller.kube.informer import LEASE_FRESH, Informer
+from controller.kube.informer import LEASE, LEASE_FRESH, Informer
 from controller.kube.lease import LeaderElector
 from controller.logs import fields
 from controller.maintainer.metrics import MaintainerMetrics
@@ -40,6 +41,8 @@ log = logging.getLogger("controller.maintainer")
 MIN_INTERVAL = 0.05
 #: Seconds between passes over Tables whose changefeed is gone (teardown.detach_orphans).
 JANITOR_INTERVAL = 2.0
+#: A member Lease silent for this many lease durations is deleted (its replica is gone for good).
+MEMBER_GC = 10
 #: Seconds that stopping may spend releasing finalizers in a namespace being deleted.
 STOP_RELEASE_BUDGET = 10.0
 
@@ -62,6 +65,9 @@ class Settings:
     renew_deadline: float = 10.0
     retry: float = 2.0
     max_leases: int = 0  # 0: no cap
+    #: Spread the changefeeds evenly over the live replicas (engine/shards.py): bid only below the share, hand
+    #: over above it. Off: every replica bids for everything (the first to bid leads; ``max_leases`` caps it).
+    balance: bool = True
     concurrency: int = 16
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
     metrics_address: str = "0.0.0.0"
@@ -82,6 +88,8 @@ class Stats:
     audit_disagreements: int = 0
     bootstrap_seconds: dict[str, float] = field(default_factory=dict)
     epochs: dict[str, int] = field(default_factory=dict)
+    #: Changefeeds this replica handed over to balance the replicas (engine/shards.py).
+    handoffs: int = 0
 
 
 class Maintainer:
@@ -108,10 +116,128 @@ class Maintainer:
         #: Changefeeds whose loop has had an answer from the API to a bid for its Lease (won or not),
         #: or waits on purpose (``max_leases`` reached): what readiness calls "competing".
         self.competing: set[str] = set()
+        #: This replica's member Lease (engine/shards.py), renewed while the process runs.
+        self.member = LeaderElector(
+            client,
+            settings.namespace,
+            shards.member_lease(settings.identity),
+            settings.identity,
+            duration=settings.lease_duration,
+            renew_deadline=settings.renew_deadline,
+            retry=settings.retry,
+        )
+        self._membership: asyncio.Task[None] | None = None
+        #: Per changefeed: a handoff this replica decided (its loop ends the term at the next decision boundary).
+        self._hand_over: dict[str, asyncio.Event] = {}
+        #: Per changefeed this replica handed over: until when it does not bid for it again (monotonic), so a
+        #: released Lease goes to another replica rather than straight back.
+        self.handed_until: dict[str, float] = {}
+        self._handed_at = -math.inf
 
     async def start(self) -> None:
         await self.informer.start()
+        self._membership = asyncio.create_task(self._member(), name="membership")
         self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
+
+    # -- scale-out: membership and balance (engine/shards.py) ----------------------------------------------
+
+    async def _member(self) -> None:
+        """Keep this replica's member Lease: acquire, renew; acquire again if it was lost."""
+        while True:
+            await self.member.acquire()
+            lost = asyncio.Event()
+            await self.member.hold(lost)
+
+    def counts(self) -> dict[str, int]:
+        """Live member -> how many changefeeds it leads, as the Leases show (this replica: its own truth). A
+        member whose Lease has run out on our clock (``Store.silence``) is not counted, nor are its Leases."""
+        store = self.informer.store
+        leases = store.objects.get(LEASE, {})
+        now = time.monotonic()
+
+        def current(name: str) -> str:
+            lease = leases.get(name) or {}
+            spec = lease.get("spec") or {}
+            holder = str(spec.get("holderIdentity") or "")
+            try:
+                duration = float(spec.get("leaseDurationSeconds") or 0)
+            except (TypeError, ValueError):
+                duration = 0.0
+            silent = store.silence.of(name, now)
+            return holder if holder and (silent is None or silent < duration) else ""
+
+        counts = {self.settings.identity: 0}
+        for name in leases:
+            if name.startswith(shards.MEMBER_PREFIX):
+                holder = current(name)
+                if holder:
+                    counts.setdefault(holder, 0)
+        for cf in store.all(Kind.CHANGEFEED):
+            holder = current(f"cfm-{cf}"[:253])
+            if holder in counts and holder != self.settings.identity:
+                counts[holder] += 1
+        counts[self.settings.identity] = len(self.leading)
+        return counts
+
+    async def _forget_members(self) -> None:
+        """Delete the member Leases of replicas gone for good (SIGKILLed: a graceful stop deletes its own): silent
+        on our clock for ``MEMBER_GC`` lease durations. The uid precondition spares a Lease created anew."""
+        store = self.informer.store
+        now = time.monotonic()
+        for name, lease in list(store.objects.get(LEASE, {}).items()):
+            if not name.startswith(shards.MEMBER_PREFIX) or name == self.member.name:
+                continue
+            spec = lease.get("spec") or {}
+            silent = store.silence.of(name, now)
+            duration = float(spec.get("leaseDurationSeconds") or self.settings.lease_duration)
+            if silent is None or silent < MEMBER_GC * duration:
+                continue
+            uid = str((lease.get("metadata") or {}).get("uid") or "")
+            try:
+                await self.client.delete(LEASES, self.settings.namespace, name, uid)
+                log.info("deleted the member Lease %s of a replica gone for %.0fs", name, silent)
+            except ApiError as exc:
+                if not (exc.not_found or exc.status == 409):
+                    raise
+
+    def may_bid(self, name: str) -> bool:
+        """Whether this replica bids for ``name``'s Lease now."""
+        s = self.settings
+        if time.monotonic() < self.handed_until.get(name, -math.inf):
+            return False
+        if not s.balance:
+            return not s.max_leases or len(self.leading) < s.max_leases
+        if time.monotonic() - self.started < self._settle():
+            # Replicas started together see each other within a renewal or two: bidding before that would let
+            # the first one take everything and then hand most of it over.
+            return False
+        counts = self.counts()
+        total = len(self.informer.store.all(Kind.CHANGEFEED))
+        return shards.may_bid(len(self.leading), total, len(counts), s.max_leases)
+
+    def _settle(self) -> float:
+        """Seconds after start before this replica bids or hands over: its member Lease and the others' seen."""
+        return self.settings.retry if self.settings.balance else 0.0
+
+    def _balance(self) -> None:
+        """At most one handoff per ``2 * lease_duration``: the taker bootstraps and the counts settle first."""
+        s = self.settings
+        now = time.monotonic()
+        if not s.balance or now - self.started < self._settle() + s.lease_duration:
+            return
+        if now - self._handed_at < 2 * s.lease_duration or any(e.is_set() for e in self._hand_over.values()):
+            return
+        store = self.informer.store
+        cfs = store.all(Kind.CHANGEFEED)
+        mine = [n for n in self.leading if isinstance(cfs.get(n), Changefeed) and not cfs[n].deleting]
+        give = shards.hand_over(s.identity, self.counts(), len(cfs), mine)
+        if give is None:
+            return
+        self._handed_at = now
+        self._hand_over.setdefault(give, asyncio.Event()).set()
+        ev = self._wakeups.get(give)
+        if ev is not None:
+            ev.set()
 
     async def stop(self) -> None:
         with contextlib.suppress(Exception):  # best effort within a bound: shutting down must not hang on it
@@ -123,6 +249,12 @@ class Maintainer:
         for t in self.loops.values():
             t.cancel()
         await asyncio.gather(*self.loops.values(), return_exceptions=True)
+        if self._membership is not None:
+            self._membership.cancel()
+            await asyncio.gather(self._membership, return_exceptions=True)
+            with contextlib.suppress(Exception):  # best effort: the others' janitors delete it once it lapsed
+                async with asyncio.timeout(5.0):
+                    await self.client.delete(LEASES, self.settings.namespace, self.member.name)
         await self.informer.stop()
 
     def _changed(self, kind: str, name: str) -> None:
@@ -171,6 +303,7 @@ class Maintainer:
             self.client, self.settings.namespace
         ):
             await namespace.release_finalizers(self.client, self.settings.namespace, deleting_only=True)
+        await self._forget_members()
         tables = [t for t in store.all(Kind.TABLE).values() if isinstance(t, Table)]
         chains = teardown.detach_orphans(tables, set(store.all(Kind.CHANGEFEED)))
         if chains:
@@ -212,6 +345,7 @@ class Maintainer:
                 if self.wakeup.is_set():
                     ev.set()
             self.wakeup.clear()
+            self._balance()
             await asyncio.sleep(0.05)
 
     def snapshot(self, name: str) -> World | None:
@@ -249,9 +383,6 @@ class Maintainer:
         backoff = s.retry
         try:
             while True:
-                while s.max_leases and len(self.leading) >= s.max_leases:
-                    self.competing.add(name)  # held back on purpose: another replica may take it
-                    await asyncio.sleep(s.retry)
                 try:
                     if not await self._term(name, elector):
                         return  # the changefeed is gone
@@ -278,8 +409,10 @@ class Maintainer:
         """One leadership term: acquire, lead until the Lease is lost. False when the changefeed is gone."""
         cf = self.informer.store.record(Kind.CHANGEFEED, name)
         floor = cf.epoch if isinstance(cf, Changefeed) else 0
-        epoch = await elector.acquire(floor)
+        # Held back while this replica's share is full (another replica may take it; engine/shards.py).
+        epoch = await elector.acquire(floor, may=lambda: self.may_bid(name))
         self.leading.add(name)
+        self._hand_over[name] = asyncio.Event()  # a handoff decided for an earlier term is not this one's
         self.stats.epochs[name] = epoch
         lost = asyncio.Event()
         holder = asyncio.create_task(elector.hold(lost), name=f"lease-{name}")
@@ -289,6 +422,21 @@ class Maintainer:
             self.leading.discard(name)
             holder.cancel()
             await asyncio.gather(holder, return_exceptions=True)
+        handover = self._hand_over.pop(name, None)
+        if handover is not None and handover.is_set() and not lost.is_set():
+            # The decision in hand is finished and nothing more is written: the Lease goes, and another replica
+            # takes it at a new epoch (bootstrapping as after any failover).
+            await elector.release()
+            self.stats.handoffs += 1
+            self.handed_until[name] = time.monotonic() + 2 * self.settings.lease_duration
+            log.info(
+                "changefeed %s: handed over at epoch %d to balance the replicas (leading %d)",
+                name,
+                epoch,
+                len(self.leading),
+                extra=fields(changefeed=name, epoch=epoch),
+            )
+            return True
         if not lost.is_set():
             return False
         log.warning(
@@ -330,7 +478,10 @@ class Maintainer:
         began = time.monotonic()
         wakeup = self._wakeups.setdefault(name, asyncio.Event())
         options = Options(audit_interval=self.settings.audit_interval)
+        handover = self._hand_over.setdefault(name, asyncio.Event())
         while not lost.is_set():
+            if handover.is_set():
+                return  # a handoff: between decisions, never in the middle of one's writes
             world = self.snapshot(name)
             if world is None:
                 return

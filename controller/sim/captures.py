@@ -147,6 +147,11 @@ class SimCapture:
     stopping_until: float | None = None
     #: After a graceful exit, when its next process starts (a StatefulSet recreating the pod); None: never.
     respawn_at: float | None = None
+    #: This process took over a Lease that did not name it (released, or taken by the maintainer): the Pending
+    #: dispatchers assigned to it when its acquisition landed are reported Stopped, not started (agent.py
+    #: ``took_over_foreign``/``inherited``).
+    foreign: bool = False
+    inherited: set[str] = field(default_factory=set)
 
     def hooked(self, hook: str, table_id: int) -> bool:
         scope = self.hooks.get(hook)
@@ -246,6 +251,18 @@ class Captures:
                 held.add(n)
         return sorted(held)
 
+    def _assigned(self, cap: SimCapture) -> list[str]:
+        """The agent's consistent read before it exits drained (agent.py ``_assigned``): the Dispatchers the API
+        assigns to it that are being deleted or not closed; unreachable: assume some are."""
+        api = self.ctx.api
+        if not api.reachable(cap.name):
+            return ["(unreadable)"]
+        return sorted(
+            n
+            for n, d in api.list(Kind.DISPATCHER).items()
+            if isinstance(d, Dispatcher) and d.capture == cap.name and (d.deleting or d.state not in CLOSED)
+        )
+
     def _exit(self, cap: SimCapture) -> None:
         """The graceful end of a process (agent.py ``_shutdown``): what still runs is stopped and reported
         Stopped, then the Lease is released (lease_taken: nothing of this process can resume)."""
@@ -302,6 +319,8 @@ class Captures:
         if not cap.alive:
             return
         cap.stopping_until = cap.respawn_at = None
+        cap.foreign = False
+        cap.inherited = set()
         self._end_shutdown_drain(cap)
         cap.runs.clear()
         cap.pending_since.clear()
@@ -345,6 +364,7 @@ class Captures:
             cur = api.get(Kind.CAPTURE, cap.name)
             if not isinstance(cur, Capture):
                 return
+            cap.foreign = cap.foreign or cur.lease_taken
             cap.lease_rv = cur.resource_version  # still acquiring until that write is known to have landed
         report = self._report(cap)
         renewal = Capture(name=cap.name, renew_time=ctx.now, lease_duration=LEASE, progress=report)
@@ -371,6 +391,9 @@ class Captures:
             return  # the renewal landed but its answer was lost: the capture does not know it renewed
         cap.lease_rv = new.resource_version
         cap.last_renew = ctx.now
+        if cap.acquiring and cap.foreign:
+            # The agent lists its Dispatchers after its acquisition: what is assigned to it then.
+            cap.inherited = {n for n, d in api.list(Kind.DISPATCHER).items() if _capture_of(d) == cap.name}
         cap.acquiring = False
         if cap.paused_at is not None and cap.check is None:
             self._start_check(cap)
@@ -481,7 +504,7 @@ class Captures:
             if cap.alive:
                 self._step_one(cap)
                 if cap.alive and cap.stopping_until is not None and (
-                    not self._holding(cap) or self.ctx.now >= cap.stopping_until
+                    (not self._holding(cap) and not self._assigned(cap)) or self.ctx.now >= cap.stopping_until
                 ):
                     self._exit(cap)
             elif cap.respawn_at is not None and self.ctx.now >= cap.respawn_at:
@@ -537,6 +560,10 @@ class Captures:
                 continue  # paused: nothing starts, advances or is reported
             elif name in cap.runs:
                 self._advance(cap, cap.runs[name], obj)
+            elif obj.state is DispatcherState.PENDING and name not in cap.closing and name in cap.inherited:
+                # Assigned before this process took over a Lease that did not name it: the maintainer may be
+                # releasing it on the strength of that Lease. Not started; reported Stopped.
+                self._status(cap, obj, DispatcherState.STOPPED, obj.checkpoint_ts, "assigned before the takeover")
             elif obj.state is DispatcherState.PENDING and name not in cap.closing:
                 self._create(cap, obj)
             elif obj.state in (DispatcherState.INITIALIZING, DispatcherState.WORKING):

@@ -79,10 +79,12 @@ class Cache:
             self.offer(ev.obj)
 
     @classmethod
-    def listed(cls, api: Api, changefeed: str = "") -> Cache:
+    def listed(cls, api: Api, changefeed: str = "", skip: tuple[Kind, ...] = ()) -> Cache:
+        """A cache filled by a LIST of every kind (``skip``: kinds not listed yet, the mutant
+        ``taker-decides-before-listed``: a replica deciding before its caches are synced)."""
         c = cls(changefeed=changefeed)
         for kind in KINDS:
-            c.objects[kind] = api.list(kind)
+            c.objects[kind] = {} if kind in skip else api.list(kind)
         if changefeed:
             c.index = Index.build(changefeed, [o for kind in KINDS for o in c.objects[kind].values() if c._mine(o)])
         return c

@@ -78,6 +78,8 @@ class Sim:
         #: A maintainer cut off alone for longer than its Lease: (it, when it stops at its renew deadline,
         #: when another replica takes the Lease over).
         self.partitioned: tuple[SimMaintainer, float, float] | None = None
+        #: The maintainer handing the changefeed over after its next decision (scale-out's balance).
+        self.handing_over: SimMaintainer | None = None
         self.workload = Workload(self)
         self.prev_checkpoint = 0
         self.step_no = 0
@@ -118,6 +120,17 @@ class Sim:
         self.ctx.trace.add(f"  failover: {self.current.identity} keeps running as a zombie")
         self.start_maintainer()
 
+    def hand_over(self) -> None:
+        """Scale-out's graceful handoff (runner ``_balance``): the current maintainer finishes the decision in
+        hand, stops writing and releases its Lease; another replica, whose caches are listed, takes it at once
+        at a new epoch and bootstraps as after any failover."""
+        m = self.current
+        if m is None or not m.alive or m.zombie or self.ctx.quiet or self.ctx.api.outage():
+            return
+        if not self.ctx.api.reachable(m.identity):
+            return  # cut off: it cannot release; that is the partition path
+        self.handing_over = m
+
     def partition_maintainer(self, seconds: float) -> None:
         """The current maintainer alone is cut off from the API for ``seconds``. Past its renew deadline it
         stops leading; past the Lease duration another replica takes over (a new epoch). Shorter, it goes on
@@ -156,6 +169,14 @@ class Sim:
             if m is self.current and m.alive and m.kill_after is not None and m.kill_after <= 0:
                 m.stop()  # the kill landed between two decisions
                 ctx.trace.add(f"  {m.identity} KILLED between decisions")
+            if m is self.handing_over:
+                self.handing_over = None
+                if m.alive and m is self.current and ctx.api.reachable(m.identity):
+                    m.stop()  # between decisions: its last one's writes are all applied
+                    ctx.bump("maintainer handoff")
+                    ctx.trace.add(f"  {m.identity} hands the changefeed over (Lease released)")
+                    self.current = None
+                    self.start_maintainer()  # a standby replica takes the released Lease at once
         self.maintainers = [m for m in self.maintainers if m.alive]
         if self.current is not None and not self.current.alive:
             ctx.bump("maintainer kill")
@@ -189,8 +210,7 @@ class Sim:
         api.cut_until.clear()  # partitions heal; an outage of the whole API runs to its end
         api.refusing.clear()
         self.kill_at = None
-        for name in self.captures.alive_names():
-            cap = self.captures.all[name]
+        for cap in self.captures.all.values():  # also those between two processes (a roll): hooks are on the object
             cap.hooks.clear()
             cap.renew_ok = True
         if ctx.rng.random() < QUIET_DELETE:

@@ -59,7 +59,9 @@ class SimMaintainer:
         self.memory = Memory(epoch=epoch, identity=self.identity)
         # Watch first, then LIST: nothing written in between can be missed.
         self.watcher: Watcher = ctx.api.watch(self.identity)
-        self.cache = Cache.listed(ctx.api, changefeed)
+        # (Production decides only once every kind is listed: Informer.synced, per replica and changefeed.)
+        early = "taker-decides-before-listed" in options.mutants
+        self.cache = Cache.listed(ctx.api, changefeed, skip=(Kind.DISPATCHER,) if early else ())
         self.view.heard(ctx.now)
         self._observe_leases()
         self.alive = True

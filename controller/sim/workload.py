@@ -130,6 +130,7 @@ class Workload:
             (0.005, "maintainer cut off"),
             (0.01, "refused table"),
             (0.015, "capture roll"),
+            (0.015, "maintainer handoff"),
         ]
         if ctx.cf_deleted_at is not None:
             # Deleted: users stop writing for it (creates naming it would be the user's own leftovers).
@@ -179,8 +180,14 @@ class Workload:
         elif what == "capture crash":
             alive = caps.alive_names()
             if len(alive) > 1:
-                caps.crash(rng.choice(alive))
+                name = rng.choice(alive)
+                caps.crash(name)
                 ctx.bump("capture crash")
+                if rng.random() < 0.5:
+                    # Its pod's container is restarted (same name), often after the maintainer took its Lease.
+                    back = rng.uniform(1.0, 15.0)
+                    caps.all[name].respawn_at = ctx.now + back
+                    ctx.trace.add(f"  capture {name} comes back in {back:.1f}s")
         elif what == "capture restart":
             alive = caps.alive_names()
             if alive:
@@ -218,6 +225,8 @@ class Workload:
             self.sim.schedule_kill(rng.randint(0, 6))
         elif what == "zombie failover":
             self.sim.failover()
+        elif what == "maintainer handoff":
+            self.sim.hand_over()
         elif what == "watch burst":
             api.faults.watch_delay = rng.uniform(1.0, 4.0)
             self.burst_until = ctx.now + rng.uniform(2.0, 8.0)

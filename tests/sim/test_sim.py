@@ -191,3 +191,24 @@ def test_an_operator_admitted_on_a_span_a_zombie_just_replaced_may_fail() -> Non
     r = run_history(117032)
     assert r.ok, r.violation
     assert r.counts.get("zombie failover", 0) > 0, r.counts
+
+
+def test_a_capture_missing_from_a_stale_view_is_not_taken_for_fenced() -> None:
+    """Found once captures came back after crashes and rolls (seed 265): a deposed maintainer whose cache lacked a
+    capture that had just joined released the finalizer of a dispatcher its successor had placed on it, while
+    the capture ran it. A capture in the view neither as a Capture nor as a Lease now counts as fenced only
+    ``UNKNOWN_CAPTURE_GRACE`` after the dispatcher's creation."""
+    r = run_history(265)
+    assert r.ok, r.violation
+    assert r.counts.get("zombie failover", 0) > 0, r.counts
+
+
+def test_a_capture_exits_drained_only_when_a_consistent_read_agrees() -> None:
+    """Found with the graceful stop (seed 429): a draining capture whose Dispatcher watch lagged saw nothing and
+    exited; a dispatcher the maintainer had just placed on it was then released by the maintainer while the
+    capture's next process ran it. The agent (and its model) now confirms with a consistent read that nothing is
+    assigned before it exits drained, and a process that took over a Lease not naming it does not start what was
+    assigned before."""
+    r = run_history(429)
+    assert r.ok, r.violation
+    assert r.counts.get("capture graceful exit", 0) > 0, r.counts

@@ -1,0 +1,70 @@
+"""Scale-out: how many changefeeds each maintainer replica leads. Pure; the runner acts on it.
+
+A changefeed is led by whichever replica holds its Lease ``cfm-<changefeed>``; the replicas cooperate only
+through Leases. Each replica announces itself with a member Lease (``cfmm-<identity>``, renewed like the
+others), so every replica sees the same live set, and the holders of the changefeed Leases say who leads what.
+With N live members and C changefeeds each replica should lead floor(C/N) or ceil(C/N):
+
+- **Bid** for a changefeed nobody leads only while leading fewer than ceil(C/N) (and fewer than
+  ``maxLeases``, the hard cap). With one replica that is every changefeed, as before.
+- **Hand over** one changefeed when leading more than ceil(C/N); or exactly ceil(C/N) while some live member
+  leads fewer than floor(C/N) (C/N not whole: 4, 4, 2 must become 4, 3, 3). Only the most loaded replica does
+  (ties by identity), so two replicas do not both give one up for the same shortfall, and the caller rate-limits
+  it and waits for the membership to settle after a start. Hysteresis: every count within [floor, ceil] is
+  balanced, and nothing moves then.
+
+Handing over is the graceful end of a term (the runner finishes the decision in hand, stops writing, releases
+the Lease); the taker bootstraps at a new epoch as after any failover, restoring every in-flight operator.
+Members that stopped renewing leave the live set, and the counts of their Leases with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+__all__ = ["MEMBER_PREFIX", "balanced", "hand_over", "may_bid", "member_lease", "share"]
+
+#: Prefix of a replica's member Lease. No changefeed's Lease (``cfm-<name>``) can have this name.
+MEMBER_PREFIX = "cfmm-"
+
+
+def member_lease(identity: str) -> str:
+    return f"{MEMBER_PREFIX}{identity}"[:253]
+
+
+def share(changefeeds: int, members: int) -> tuple[int, int]:
+    """(floor, ceil) of the changefeeds per member."""
+    n = max(1, members)
+    return changefeeds // n, -(-changefeeds // n)
+
+
+def may_bid(leading: int, changefeeds: int, members: int, max_leases: int = 0) -> bool:
+    """Whether a replica leading ``leading`` changefeeds may bid for one more."""
+    if max_leases and leading >= max_leases:
+        return False
+    return leading < share(changefeeds, members)[1]
+
+
+def balanced(counts: Mapping[str, int], changefeeds: int) -> bool:
+    """Every live member leads floor(C/N) or ceil(C/N) (the unled ones counted nowhere)."""
+    low, high = share(changefeeds, len(counts))
+    return all(low <= c <= high for c in counts.values())
+
+
+def hand_over(me: str, counts: Mapping[str, int], changefeeds: int, mine: Collection[str]) -> str | None:
+    """The changefeed ``me`` should hand over now, or None.
+
+    ``counts``: live member -> how many changefeeds it leads (``me`` included); ``mine``: the changefeeds ``me``
+    leads that may be handed over (not being deleted: a teardown is finished where it started)."""
+    if me not in counts or not mine:
+        return None
+    low, high = share(changefeeds, len(counts))
+    leading = counts[me]
+    short = any(c < low for m, c in counts.items() if m != me)
+    if not (leading > high or (leading == high and high > low and short)):
+        return None
+    # Only the most loaded member gives one up (ties by identity): one handoff per shortfall.
+    first = min(counts, key=lambda m: (-counts[m], m))
+    if first != me:
+        return None
+    return max(mine)

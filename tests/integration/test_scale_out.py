@@ -1,0 +1,108 @@
+"""Scale-out (issue 23, part): the changefeeds spread evenly over the live maintainer replicas.
+
+Three maintainer processes and six changefeeds (each with a table of two spans on two captures). Each replica
+announces itself with a member Lease ``cfmm-<identity>``, bids only below its share and hands changefeeds over
+gracefully above it (engine/shards.py): the six end up two per replica. SIGKILL one: its changefeeds are led
+again by the two others (three each); a replica started in its place gets its share back by handoffs, at most
+ceil(C/N) + 2 of them, and every span stays Replicating with nothing Failed.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from controller.model.tso import physical_seconds
+from tests.integration.harness import Api, System
+
+CHANGEFEEDS = [f"cf{i}" for i in range(6)]
+CAPTURES = ["c0", "c1"]
+LEASE = 3.0  # harness.MAINTAINER_FLAGS
+
+
+def holders(api: Api) -> dict[str, str]:
+    """changefeed -> who holds its Lease ("" if nobody)."""
+    leases = {lease["metadata"]["name"]: lease for lease in api.list("leases")}
+    return {
+        cf: str(((leases.get(f"cfm-{cf}") or {}).get("spec") or {}).get("holderIdentity") or "") for cf in CHANGEFEEDS
+    }
+
+
+def counts(api: Api, members: list[str]) -> dict[str, int]:
+    led = holders(api)
+    return {m: sum(1 for h in led.values() if h == m) for m in members}
+
+
+def wait(what: str, cond: Any, system: System, timeout: float) -> float:
+    began = time.monotonic()
+    while True:
+        result = cond()
+        if result is True:
+            return time.monotonic() - began
+        problems = system.check_running()
+        assert not problems, f"{problems}\n{system.tails()}"
+        if time.monotonic() - began > timeout:
+            raise AssertionError(f"timed out waiting for {what}: {result!r}\n{system.tails()}")
+        time.sleep(0.2)
+
+
+def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, system: System) -> None:
+    for c in CAPTURES:
+        system.capture(c)
+    for n, cf in enumerate(CHANGEFEEDS):
+        api.create("changefeeds", "Changefeed", cf, {"scheduler": {"balanceIntervalSeconds": 0}})
+        api.create("tables", "Table", f"{cf}-t", {"changefeed": cf, "tableID": n + 1, "preSplit": {"spans": 2}})
+    members = ["m1", "m2", "m3"]
+    for m in members:
+        system.maintainer(m)
+
+    def balanced(ms: list[str]) -> object:
+        got = counts(api, ms)
+        share = len(CHANGEFEEDS) // len(ms)
+        return all(v == share for v in got.values()) or got
+
+    def replicating() -> object:
+        spans = api.list("spans")
+        states = sorted({(s.get("status") or {}).get("state") for s in spans})
+        return (len(spans) == 2 * len(CHANGEFEEDS) and states == ["Replicating"]) or (len(spans), states)
+
+    wait("two changefeeds per replica", lambda: balanced(members), system, 60)
+    wait("every span Replicating", replicating, system, 60)
+
+    victim = "m2"
+    theirs = [cf for cf, h in holders(api).items() if h == victim]
+    assert len(theirs) == 2
+    system.signal(victim, signal.SIGKILL)
+    took = wait(
+        f"{victim}'s changefeeds led again",
+        lambda: all(holders(api)[cf] in ("m1", "m3") for cf in theirs) or holders(api),
+        system,
+        LEASE + 25,
+    )
+    print(f"led again {took:.1f}s after the SIGKILL (Lease {LEASE:.0f}s)")
+    wait("three changefeeds per replica", lambda: balanced(["m1", "m3"]), system, 30)
+
+    system.maintainer("m4")  # the replica's pod comes back (a new identity, as a new pod's)
+    took = wait("two per replica again", lambda: balanced(["m1", "m3", "m4"]), system, 60)
+    print(f"balanced again {took:.1f}s after the new replica started")
+    handed = sum(system.procs[m].count("to balance the replicas") for m in ("m1", "m3", "m4"))
+    assert handed <= -(-len(CHANGEFEEDS) // 3) + 2, f"{handed} handoffs"
+    wait("every span Replicating", replicating, system, 60)
+    failed = [
+        o["metadata"]["name"] for o in api.list("spanoperators") if (o.get("status") or {}).get("phase") == "Failed"
+    ]
+    assert failed == []
+    for cf in CHANGEFEEDS:
+        status = (api.get("changefeeds", cf) or {}).get("status") or {}
+        assert status.get("checkpointTs"), cf
+        assert time.time() - physical_seconds(int(status["checkpointTs"])) < 60, cf  # moving, not stuck
+    member_leases = sorted(
+        x["metadata"]["name"] for x in api.list("leases") if x["metadata"]["name"].startswith("cfmm-")
+    )
+    assert {"cfmm-m1", "cfmm-m3", "cfmm-m4"} <= set(member_leases)
+
+    # A graceful stop deletes its own member Lease and hands its changefeeds to the others at once.
+    system.signal("m4", signal.SIGTERM)
+    wait("m4's member Lease deleted", lambda: api.get("leases", "cfmm-m4") is None or "still there", system, 20)
+    wait("three per replica", lambda: balanced(["m1", "m3"]), system, 30)
