@@ -412,7 +412,8 @@ class Agent:
             except (*API_ERRORS, LeaseLost) as exc:
                 log.warning("registration failed; retrying", extra=fields(error=repr(exc)))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), timeout=s.renew_interval)
+                    async with asyncio.timeout(s.renew_interval):
+                        await self.stop.wait()
         return False
 
     # -- graceful shutdown: drain first ---------------------------------------------------------------------
@@ -461,7 +462,8 @@ class Agent:
                     )
                     return
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), timeout=0.1)
+                    async with asyncio.timeout(0.1):
+                        await self.stop.wait()
             left = self.holding()
             if left:
                 log.warning(
@@ -492,37 +494,33 @@ class Agent:
     async def _mark_draining(self) -> None:
         """``spec.draining: true`` on its own Capture, with the annotation that says the agent set it for its
         shutdown (so the next process of this capture clears it). A drain a person set already stays theirs."""
-        s = self.settings
-        current = await self.client.get(CAPTURES, s.namespace, s.name)
+        current = await self.client.get(CAPTURES, self.settings.namespace, self.settings.name)
         if (current.get("spec") or {}).get("draining"):
             return
+        await self._set_shutdown_drain(current, True)
+        log.info("marked the Capture draining for shutdown", extra=fields(capture=self.settings.name))
+
+    async def _set_shutdown_drain(self, current: JSON, on: bool) -> None:
+        """``spec.draining`` and the shutdown annotation together, on the Capture as read (its resourceVersion)."""
+        s = self.settings
         patch = {
             "metadata": {
                 "resourceVersion": current["metadata"]["resourceVersion"],
-                "annotations": {DRAIN_REASON_ANNOTATION: DRAIN_FOR_SHUTDOWN},
+                "annotations": {DRAIN_REASON_ANNOTATION: DRAIN_FOR_SHUTDOWN if on else None},
             },
-            "spec": {"draining": True},
+            "spec": {"draining": on},
         }
         await self.client.patch(CAPTURES, s.namespace, s.name, patch)
-        log.info("marked the Capture draining for shutdown", extra=fields(capture=s.name))
 
     async def _end_shutdown_drain(self) -> None:
         """A previous process of this capture drained it for its shutdown: this one is new and empty, so the
         maintainer may place spans on it again (a person's drain, without the annotation, stays)."""
-        s = self.settings
-        current = await self.client.get(CAPTURES, s.namespace, s.name)
+        current = await self.client.get(CAPTURES, self.settings.namespace, self.settings.name)
         annotations = (current.get("metadata") or {}).get("annotations") or {}
         if annotations.get(DRAIN_REASON_ANNOTATION) != DRAIN_FOR_SHUTDOWN:
             return
-        patch = {
-            "metadata": {
-                "resourceVersion": current["metadata"]["resourceVersion"],
-                "annotations": {DRAIN_REASON_ANNOTATION: None},
-            },
-            "spec": {"draining": False},
-        }
-        await self.client.patch(CAPTURES, s.namespace, s.name, patch)
-        log.info("cleared the drain a previous process set for its shutdown", extra=fields(capture=s.name))
+        await self._set_shutdown_drain(current, False)
+        log.info("cleared the drain a previous process set for its shutdown", extra=fields(capture=self.settings.name))
 
     async def _lease_allowed(self) -> bool:
         """Whether this capture may read (hence renew) its own Lease. The chart's Role names the Leases of the

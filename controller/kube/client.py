@@ -323,9 +323,14 @@ class Client:
 
 
 async def sleep_or(event: asyncio.Event, seconds: float) -> None:
-    """Sleep up to ``seconds``, returning early if ``event`` is set (and clearing it)."""
+    """Sleep up to ``seconds``, returning early if ``event`` is set (and clearing it).
+
+    ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` swallows a cancellation that arrives as the
+    event is set, and the caller's loop then never ends (a capture agent SIGTERMed just as a watch event woke its
+    loop hung in its shutdown: tests/integration/test_capture.py, 2 runs in 12 under load)."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout=seconds)
+        async with asyncio.timeout(seconds):
+            await event.wait()
     event.clear()
 
 

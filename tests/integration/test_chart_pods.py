@@ -165,6 +165,16 @@ def wait_for(what: str, cond: Any, procs: list[Proc], timeout: float = 60.0) -> 
         time.sleep(0.2)
 
 
+def kill_all(procs: list[Proc]) -> None:
+    """SIGKILL every process group started and reap them (whatever the test did)."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, 9)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=10)
+
+
 def apply_examples(api: Api) -> None:
     for file in ("changefeed.yaml", "tables.yaml"):
         for doc in yaml.safe_load_all((ROOT / "examples" / file).read_text()):
@@ -227,12 +237,7 @@ def test_pods_start_ready_and_need_no_more_than_the_chart_grants(
             for needle in ("Forbidden", " 403", "Traceback", "KeyError"):
                 assert needle not in text, f"{proc.name} logged {needle!r}:\n{proc.tail(60)}"
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.popen.pid, 9)
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=10)
+        kill_all(procs)
 
 
 def test_the_chart_rbac_is_enforced(cluster: tuple[ApiServerHandle, Api, Rbac, list[dict[str, Any]]]) -> None:
@@ -343,10 +348,5 @@ def test_kubectl_scale_of_the_captures_works_up_to_max_replicas(tmp_path: Path) 
         assert all(f"capture-{sts}-{CAPTURES + 1}" in str(d) for d in denied), denied
         assert not [c for c in api.list("captures") if c["metadata"]["name"] == f"{sts}-{CAPTURES + 1}"]
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.popen.pid, 9)
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=10)
+        kill_all(procs)
         handle.stop()

@@ -4,12 +4,13 @@ not the API's (a proxy's HTML page) becoming errors the callers handle, not JSON
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import pytest
 from aiohttp import web
 
-from controller.kube.client import RESOURCES, ApiError, BadResponse, Client, Config
+from controller.kube.client import RESOURCES, ApiError, BadResponse, Client, Config, sleep_or
 from controller.model.states import Kind
 
 
@@ -54,5 +55,33 @@ def test_a_server_url_with_a_path_and_answers_that_are_not_json() -> None:
                 assert "Bad Gateway" in err.value.message
         finally:
             await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_sleep_or_never_swallows_a_cancellation() -> None:
+    """A loop around ``sleep_or`` ends when cancelled, even when the event is set in the same instant. With
+    ``asyncio.wait_for`` (Python 3.11) the cancellation was swallowed and the loop went on for ever: a capture
+    agent SIGTERMed just as a watch event woke its loop hung in its shutdown."""
+
+    async def main() -> None:
+        ev = asyncio.Event()
+        rounds = 0
+
+        async def loop() -> None:
+            nonlocal rounds
+            while True:
+                await sleep_or(ev, 10.0)
+                rounds += 1
+
+        task = asyncio.create_task(loop())
+        await asyncio.sleep(0)  # the loop waits on the event
+        ev.set()
+        task.cancel()  # in the same instant
+        with contextlib.suppress(asyncio.CancelledError):
+            async with asyncio.timeout(2.0):
+                await task
+        assert task.cancelled()
+        assert rounds == 0
 
     asyncio.run(main())
