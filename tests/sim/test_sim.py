@@ -90,7 +90,7 @@ def test_histories_go_through_outages_pauses_and_resumes() -> None:
     assert totals.get("capture lease taken", 0) > 0
 
 
-@pytest.mark.parametrize("seed", [11672])
+@pytest.mark.parametrize("seed", [512])
 def test_teardown_releases_only_what_a_consistent_read_confirms(seed: int) -> None:
     """Found by the 50,000-history run: the teardown released the Changefeed from a view lagging on one kind
     (seeds 27541, a person's Span created as the Changefeed was deleted, and 36446, an operator the new leader
@@ -100,7 +100,11 @@ def test_teardown_releases_only_what_a_consistent_read_confirms(seed: int) -> No
     fenced one step before, and the release land once the read finds nothing left."""
     r = run_history(seed)
     assert r.ok, r.violation
-    assert r.counts.get("teardown stale view", 0) > 0, r.counts
+    # No history of seeds 0-49,999 of the current stream has the read fail any more (``--find 'teardown stale
+    # view'`` found none; the read itself is tested on the API in tests/kube/test_executor_confirm.py): 512 is a
+    # history whose changefeed is deleted and torn down with late creates garbage-collected.
+    assert r.counts.get("changefeed delete", 0) > 0, r.counts
+    assert r.counts.get("garbage collected", 0) > 0, r.counts
 
 
 def test_a_zombies_spans_created_placed_are_its_placements() -> None:
@@ -108,7 +112,7 @@ def test_a_zombies_spans_created_placed_are_its_placements() -> None:
     saw the new epoch, created two of table t5's spans placed. Each create records a placement, as the status
     write it replaced did; the simulator's bound on placements in flight counted them against the new
     maintainer's limit (6 of 5). They are the zombie's placements, left out of the bound as before."""
-    r = run_history(29440)
+    r = run_history(18)  # 29440 before the history stream changed
     assert r.ok, r.violation
     assert r.counts.get("zombie created placed", 0) > 0, r.counts
 
@@ -122,7 +126,7 @@ def test_the_teardown_is_judged_when_the_changefeed_vanishes() -> None:
     operator carries an ownerReference to it, and the garbage collector deletes it. Since the simulator's executor
     edits finalizers as production's does (with a resourceVersion precondition), 86327 makes another history;
     84696 (``--find 'garbage collected'``) has a late create the garbage collector removes."""
-    r = run_history(84696)
+    r = run_history(694)  # 84696 before the history stream changed
     assert r.ok, r.violation
     assert r.counts.get("garbage collected", 0) > 0, r.counts
     assert r.counts.get("changefeed delete", 0) > 0, r.counts
@@ -156,9 +160,8 @@ def test_a_dispatcher_is_judged_against_its_own_table_incarnation() -> None:
     history; 77285 has the same shape (found by ``--find 'report of a replaced table incarnation'``, 1 of
     50,000 seeds), and the check is also driven directly below: a report judged by the new incarnation's
     frontier is the violation the old simulator reported."""
-    r = run_history(77285)
-    assert r.ok, r.violation
-    assert r.counts.get("report of a replaced table incarnation", 0) > 0, r.counts
+    # 77285 reproduced it before the history stream changed; in seeds 0-49,999 of the current one no history
+    # has such a report (``--find``), so the check is driven directly only.
     ctx = Ctx(seed=0, rng=random.Random(0), api=Api(random.Random(0), lambda: 0.0), trace=Trace())
     captures = Captures(ctx, "cf")
     key = (3, Mode.DEFAULT)
@@ -188,9 +191,16 @@ def test_an_operator_admitted_on_a_span_a_zombie_just_replaced_may_fail() -> Non
     successor, its Span watch behind, admitted a second user Split of that span, which failed SpanNotFound in
     CreateSpans. That outcome is right (the span no longer exists); the outcome check now exempts an operator
     whose spans a zombie deleted, as it exempts the other outcomes of two maintainers acting at once."""
-    r = run_history(117032)
+    r = run_history(4)  # 117032 before the history stream changed: a history with a zombie beside its successor
     assert r.ok, r.violation
     assert r.counts.get("zombie failover", 0) > 0, r.counts
+
+
+def test_an_intent_judged_by_a_zombie_is_exempt() -> None:
+    """Found by the 50,000-history run of session 27 (seed 7645): a deposed maintainer declared a Move Succeeded
+    AlreadyOnTarget from its stale view while its successor had made the span Absent."""
+    r = run_history(7645)
+    assert r.ok, r.violation
 
 
 def test_a_capture_missing_from_a_stale_view_is_not_taken_for_fenced() -> None:
@@ -209,6 +219,6 @@ def test_a_capture_exits_drained_only_when_a_consistent_read_agrees() -> None:
     capture's next process ran it. The agent (and its model) now confirms with a consistent read that nothing is
     assigned before it exits drained, and a process that took over a Lease not naming it does not start what was
     assigned before."""
-    r = run_history(429)
+    r = run_history(4)  # 429 found it; since the fix, the stream changed (crashed captures come back too)
     assert r.ok, r.violation
     assert r.counts.get("capture graceful exit", 0) > 0, r.counts
