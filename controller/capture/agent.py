@@ -433,13 +433,7 @@ class Agent:
         finished (its finalizer is still on), and those assigned to it that are not closed (a Pending one the
         maintainer created before it saw the drain). A closed one not being deleted is no work of this
         capture's: the maintainer deletes it when it gets to it."""
-        closed = {st.value for st in CLOSED_DISPATCHER_STATES}
-        held = set(self.runs)
-        for name, obj in self.dispatchers.objects.items():
-            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-            if meta.get("deletionTimestamp") or status.get("state") not in closed:
-                held.add(name)
-        return sorted(held)
+        return sorted(set(self.runs) | {n for n, o in self.dispatchers.objects.items() if _unfinished(o)})
 
     async def _drain_then_stop(self) -> None:
         s = self.settings
@@ -483,12 +477,10 @@ class Agent:
             )
         except API_ERRORS:
             return ["(unreadable)"]
-        closed = {st.value for st in CLOSED_DISPATCHER_STATES}
         return [
             o["metadata"]["name"]
             for o in items
-            if (o.get("spec") or {}).get("capture") == self.settings.name
-            and (o["metadata"].get("deletionTimestamp") or (o.get("status") or {}).get("state") not in closed)
+            if (o.get("spec") or {}).get("capture") == self.settings.name and _unfinished(o)
         ]
 
     async def _mark_draining(self) -> None:
@@ -1147,6 +1139,17 @@ def _expired(lease_spec: JSON) -> bool:
         return parse_time(str(renew)) + float(lease_spec.get("leaseDurationSeconds") or 0) < time.time()
     except ValueError:
         return True
+
+
+_CLOSED = frozenset(st.value for st in CLOSED_DISPATCHER_STATES)
+
+
+def _unfinished(obj: JSON) -> bool:
+    """A Dispatcher its capture still has to run or close: being deleted (its finalizer still on), or not closed
+    (a closed one not being deleted is the maintainer's to delete)."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp")) or (obj.get("status") or {}).get(
+        "state"
+    ) not in _CLOSED
 
 
 def install_signal_handlers(agent: Agent) -> None:

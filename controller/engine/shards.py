@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-__all__ = ["MEMBER_PREFIX", "balanced", "hand_over", "may_bid", "member_lease", "share"]
+__all__ = ["MEMBER_PREFIX", "changefeed_lease", "hand_over", "may_bid", "member_lease", "share"]
 
 #: Prefix of a replica's member Lease. No changefeed's Lease (``cfm-<name>``) can have this name.
 MEMBER_PREFIX = "cfmm-"
@@ -30,6 +30,11 @@ MEMBER_PREFIX = "cfmm-"
 
 def member_lease(identity: str) -> str:
     return f"{MEMBER_PREFIX}{identity}"[:253]
+
+
+def changefeed_lease(changefeed: str) -> str:
+    """The Lease whose holder leads ``changefeed``."""
+    return f"cfm-{changefeed}"[:253]
 
 
 def share(changefeeds: int, members: int) -> tuple[int, int]:
@@ -43,12 +48,6 @@ def may_bid(leading: int, changefeeds: int, members: int, max_leases: int = 0) -
     if max_leases and leading >= max_leases:
         return False
     return leading < share(changefeeds, members)[1]
-
-
-def balanced(counts: Mapping[str, int], changefeeds: int) -> bool:
-    """Every live member leads floor(C/N) or ceil(C/N) (the unled ones counted nowhere)."""
-    low, high = share(changefeeds, len(counts))
-    return all(low <= c <= high for c in counts.values())
 
 
 def hand_over(me: str, counts: Mapping[str, int], changefeeds: int, mine: Collection[str]) -> str | None:

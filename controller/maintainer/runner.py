@@ -133,6 +133,7 @@ class Maintainer:
         #: released Lease goes to another replica rather than straight back.
         self.handed_until: dict[str, float] = {}
         self._handed_at = -math.inf
+        self._balance_at = -math.inf
 
     async def start(self) -> None:
         await self.informer.start()
@@ -173,7 +174,7 @@ class Maintainer:
                 if holder:
                     counts.setdefault(holder, 0)
         for cf in store.all(Kind.CHANGEFEED):
-            holder = current(f"cfm-{cf}"[:253])
+            holder = current(shards.changefeed_lease(cf))
             if holder in counts and holder != self.settings.identity:
                 counts[holder] += 1
         counts[self.settings.identity] = len(self.leading)
@@ -220,11 +221,13 @@ class Maintainer:
         return self.settings.retry if self.settings.balance else 0.0
 
     def _balance(self) -> None:
-        """At most one handoff per ``2 * lease_duration``: the taker bootstraps and the counts settle first."""
+        """Looked at once per ``retry`` (the Leases change no faster); at most one handoff per ``2 *
+        lease_duration``: the taker bootstraps and the counts settle first."""
         s = self.settings
         now = time.monotonic()
-        if not s.balance or now - self.started < self._settle() + s.lease_duration:
+        if not s.balance or now - self.started < self._settle() + s.lease_duration or now < self._balance_at:
             return
+        self._balance_at = now + s.retry
         if now - self._handed_at < 2 * s.lease_duration or any(e.is_set() for e in self._hand_over.values()):
             return
         store = self.informer.store
@@ -372,7 +375,7 @@ class Maintainer:
         elector = LeaderElector(
             self.client,
             s.namespace,
-            f"cfm-{name}"[:253],
+            shards.changefeed_lease(name),
             s.identity,
             duration=s.lease_duration,
             renew_deadline=s.renew_deadline,

@@ -147,6 +147,8 @@ class SimCapture:
     stopping_until: float | None = None
     #: After a graceful exit, when its next process starts (a StatefulSet recreating the pod); None: never.
     respawn_at: float | None = None
+    #: How long after a graceful exit its next process starts (set by ``Captures.stop``).
+    respawn_delay: float = 0.0
     #: This process took over a Lease that did not name it (released, or taken by the maintainer): the Pending
     #: dispatchers assigned to it when its acquisition landed are reported Stopped, not started (agent.py
     #: ``took_over_foreign``/``inherited``).
@@ -213,7 +215,7 @@ class Captures:
             return
         cap.alive = False
         cap.own_fault = True
-        cap.stopping_until = cap.respawn_at = None  # a crash ends a graceful stop too; nothing restarts it
+        cap.stopping_until = cap.respawn_at = None  # a crash ends a graceful stop too (the workload may restart it)
         cap.runs.clear()
         cap.check = None
         self.ctx.api.unwatch(cap.watcher)
@@ -228,7 +230,7 @@ class Captures:
         cap = self.all[name]
         if not cap.alive or cap.stopping_until is not None:
             return
-        cap.respawn_at = respawn_after  # relative until the exit makes it absolute
+        cap.respawn_delay = respawn_after
         cap.stopping_until = ctx.now + grace
         ctx.trace.add(f"  capture {name}: SIGTERM, drains for up to {grace:.1f}s")
         if self.exits_before_drained:
@@ -289,7 +291,7 @@ class Captures:
                 api.write_status(released, cap.lease_rv, faulty=False)
         cap.check = None
         api.unwatch(cap.watcher)
-        cap.respawn_at = ctx.now + (cap.respawn_at or 0.0)
+        cap.respawn_at = ctx.now + cap.respawn_delay
         cap.stopping_until = None
         ctx.trace.add(f"  capture {cap.name} exited (left {len(left)})")
 

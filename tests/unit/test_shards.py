@@ -50,5 +50,4 @@ def test_repeated_handovers_converge_to_the_share(total: int, raw: list[int]) ->
         taker = min(counts, key=lambda m: (counts[m], m))
         counts[givers[0]] -= 1
         counts[taker] += 1
-    assert shards.balanced(counts, total), counts
-    assert all(low <= c <= high for c in counts.values())
+    assert all(low <= c <= high for c in counts.values()), counts
