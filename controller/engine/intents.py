@@ -26,9 +26,10 @@ Every write is idempotent when re-issued from the same or a later snapshot:
 - ``AddFinalizer`` / ``RemoveFinalizer``: no-ops when already in the wanted state (as the decision's view
   shows it); otherwise the finalizers of that view, changed, with its resourceVersion (or the one an
   earlier write of the chain returned) as precondition: a 409 fails the chain.
-- ``FenceCapture``: takes a lapsed capture's Lease with the version the decision judged as its
-  precondition; success if the Lease already does not name the capture (or is gone); a conflict (the
-  capture renewed since) fails the chain.
+- ``FenceCapture``: takes a lost capture's Lease (holder cleared; already cleared: written again) with the
+  version the decision judged as its precondition; success if the Lease is gone; a conflict (the capture
+  renewed, or a restarted process of it acquired the Lease, since that version) fails the chain. Within one
+  decision, the first fence of a (capture, version) is written and the others share its outcome.
 - ``Event``: best effort, never fails a chain.
 - ``ConfirmNoneLeft``: a read, not a write: a consistent LIST; fails the chain when the API still holds
   something of the changefeed that its teardown has to remove first.
@@ -99,8 +100,11 @@ class FenceCapture:
     The durable token of the capture fencing argument (docs/architecture.md, Fencing): a capture renews
     its Lease by compare-and-swap and resumes its paused dispatchers only after such a renewal, so once
     this write lands nothing that capture process holds can run again, and only then does the engine
-    release its dispatchers' finalizers. Issued only for a Lease that has not been renewed for a lease
-    duration of the maintainer's current view (the capture stopped delivering by then)."""
+    release its dispatchers' finalizers, in the same chain. Written even when the view shows the Lease
+    taken already: that view may be older than the dispatchers it releases (a restarted process of the
+    capture may hold the Lease again and run one created since); a write that lands came after the view.
+    Issued only for a Lease taken or not renewed for a lease duration of the maintainer's current view (the
+    capture stopped delivering by then)."""
 
     capture: str
     lease_version: str

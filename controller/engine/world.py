@@ -156,6 +156,7 @@ MUTANTS = frozenset(
         "incremental-skips-lost-captures",  # an incremental decision misses what is on a capture that was lost
         "incremental-ignores-progress-reports",  # an incremental checkpoint uses no capture's progress report
         "release-before-fence",  # finalizers of a lapsed capture released without taking its Lease first
+        "release-under-an-old-take",  # released from a view showing the Lease taken, which may predate the dispatcher
         # Not the engine's: the simulator's capture model and the maintainer's liveness clock.
         "capture-resumes-after-takeover",  # a paused capture resumes though its Lease was taken meanwhile
         "capture-trusts-create-epoch",  # a dispatcher never reported Initializing goes Working unchecked
@@ -221,7 +222,7 @@ class Tick:
         self._created_unsorted: set[tuple[int, Mode]] = set()
         self.repairs: list[str] = []
         self.alive = {n for n, c in world.captures.items() if c.alive(world.now)}
-        self._fencing: set[str] = set()  # captures whose Lease this decision takes
+        self._fencing: set[str] = set()  # captures whose Lease this decision takes (mutant release-under-an-old-take)
         self.first_tick = False  # set by the maintainer on the first decision of a term
         # Running operators and the spans they own, kept current as operators change in this tick.
         self.owner: dict[str, str] = {}
@@ -599,18 +600,26 @@ class Tick:
         self.note(obj)
         return Create(obj, exclusive)
 
-    def close_dispatcher(self, d: Dispatcher) -> list[Delete | RemoveFinalizer]:
-        """Delete ``d``; if its capture is lost and fenced, also release its finalizer.
+    def close_dispatcher(self, d: Dispatcher) -> list[Delete | FenceCapture | RemoveFinalizer]:
+        """Delete ``d``; if its capture is lost, also release its finalizer, right after a fence.
 
         A live capture closes the dispatcher, reports its final checkpoint and releases the finalizer
-        itself; a lost one cannot, so the maintainer does, but only once the capture's Lease no longer
-        names it: a capture whose Lease merely lapsed has stopped delivering, yet would resume its
-        dispatchers in place if it reached the API again. For such a capture this decision takes the
-        Lease (one chain of its own, :meth:`fence_capture`); the release follows in a later decision,
-        from a snapshot that shows the Lease taken. A capture that is not alive for another reason (its
-        Capture object deleted while its Lease is current) closes the dispatcher itself.
+        itself; a lost one cannot, so the maintainer does, but only once no process of that capture can run
+        the dispatcher. A capture whose Lease merely lapsed has stopped delivering, yet would resume its
+        dispatchers in place if it reached the API again; and a view that shows its Lease taken may be older
+        than the dispatcher (each kind has its own watch): a restarted process of the capture may hold the
+        Lease again by now and run a dispatcher created since (simulator seed 11660). So the release comes
+        in the same chain as a ``FenceCapture``: a compare-and-swap on the Lease version of this view that
+        takes the Lease (or, already taken, writes it again). If it lands, the Lease did not name the
+        capture at a moment after this view was read, hence after ``d`` was created, and no process of the
+        capture can run ``d``; if the capture renewed since, the chain stops before the release and the
+        next decision judges again. The executor writes the Lease once per decision however many chains
+        carry the same fence. A capture with no Lease at all (nor Capture) counts as fenced only
+        ``UNKNOWN_CAPTURE_GRACE`` after the dispatcher was created (``capture_fenced``). A capture that is
+        not alive for another reason (its Capture object deleted while its Lease is current) closes the
+        dispatcher itself.
         """
-        writes: list[Delete | RemoveFinalizer] = []
+        writes: list[Delete | FenceCapture | RemoveFinalizer] = []
         if not d.deleting:
             writes.append(Delete(Kind.DISPATCHER, d.name, d.uid))
         if (
@@ -618,23 +627,34 @@ class Tick:
             and DISPATCHER_FINALIZER in d.finalizers
             and not self.mutant("remove-forgets-finalizer-of-lost-capture")
         ):
-            if self.capture_fenced(d.capture, d.created) or self.mutant("release-before-fence"):
-                writes.append(RemoveFinalizer(Kind.DISPATCHER, d.name, DISPATCHER_FINALIZER))
-            else:
-                self.fence_capture(d.capture)
+            writes.extend(self._release_lost(d))
         if writes:
             self.touched.add((Kind.DISPATCHER, d.name))
             if not d.deleting:
                 self.dispatchers[d.name] = replace(d, deleting=True)
         return writes
 
-    def fence_capture(self, name: str) -> None:
-        """Take the Lease of capture ``name`` if it lapsed (once per decision; a chain of its own)."""
-        capture = self.world.captures.get(name)
-        if capture is None or name in self._fencing or not capture.expired(self.now):
-            return
-        self._fencing.add(name)
-        self.emit(f"capture {name} lost: take its Lease", [FenceCapture(name, capture.lease_version)])
+    def _release_lost(self, d: Dispatcher) -> list[FenceCapture | RemoveFinalizer]:
+        """The writes that release the finalizer of ``d``, on a capture that is not alive (see
+        :meth:`close_dispatcher`); none while no release is safe yet."""
+        release = RemoveFinalizer(Kind.DISPATCHER, d.name, DISPATCHER_FINALIZER)
+        capture = self.world.captures.get(d.capture)
+        if self.mutant("release-before-fence"):
+            return [release]
+        if self.mutant("release-under-an-old-take"):
+            # The old rule: take a lapsed Lease in a chain of its own, release from a view showing it taken.
+            if capture is None or capture.lease_taken:
+                return [release] if self.capture_fenced(d.capture, d.created) else []
+            if capture.expired(self.now) and d.capture not in self._fencing:
+                self._fencing.add(d.capture)
+                take = FenceCapture(d.capture, capture.lease_version)
+                self.emit(f"capture {d.capture} lost: take its Lease", [take])
+            return []
+        if capture is None:
+            return [release] if self.capture_fenced(d.capture, d.created) else []
+        if capture.lease_taken or capture.expired(self.now):
+            return [FenceCapture(d.capture, capture.lease_version), release]
+        return []
 
     def event(self, obj: Record, reason: str, message: str, warning: bool = False) -> Event:
         return Event(obj.kind, obj.name, reason, message, warning)

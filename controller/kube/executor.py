@@ -125,16 +125,20 @@ class Executor:
 
     async def apply(self, decision: Decision) -> Outcome:
         out = Outcome(chains=len(decision.chains))
-        results = await asyncio.gather(*(self._chain(c, out) for c in decision.chains))
+        fences: dict[tuple[str, str], asyncio.Future[None]] = {}
+        results = await asyncio.gather(*(self._chain(c, out, fences) for c in decision.chains))
         out.failed = sum(1 for ok in results if not ok)
         return out
 
-    async def _chain(self, chain: I.Chain, out: Outcome) -> bool:
+    async def _chain(self, chain: I.Chain, out: Outcome, fences: dict[tuple[str, str], asyncio.Future[None]]) -> bool:
         local: dict[tuple[str, str], str] = {}
         async with self.sem:
             for w in chain.writes:
                 try:
-                    await self._one(w, local)
+                    if isinstance(w, I.FenceCapture):
+                        await self._fence_once(w, fences)
+                    else:
+                        await self._one(w, local)
                 except WRITE_ERRORS as exc:
                     reason = failure_reason(exc) or type(exc).__name__
                     out.errors[reason] += 1
@@ -201,8 +205,6 @@ class Executor:
                 self.informer.forget(w.kind.value, w.name)
         elif isinstance(w, I.AddFinalizer | I.RemoveFinalizer):
             await self._finalizer(w, local)
-        elif isinstance(w, I.FenceCapture):
-            await self._fence(w)
         elif isinstance(w, I.Event):
             await self._event(w)
         elif isinstance(w, I.ConfirmNoneLeft):
@@ -229,38 +231,52 @@ class Executor:
                     names = ", ".join(n for _, n in found[:4])
                     raise StaleView(f"changefeed {w.changefeed}: {len(found)} object(s) left, e.g. {names}")
 
+    async def _fence_once(self, w: I.FenceCapture, fences: dict[tuple[str, str], asyncio.Future[None]]) -> None:
+        """One Lease write per decision however many of its chains carry the same fence (every chain that
+        releases a dispatcher of that capture does): the first runs it, the others wait for its outcome,
+        success or failure. One write suffices: it landed after the decision's view was read."""
+        key = (w.capture, w.lease_version)
+        task = fences.get(key)
+        if task is None:
+            task = fences[key] = asyncio.ensure_future(self._fence(w))
+        await asyncio.shield(task)
+
     async def _fence(self, w: I.FenceCapture) -> None:
-        """Take a lapsed capture's Lease: holder cleared, with the version the decision judged as precondition.
+        """Take a capture's Lease by a write that lands after the decision's view: holder cleared (already
+        cleared: written again), with the version the decision judged as precondition.
 
         From then on the capture's renewals (compare-and-swaps on its own last version) fail, so whatever
-        it paused can never resume. Success when the Lease is gone or already names someone else; a
-        conflict means the capture renewed since the decision: the chain fails and the next one re-judges."""
+        it paused can never resume, and a process of the capture that acquires the Lease later runs only
+        dispatchers created after it did. Success when the Lease is gone; a conflict (the capture renewed,
+        or a restarted process of it acquired the Lease, since the version the decision judged) fails the
+        chain and the next decision judges again from the newer Lease."""
         name = conv.lease_name(w.capture)
         current = self.informer.store.objects.get(LEASE, {}).get(name)
-        if current is None or (current.get("spec") or {}).get("holderIdentity") != w.capture:
+        if current is None:
             return
         if current.get("metadata", {}).get("resourceVersion") != w.lease_version:
             raise ApiError(409, "Conflict", f"Lease {name} changed since the decision")
-        body = {**current, "spec": {**current["spec"], "holderIdentity": ""}}
+        meta = current.get("metadata") or {}
+        annotations = {**(meta.get("annotations") or {}), conv.FENCED_ANNOTATION: conv.format_time(time.time())}
+        body = {
+            **current,
+            "metadata": {**meta, "annotations": annotations},
+            "spec": {**current["spec"], "holderIdentity": ""},
+        }
         try:
             taken = await self.client.replace(LEASES, self.namespace, name, body)
         except ApiError as exc:
             if exc.not_found:
                 return
-            if not exc.conflict:
-                raise
-            # A renewal landed first, or someone else took it: look again.
-            try:
-                latest = await self.client.get(LEASES, self.namespace, name)
-            except ApiError as again:
-                if again.not_found:
-                    return
-                raise
-            self.informer.offer(LEASE, latest)
-            if (latest.get("spec") or {}).get("holderIdentity") != w.capture:
-                return
+            if exc.conflict:
+                # A renewal or an acquisition landed first: the next decision judges from the newer Lease.
+                try:
+                    self.informer.offer(LEASE, await self.client.get(LEASES, self.namespace, name))
+                except ApiError as again:
+                    if not again.not_found:
+                        raise
             raise
-        log.info("took the Lease %s of a lapsed capture", name)
+        log.info("took the Lease %s of a lost capture", name)
         self.informer.offer(LEASE, taken)
 
     async def _finalizer(self, w: I.AddFinalizer | I.RemoveFinalizer, local: dict[tuple[str, str], str]) -> None:

@@ -96,6 +96,9 @@ PLACEMENT_ANNOTATION = f"{GROUP}/placement"
 #: On a Capture whose ``spec.draining`` its own agent set while shutting down (value ``shutdown``): the next
 #: process of that capture clears the drain as it starts; a drain a person set (no annotation) stays.
 DRAIN_REASON_ANNOTATION = f"{GROUP}/drain-reason"
+#: On a capture's Lease, written by the maintainer that takes it (``intents.FenceCapture``): when, by its clock.
+#: Informational; what matters is that the take is a write, so that it lands after the decision's view.
+FENCED_ANNOTATION = f"{GROUP}/fenced-at"
 DRAIN_FOR_SHUTDOWN = "shutdown"
 
 __all__ = [

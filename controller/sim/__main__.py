@@ -87,13 +87,20 @@ def sweep(
     return 1 if failed else 0
 
 
+#: Mutants of a race too rare for the sweep's first histories, with the seeds of the long run that found it
+#: (their histories with the mutant are the ones that failed then): tried first. Seed 11660 (50,000-history run
+#: on 85c3793): a release from a view whose Lease was older than the dispatcher it released.
+PINNED: dict[str, tuple[int, ...]] = {"release-under-an-old-take": (11660,)}
+
+
 def mutation_check(start: int, limit: int, steps: int, jobs: int) -> int:
     survived = []
     for name in sorted(MUTANTS):
         t0 = time.perf_counter()
         caught: Result | None = None
         tried = 0
-        for r in _results(list(range(start, start + limit)), (name,), steps, jobs):
+        pinned = list(PINNED.get(name, ()))
+        for r in _results(pinned + [s for s in range(start, start + limit) if s not in pinned], (name,), steps, jobs):
             tried += 1
             if not r.ok:
                 if not run_history(r.seed, frozenset(), steps).ok:

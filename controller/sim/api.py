@@ -281,13 +281,12 @@ class Api:
 
     def fence_capture(self, name: str, version: str, faulty: bool = True) -> Record | None:
         """Take capture ``name``'s Lease (modelled on its Capture record: ``lease_taken``), precondition
-        ``version``. Returns the updated record; None if there is none. Already taken: success."""
+        ``version``, by a write even when it is already taken (as the production executor does: the write
+        must land after the decision's view). Returns the updated record; None if there is none."""
         self._maybe_fail(faulty)
         cur = self.store[Kind.CAPTURE].get(name)
         if not isinstance(cur, Capture):
             return None
-        if cur.lease_taken:
-            return cur
         if cur.resource_version != version:
             raise ApiError(409, "Conflict", f"Lease of {name}: version {version} != {cur.resource_version}")
         return self._put(cur, cur.evolve(lease_taken=True))

@@ -118,6 +118,9 @@ def apply(
     write that reaches the API (the simulator's checks of what may be written)."""
     out = Outcome()
     note = log or out.log.append
+    #: The fences this decision ran, by (capture, version judged): their outcome (None: success), so that a
+    #: fence in a later chain of the same decision is not written again (as ``controller.kube.executor``).
+    fences: dict[tuple[str, str], ApiError | None] = {}
     for chain in decision.chains:
         local: dict[tuple[Kind, str], str] = {}
         done = 0
@@ -136,7 +139,10 @@ def apply(
                 api.connect(client)
                 if guard is not None:
                     guard(w)
-                _one(api, cache, w, local)
+                if isinstance(w, I.FenceCapture):
+                    _fence_once(api, cache, w, fences)
+                else:
+                    _one(api, cache, w, local)
             except ApiError as e:
                 error = f"{w.describe()} -> {e.code} {e.reason}"
                 out.stale_views += e.reason == STALE_VIEW
@@ -185,10 +191,6 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         _after(api, cache, w.kind, w.name, left, local)
     elif isinstance(w, I.AddFinalizer | I.RemoveFinalizer):
         _finalizer(api, cache, w, local)
-    elif isinstance(w, I.FenceCapture):
-        taken = api.fence_capture(w.capture, w.lease_version)
-        if taken is not None:
-            cache.offer(taken)
     elif isinstance(w, I.ConfirmNoneLeft):
         # A consistent read: the API's own state, not the cache (what a LIST without resourceVersion is).
         found = teardown.left_behind(
@@ -198,6 +200,22 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
             for o in found:
                 cache.offer(o)
             raise ApiError(409, STALE_VIEW, f"{len(found)} object(s) of {w.changefeed} left, e.g. {found[0].name}")
+
+
+def _fence_once(api: Api, cache: Cache, w: I.FenceCapture, fences: dict[tuple[str, str], ApiError | None]) -> None:
+    key = (w.capture, w.lease_version)
+    if key not in fences:
+        try:
+            taken = api.fence_capture(w.capture, w.lease_version)
+        except ApiError as e:
+            fences[key] = e
+            raise
+        fences[key] = None
+        if taken is not None:
+            cache.offer(taken)
+    failed = fences[key]
+    if failed is not None:
+        raise failed
 
 
 def _finalizer(

@@ -211,3 +211,119 @@ def test_the_cases_see_both_outcomes() -> None:
         "create-then-status-of-another-incarnation",
     }
     assert {"create-again", "delete-absent", "delete-gone", "release-gone", "status-from-the-view"}.isdisjoint(failed)
+
+
+# -- fences: the Lease of a lost capture, taken in the chain that releases one of its dispatchers ------------
+#
+# The table stands for the dispatcher whose finalizer the chain releases. The Lease is in the view as
+# ``held`` (it names the capture: lapsed) or taken (holder cleared); behind the executor's back, the capture
+# renews it or a restarted process of it acquires it again (the view is then older than the Lease: seed 11660).
+
+
+@dataclass(frozen=True)
+class FenceCase:
+    name: str
+    held: bool  # the Lease names the capture in the view
+    behind: bool  # the capture writes its Lease (holder: itself) after the view was read
+    chains: int = 1  # chains carrying the same fence and release, in one decision
+
+
+FENCE_CASES = [
+    FenceCase("take-a-lapsed-lease", held=True, behind=False),
+    FenceCase("take-a-taken-lease-again", held=False, behind=False),
+    FenceCase("lapsed-lease-renewed-since", held=True, behind=True),
+    FenceCase("taken-lease-acquired-again-since", held=False, behind=True),
+    FenceCase("two-chains-one-fence", held=False, behind=False, chains=2),
+]
+
+#: (chains that failed, the Lease names the capture, the table's finalizers (None: gone), Lease writes)
+FenceResult = tuple[int, bool, tuple[str, ...] | None, int]
+
+
+def fence_decision(version: str, chains: int) -> Decision:
+    """``chains`` chains, each releasing one table (t1, t2...) after the same fence."""
+    return Decision(
+        chains=tuple(
+            I.Chain((I.FenceCapture("c0", version), I.RemoveFinalizer(KIND, f"t{i + 1}", TABLE_FINALIZER)), "release")
+            for i in range(chains)
+        ),
+        memory=Memory(1, "m"),
+    )
+
+
+def fence_setup(chains: int) -> tuple[I.Write, ...]:
+    tables = [replace(TABLE, name=f"t{i + 1}", table_id=i + 1) for i in range(chains)]
+    return tuple(w for t in tables for w in (I.Create(t), I.AddFinalizer(KIND, t.name, TABLE_FINALIZER)))
+
+
+def run_kube_fence(url: str, case: FenceCase) -> FenceResult:
+    from controller.kube.client import LEASES
+    from controller.kube.informer import LEASE
+
+    async def scenario() -> FenceResult:
+        async with Client(Config(url=url)) as client:
+            ns = await namespace(client)
+            informer = Informer(client, ns)
+            executor = Executor(client, informer, ns)
+            assert (await executor.apply(one(fence_setup(case.chains)))).failed == 0
+            lease = {
+                "metadata": {"name": conv.lease_name("c0"), "namespace": ns},
+                "spec": {"holderIdentity": "c0" if case.held else "", "leaseDurationSeconds": 15},
+            }
+            view = await client.create(LEASES, ns, lease)
+            informer.offer(LEASE, view)
+            if case.behind:
+                renewed = {**view["spec"], "holderIdentity": "c0", "renewTime": conv.format_time(1.0, micro=True)}
+                await client.replace(LEASES, ns, conv.lease_name("c0"), {**view, "spec": renewed})
+            before = (await client.get(LEASES, ns, conv.lease_name("c0")))["metadata"]["resourceVersion"]
+            out = await executor.apply(fence_decision(view["metadata"]["resourceVersion"], case.chains))
+            after = await client.get(LEASES, ns, conv.lease_name("c0"))
+            writes = 0 if after["metadata"]["resourceVersion"] == before else 1
+            try:
+                table = await client.get(RESOURCES[KIND], ns, "t1")
+                finalizers: tuple[str, ...] | None = tuple(table["metadata"].get("finalizers") or ())
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+                finalizers = None
+            holder = after["spec"].get("holderIdentity") == "c0"
+            return out.failed, holder, finalizers, writes
+
+    return asyncio.run(scenario())
+
+
+def run_sim_fence(case: FenceCase) -> FenceResult:
+    from controller.model.records import Capture
+
+    api = Api(random.Random(0), lambda: 0.0)
+    cache = sim_executor.Cache()
+    assert sim_executor.apply(api, cache, one(fence_setup(case.chains)), kill=lambda: False).failed_chains == 0
+    view = api.create_with_status(Capture(name="c0", renew_time=0.0, lease_taken=not case.held))
+    cache.offer(view)
+    if case.behind:
+        api.write_status(view.evolve(lease_taken=False, renew_time=1.0), view.resource_version, faulty=False)
+    before = api.get(Kind.CAPTURE, "c0")
+    out = sim_executor.apply(api, cache, fence_decision(view.resource_version, case.chains), kill=lambda: False)
+    after = api.get(Kind.CAPTURE, "c0")
+    assert isinstance(before, Capture)
+    assert isinstance(after, Capture)
+    writes = 0 if after.resource_version == before.resource_version else 1
+    table = api.get(KIND, "t1")
+    return out.failed_chains, not after.lease_taken, None if table is None else tuple(table.finalizers), writes
+
+
+@pytest.mark.parametrize("case", FENCE_CASES, ids=[c.name for c in FENCE_CASES])
+def test_both_executors_fence_alike(api_server: ApiServerHandle, case: FenceCase) -> None:
+    production, simulated = run_kube_fence(api_server.url, case), run_sim_fence(case)
+    assert production == simulated, f"production {production} != simulator {simulated}"
+
+
+def test_the_fence_cases_see_both_outcomes() -> None:
+    got = {c.name: run_sim_fence(c) for c in FENCE_CASES}
+    released = (0, False, (), 1)  # the Lease taken by one write, the finalizer released
+    kept = (1, True, (TABLE_FINALIZER,), 0)  # the fence failed on the newer Lease: nothing released
+    assert got["take-a-lapsed-lease"] == released
+    assert got["take-a-taken-lease-again"] == released
+    assert got["two-chains-one-fence"] == released  # one Lease write for both chains
+    assert got["lapsed-lease-renewed-since"] == kept
+    assert got["taken-lease-acquired-again-since"] == kept

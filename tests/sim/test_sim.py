@@ -222,3 +222,15 @@ def test_a_capture_exits_drained_only_when_a_consistent_read_agrees() -> None:
     r = run_history(4)  # 429 found it; since the fix, the stream changed (crashed captures come back too)
     assert r.ok, r.violation
     assert r.counts.get("capture graceful exit", 0) > 0, r.counts
+
+
+def test_a_release_from_a_view_older_than_the_dispatcher_is_fenced_again() -> None:
+    """Found by the 50,000-history run of session 27 (seed 11660): a crashed capture's Lease was taken by a
+    deposed maintainer, the capture's restarted process acquired it again and started a dispatcher created
+    since, and the successor, whose Lease watch lagged its Dispatcher watch, released that dispatcher's
+    finalizer from its view of the Lease taken. A release now follows a fence in its own chain, written even
+    over a Lease the view shows taken. The mutant is the old rule, and it still fails this seed."""
+    assert run_history(11660).ok
+    old = run_history(11660, frozenset({"release-under-an-old-take"}))
+    assert not old.ok
+    assert old.violation.startswith("fencing:"), old.violation

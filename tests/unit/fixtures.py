@@ -411,12 +411,12 @@ class Store:
                     self.put(replace(cur, finalizers=(*cur.finalizers, w.finalizer)))
             elif isinstance(w, I.FenceCapture):
                 cur = self.get(Kind.CAPTURE, w.capture)
-                if cur is None or not isinstance(cur, Capture) or cur.lease_taken:
+                if cur is None or not isinstance(cur, Capture):
                     continue
                 if cur.lease_version != w.lease_version:
                     self.aborted += 1
-                    return made  # the capture renewed since: 409 aborts the chain
-                self.put(replace(cur, lease_taken=True))
+                    return made  # the Lease changed since the decision's view: 409 aborts the chain
+                self.put(replace(cur, lease_taken=True, lease_version=f"lease-{w.capture}-taken-{next(self.rv)}"))
             elif isinstance(w, I.Event):
                 self.events.append((w.name, w.reason, w.message))
             elif isinstance(w, I.ConfirmNoneLeft) and left_behind(self.objects.values(), w.changefeed):

@@ -3,9 +3,11 @@
 A capture that cannot renew its Lease pauses its dispatchers and resumes them in place if it gets through
 again while its Lease is still its own. So "its Lease lapsed" is not enough for the maintainer to release
 the finalizers of its dispatchers (which lets their spans be placed elsewhere): it must first take the Lease
-(``FenceCapture``, a compare-and-swap on the version it judged lapsed), and releases only from a snapshot
-showing the Lease taken. And the lapse itself is counted only on time during which the maintainer's view of
-the Leases was current (``engine.liveness``).
+(``FenceCapture``, a compare-and-swap on the version it judged lapsed), in the chain of the release. A view
+that shows the Lease taken already is not enough either: it may be older than the dispatcher (seed 11660), so
+the release's chain writes the Lease again, with the version of that view as precondition. And the lapse
+itself is counted only on time during which the maintainer's view of the Leases was current
+(``engine.liveness``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from dataclasses import replace
 
 from controller.engine import intents as I
 from controller.engine.liveness import Silence, ViewClock
-from controller.engine.maintainer import decide
+from controller.engine.maintainer import Decision, decide
 from controller.model.records import Capture, Dispatcher
+from controller.model.states import DISPATCHER_FINALIZER
 from tests.unit.fixtures import (
     Kind,
     SpanState,
@@ -40,29 +43,63 @@ DA = dispatcher("da", A, "c0", checkpoint_ts=150)
 DB = dispatcher("db", B, "c1", checkpoint_ts=150)
 
 
-def test_a_lapsed_lease_is_taken_before_any_finalizer_is_released() -> None:
+def chains_with_fences(dec: Decision) -> list[tuple[I.Write, ...]]:
+    return [c.writes for c in dec.chains if any(isinstance(w, I.FenceCapture) for w in c.writes)]
+
+
+def test_a_lapsed_lease_is_taken_in_the_chain_that_releases_the_finalizer() -> None:
     lapsed = capture("c0", alive=False, taken=False)
     dec = decide(world(table(1), lapsed, capture("c1"), A, B, DA, DB), memory())
-    got = flat(dec)
-    assert last_status(dec, Kind.SPAN, "a").state is SpanState.ABSENT  # its span is placed again...
-    assert ("delete", "Dispatcher", "da") in got
-    assert ("unfinalize", "Dispatcher", "da") not in got  # ...but its dispatcher is not released yet
-    fences = [w for w in writes(dec) if isinstance(w, I.FenceCapture)]
-    assert fences == [I.FenceCapture("c0", lapsed.lease_version)]
-    assert [c.writes for c in dec.chains if any(isinstance(w, I.FenceCapture) for w in c.writes)] == [(fences[0],)]
+    assert last_status(dec, Kind.SPAN, "a").state is SpanState.ABSENT  # its span is placed again
+    [chain] = chains_with_fences(dec)
+    fence = I.FenceCapture("c0", lapsed.lease_version)
+    release = I.RemoveFinalizer(Kind.DISPATCHER, "da", DISPATCHER_FINALIZER)
+    assert chain[-3:] == (I.Delete(Kind.DISPATCHER, "da", DA.uid), fence, release)  # the take comes first
 
 
-def test_the_lease_is_taken_once_per_decision_however_many_dispatchers() -> None:
+def test_every_release_carries_the_fence() -> None:
+    """One fence per chain that releases (the executor writes the Lease once per decision: see
+    tests/kube/test_executor_equivalence.py)."""
     d2 = replace(DB, name="db2", capture="c0", span="nope", table_id=9)
     dec = decide(world(table(1), capture("c0", alive=False, taken=False), capture("c1"), A, B, DA, DB, d2), memory())
-    assert [w for w in writes(dec) if isinstance(w, I.FenceCapture)] == [I.FenceCapture("c0", "lease-c0-1")]
+    chains = chains_with_fences(dec)
+    assert len(chains) == 2
+    for chain in chains:
+        i = next(i for i, w in enumerate(chain) if isinstance(w, I.FenceCapture))
+        assert chain[i] == I.FenceCapture("c0", "lease-c0-1")
+        assert isinstance(chain[i + 1], I.RemoveFinalizer)
 
 
-def test_once_the_lease_is_taken_the_finalizer_is_released() -> None:
+def test_a_lease_already_taken_is_taken_again_before_the_release() -> None:
+    """A view showing the Lease taken may be older than the dispatcher: the release still needs a fence."""
     gone = replace(DA, deleting=True)
-    dec = decide(world(table(1), capture("c0", alive=False, taken=True), capture("c1"), A, B, gone, DB), memory())
-    assert ("unfinalize", "Dispatcher", "da") in flat(dec)
-    assert not [w for w in writes(dec) if isinstance(w, I.FenceCapture)]
+    taken = capture("c0", alive=False, taken=True)
+    dec = decide(world(table(1), taken, capture("c1"), A, B, gone, DB), memory())
+    assert chains_with_fences(dec) == [
+        (I.FenceCapture("c0", taken.lease_version), I.RemoveFinalizer(Kind.DISPATCHER, "da", DISPATCHER_FINALIZER))
+    ]
+
+
+def test_a_release_from_a_view_older_than_the_dispatcher_does_not_land() -> None:
+    """Simulator seed 11660: the view shows c0's Lease taken (its process crashed, a maintainer took it), but a
+    restarted process of c0 has acquired it since and runs a dispatcher created after that. The maintainer's
+    Lease watch lags its Dispatcher watch; releasing the finalizer from that view would let the span be placed
+    elsewhere while c0 still runs it. The fence in the release's chain fails on the newer Lease: nothing is
+    released, and c0 closes the dispatcher itself."""
+    st = Store(strict=True)
+    st.add(table(1, finalizers=()), capture("c0", alive=False, taken=True), capture("c1"), A, B, DA, DB)
+    st.add(changefeed())
+    st.put(replace(DA, deleting=True))
+    view = st.world()  # the stale view: c0's Lease taken
+    back = st.get(Kind.CAPTURE, "c0")
+    assert isinstance(back, Capture)
+    st.put(replace(back, lease_taken=False, renew_time=st.now, lease_version="lease-c0-acquired-again"))
+    for chain in decide(view, memory()).chains:
+        st.apply_chain(chain)
+    d = st.get(Kind.DISPATCHER, "da")
+    assert isinstance(d, Dispatcher)
+    assert DISPATCHER_FINALIZER in d.finalizers
+    assert st.aborted >= 1
 
 
 def test_a_capture_not_alive_with_a_current_lease_closes_its_own_dispatchers() -> None:
@@ -84,6 +121,7 @@ def test_a_capture_that_renews_before_the_fence_lands_keeps_its_dispatchers() ->
     st.now += 30  # c0's Lease lapses (it paused its dispatchers)
     dec = decide(st.world(), memory())
     fence = next(c for c in dec.chains if any(isinstance(w, I.FenceCapture) for w in c.writes))
+    assert isinstance(fence.writes[-1], I.RemoveFinalizer)
     st.lost.discard("c0")
     st.captures_step()  # c0 gets through again first: its renewal changes the Lease version
     st.apply_chain(fence)

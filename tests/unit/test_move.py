@@ -145,7 +145,7 @@ def test_destination_lost_keeps_closing_origin_never_creates():
 def test_origin_capture_lost_released_then_advances():
     caps = [capture("c0", alive=False), capture("c1")]
     dec = decide(world(*at_remove_origin(D1, caps=caps)), memory())
-    assert flat(dec) == [("delete", "Dispatcher", "d1"), ("unfinalize", "Dispatcher", "d1")]
+    assert flat(dec) == [("delete", "Dispatcher", "d1"), ("fence", "Capture", "c0"), ("unfinalize", "Dispatcher", "d1")]
     dec = decide(world(*at_remove_origin(caps=caps)), memory())
     assert flat(dec) == [
         ("status", "SpanOperator", "mv"),
@@ -186,7 +186,9 @@ def test_add_dest_waits_then_succeeds():
 def test_add_dest_destination_lost():
     caps = [capture("c0"), capture("c1", alive=False)]
     dec = decide(world(*at_add_dest(DispatcherState.INITIALIZING, caps=caps)), memory())
-    assert flat(dec) == [("delete", "Dispatcher", "dnew"), ("unfinalize", "Dispatcher", "dnew")]
+    assert flat(dec) == [
+        ("delete", "Dispatcher", "dnew"), ("fence", "Capture", "c1"), ("unfinalize", "Dispatcher", "dnew")
+    ]
     dec = decide(world(*at_add_dest(caps=caps)), memory())
     rec = last_status(dec, Kind.OPERATOR, "mv")
     assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "DestinationLost")

@@ -84,12 +84,12 @@ def test_refreshes_origin_checkpoint_while_closing():
 
 def test_lost_origin_capture_finalizer_released_by_maintainer():
     dec = decide(world(capture("c0", alive=False), *running(replace(D1, deleting=True))), memory())
-    assert flat(dec) == [("unfinalize", "Dispatcher", "d1")]
+    assert flat(dec) == [("fence", "Capture", "c0"), ("unfinalize", "Dispatcher", "d1")]
 
 
 def test_lost_origin_capture_not_yet_deleted():
     dec = decide(world(capture("c0", alive=False), *running(D1)), memory())
-    assert flat(dec) == [("delete", "Dispatcher", "d1"), ("unfinalize", "Dispatcher", "d1")]
+    assert flat(dec) == [("delete", "Dispatcher", "d1"), ("fence", "Capture", "c0"), ("unfinalize", "Dispatcher", "d1")]
 
 
 def test_gone_leaves_span_absent_at_final_checkpoint():

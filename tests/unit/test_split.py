@@ -184,6 +184,7 @@ def test_add_spans_child_destination_lost_partially_placed():
         ("status", "Span", "child0"),
         ("status", "SpanOperator", "sp"),
         ("delete", "Dispatcher", "k1"),
+        ("fence", "Capture", "c1"),
         ("unfinalize", "Dispatcher", "k1"),
     ]
     rec = last_status(dec, Kind.OPERATOR, "sp")
