@@ -140,6 +140,18 @@ class Worker:
                 await self.proc.wait()
 
 
+def api_cost_args(a: argparse.Namespace) -> list[str]:
+    """The API server's cost model (controller/apiserver/cost.py) as asked for: none by default."""
+    if not a.api_cost:
+        return []
+    args = ["--api-cost"]
+    if a.commit_latency_ms is not None:
+        args += ["--commit-latency-ms", str(a.commit_latency_ms)]
+    if a.commit_per_write_ms is not None:
+        args += ["--commit-per-write-ms", str(a.commit_per_write_ms)]
+    return args
+
+
 class System:
     def __init__(self, a: argparse.Namespace, n: int) -> None:
         self.a = a
@@ -157,7 +169,7 @@ class System:
     def start_server(self) -> None:
         self.server = subprocess.Popen(
             [sys.executable, str(COUNTING_SERVER), "--crds", str(ROOT / "crds"), "--kubeconfig",
-             self.kubeconfig, "--history-size", str(max(50_000, 40 * self.n))],
+             self.kubeconfig, "--history-size", str(max(50_000, 40 * self.n)), *api_cost_args(self.a)],
             stdout=subprocess.PIPE, stderr=open(self.log_dir / "apiserver.log", "ab"), text=True, cwd=ROOT,  # noqa: SIM115
         )  # fmt: skip
         assert self.server.stdout is not None
@@ -451,6 +463,12 @@ async def phase_scale(system: System, out: dict[str, Any]) -> bool:
     # Every client's requests as the API server counted them (captures' included), per span placed.
     p1["api_requests_per_placement"] = round(sum(served.values()) / placed, 2)
     p1["api_requests_per_placement_by_verb"] = {k: round(c / placed, 3) for k, c in sorted(served.items())}
+    # Every client's writes as the API server counted them (Leases and Events included), per second of the
+    # window, against the 16-client raw write rate of the same run (a raw pair is 2 writes).
+    api_writes = sum(c for k, c in served.items() if k.split()[0] in WRITE_VERBS)
+    p1["api_writes_per_s"] = round(api_writes / elapsed, 1)
+    pairs16 = out.get("raw_pairs_per_s_16_clients")
+    p1["api_writes_ratio_to_raw_16_clients"] = round(p1["api_writes_per_s"] / (2 * pairs16), 3) if pairs16 else None
     raw = out["raw_status_patches_per_s"]
     p1["status_write_ratio_to_raw"] = round(p1["status_writes_per_s"] / raw, 3) if raw else None
     for key in ("raw_pairs_per_s_1_client", "raw_pairs_per_s_16_clients"):
@@ -758,6 +776,7 @@ async def phase_drain_balance(system: System, out: dict[str, Any]) -> None:
 async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "spans": n,
+        "api_cost": api_cost_args(a) or "off",
         "captures": a.captures,
         "ops_k": a.ops,
         "inflight_k": a.inflight,
@@ -781,6 +800,8 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
             out["raw_pairs_per_s_16_clients"] = round(await raw_pairs(system.client, a.raw_pairs, 16, "par"), 1)
             log(f"raw create + status-patch pairs/s: {out['raw_pairs_per_s_1_client']} (1 client), "
                 f"{out['raw_pairs_per_s_16_clients']} (16 concurrent)")  # fmt: skip
+        if a.raw_only:
+            return out
         await system.client.create(RESOURCES[Kind.CHANGEFEED], NS, changefeed())
         system.start_captures()
         while len((await system.client.list(RESOURCES[Kind.CAPTURE], NS))[0]) < a.captures:  # noqa: ASYNC110
@@ -858,6 +879,8 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("1 ... ratio to raw pairs/s (1 client | 16)",
          f"{sc.get('spans_per_s_ratio_to_raw_pairs_per_s_1_client', '-')} | "
          f"{sc.get('spans_per_s_ratio_to_raw_pairs_per_s_16_clients', '-')}"),
+        ("1 API writes/s, all clients; ratio to raw 16-client writes/s",
+         f"{sc.get('api_writes_per_s', '-')}; {sc.get('api_writes_ratio_to_raw_16_clients', '-')}"),
         ("1 maintainer writes per placement", f"{sc.get('writes_per_placement', '-')}"),
         ("1 ... by resource", fmt_reqs(sc.get("writes_per_placement_by_resource", {}))),
         ("1 maintainer requests per placement", f"{sc.get('requests_per_placement', '-')}"),
@@ -971,6 +994,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="also profile a window early in phase 1")
     p.add_argument("--profile-at", type=float, default=10.0, help="seconds after the Table apply (--profile)")
     p.add_argument("--profile-window", type=float, default=20.0)
+    p.add_argument(
+        "--api-cost",
+        action="store_true",
+        help="the API server's cost model: writes wait for batched commits, calibrated to a real server",
+    )
+    p.add_argument("--raw-only", action="store_true", help="only the raw rates (to calibrate --api-cost)")
+    p.add_argument("--commit-latency-ms", type=float, help="with --api-cost: ms a commit lasts")
+    p.add_argument("--commit-per-write-ms", type=float, help="with --api-cost: ms each write adds to its commit")
     p.add_argument("--json", help="write all figures to this file")
     p.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "cfm-bench-logs"))
     p.add_argument("--no-drain", dest="drain", action="store_false", help="skip phase 4 (drain, then balance)")

@@ -12,6 +12,7 @@ import signal
 import threading
 
 from controller import logs
+from controller.apiserver import cost
 from controller.apiserver.server import start_server
 
 
@@ -28,11 +29,28 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds between watch BOOKMARKs (a real server: about a minute)",
     )
     parser.add_argument("--history-size", type=int, default=10_000, help="watch events kept for resuming watches")
+    parser.add_argument(
+        "--api-cost",
+        action="store_true",
+        help="the storage's cost model (controller/apiserver/cost.py): writes wait for commits in batches, "
+        f"calibrated to a real server ({cost.DEFAULT_LATENCY_MS} ms a commit + {cost.DEFAULT_PER_WRITE_MS} ms a write)",
+    )
+    parser.add_argument("--commit-latency-ms", type=float, help="with --api-cost: ms a commit lasts")
+    parser.add_argument("--commit-per-write-ms", type=float, help="with --api-cost: ms each write adds to its commit")
     logs.add_arguments(parser)
     args = parser.parse_args(argv)
     logs.setup(args.log_level, args.log_format)
     # celpy logs every CEL rule it transpiles at info (the generated Python): the library's detail, not ours.
     logging.getLogger("celpy").setLevel(logging.WARNING)
+    model = None
+    if args.api_cost:
+        latency = cost.DEFAULT_LATENCY_MS if args.commit_latency_ms is None else args.commit_latency_ms
+        per_write = cost.DEFAULT_PER_WRITE_MS if args.commit_per_write_ms is None else args.commit_per_write_ms
+        if latency < 0 or per_write < 0:
+            parser.error("--commit-latency-ms and --commit-per-write-ms must not be negative")
+        model = cost.CostModel(latency / 1000, per_write / 1000)
+    elif args.commit_latency_ms is not None or args.commit_per_write_ms is not None:
+        parser.error("--commit-latency-ms and --commit-per-write-ms need --api-cost")
     handle = start_server(
         args.crds,
         args.port,
@@ -40,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig_path=args.kubeconfig,
         bookmark_interval=args.bookmark_interval,
         history_size=args.history_size,
+        cost=model,
     )
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())

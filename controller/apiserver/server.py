@@ -31,6 +31,7 @@ from controller.apiserver import builtins as B
 from controller.apiserver import gojson, patches
 from controller.apiserver.authz import Rbac, attributes
 from controller.apiserver.controllers import Controllers
+from controller.apiserver.cost import Committer, CostModel
 from controller.apiserver.errors import (
     ApiError,
     PageNotFound,
@@ -284,6 +285,8 @@ def _render(
 class ServerConfig:
     bookmark_interval: float = 60.0
     history_size: int = 10_000
+    #: The storage's cost model (controller/apiserver/cost.py); None: every write is answered at once.
+    cost: CostModel | None = None
 
 
 def _field_getters(rt: ResourceType) -> dict[str, FieldGetter]:
@@ -325,6 +328,12 @@ class ApiServer:
         self.stopping = asyncio.Event()
         self.committed = asyncio.Event()
         store.listeners.append(lambda _event: self.committed.set())
+        self.commits = Committer(config.cost) if config.cost is not None else None
+
+    async def _commit(self, opts: WriteOptions) -> None:
+        """Wait for the storage's commit of this write (only with a cost model; a dry run commits nothing)."""
+        if self.commits is not None and not opts.dry_run:
+            await self.commits.turn()
 
     # discovery ----------------------------------------------------------------------------------------
 
@@ -593,6 +602,7 @@ class ApiServer:
                 if ns is None and rt.namespaced:
                     raise PageNotFound()
                 body = await self._body(request, rt, opts)
+                await self._commit(opts)
                 out = self.store.create(rt, obj_ns, body, opts)
                 return self._render_obj(request, rt, out.obj, 201, out.warnings)
             if method == "DELETE" and "deletecollection" in rt.verbs:
@@ -617,21 +627,25 @@ class ApiServer:
             return self._render_obj(request, rt, obj)
         if method == "POST" and sub is None:  # the real server treats it as a create of the collection
             body = await self._body(request, rt, opts)
+            await self._commit(opts)
             out = self.store.create(rt, obj_ns, body, opts)
             return self._render_obj(request, rt, out.obj, 201, out.warnings)
         if method == "PUT":
             body = await self._body(request, rt, opts)
+            await self._commit(opts)
             out = self.store.replace(rt, obj_ns, name, body, opts, sub)
             return self._render_obj(request, rt, out.obj, 201 if out.created else 200, out.warnings)
         if method == "PATCH":
             content_type = request.content_type
             body = await self._patch_body(request, content_type)
+            await self._commit(opts)
             out = self.store.patch(rt, obj_ns, name, content_type, body, opts, sub)
             return self._render_obj(request, rt, out.obj, 201 if out.created else 200, out.warnings)
         if method == "DELETE" and sub is None:
             options = await self._delete_body(request)
             if options.get("dryRun"):
                 opts.dry_run = self._dry_run(options["dryRun"])
+            await self._commit(opts)
             obj, gone = self.store.delete(rt, obj_ns, name, options, opts)
             if not gone:
                 return self._render_obj(request, rt, obj)
@@ -860,6 +874,7 @@ class ApiServer:
         if options.get("dryRun"):
             opts.dry_run = self._dry_run(options["dryRun"])
         self.store.delete_options(options)
+        await self._commit(opts)
         items = self.store.list_objects(rt, ns, predicate)
         rv = self.store.rv
         deleted = []
@@ -1026,6 +1041,8 @@ class ApiServerHandle:
     _stop: Callable[[], Coroutine[Any, Any, None]]
     _tmpdir: str | None = None
     _stopped: bool = field(default=False)
+    #: The storage's commits (None without a cost model): how many ran, for how many writes.
+    commits: Committer | None = None
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the server's loop (the store is not thread-safe) and return its result."""
@@ -1067,16 +1084,18 @@ def start_server(
     bookmark_interval: float = 60.0,
     history_size: int = 10_000,
     rbac: Rbac | None = None,
+    cost: CostModel | None = None,
 ) -> ApiServerHandle:
     """Start the server in a daemon thread; returns once it accepts connections. With ``rbac``, requests
     bearing one of its service-account tokens are authorized by its rules (:mod:`controller.apiserver.authz`).
 
     ``bookmark_interval`` is how often an idle watch with ``allowWatchBookmarks`` gets a BOOKMARK (the real server:
-    about a minute); ``history_size`` is the window of events watches can resume from."""
+    about a minute); ``history_size`` is the window of events watches can resume from; ``cost``: the storage's
+    cost model (:mod:`controller.apiserver.cost`), None for none."""
     result: dict[str, Any] = {}
     started = threading.Event()
     loop = asyncio.new_event_loop()
-    config = ServerConfig(bookmark_interval=bookmark_interval, history_size=history_size)
+    config = ServerConfig(bookmark_interval=bookmark_interval, history_size=history_size, cost=cost)
 
     async def setup() -> None:
         store = Store(history_size=history_size)
@@ -1099,7 +1118,7 @@ def start_server(
             store.close_watches()
             await runner.cleanup()
 
-        result.update(store=store, port=bound, stop=stop)
+        result.update(store=store, port=bound, stop=stop, commits=server.commits)
 
     def run() -> None:
         asyncio.set_event_loop(loop)
@@ -1129,4 +1148,4 @@ def start_server(
         kubeconfig_path = Path(tmpdir) / "kubeconfig"
     path = Path(kubeconfig_path)
     path.write_text(yaml.safe_dump(kubeconfig(url)))
-    return ApiServerHandle(url, path, result["store"], loop, thread, result["stop"], tmpdir)
+    return ApiServerHandle(url, path, result["store"], loop, thread, result["stop"], tmpdir, commits=result["commits"])
