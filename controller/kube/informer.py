@@ -491,8 +491,13 @@ class Informer:
         self.last_seen: dict[str, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._list_gate = asyncio.Lock()
-        self.kinds: dict[str, Resource] = {k.value: r for k, r in RESOURCES.items()}
-        self.kinds[LEASE] = LEASES
+        # The small kinds first (one LIST at a time, in this order: the gate is FIFO): the maintainer bids for
+        # Leases once Changefeeds and Leases are listed, while the big kinds still list (a cold start).
+        first = (LEASE, Kind.CHANGEFEED.value, Kind.CAPTURE.value)
+        every: dict[str, Resource] = {k.value: r for k, r in RESOURCES.items()}
+        every[LEASE] = LEASES
+        self.kinds: dict[str, Resource] = {k: every[k] for k in (*first, *sorted(set(every) - set(first)))}
+        self._listed_events: dict[str, asyncio.Event] = {k: asyncio.Event() for k in self.kinds}
 
     async def start(self) -> None:
         for kind, res in self.kinds.items():
@@ -502,6 +507,11 @@ class Informer:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def wait_listed(self, *kinds: str) -> None:
+        """Until each of ``kinds`` has been listed once (``synced`` waits for all of them)."""
+        for kind in kinds:
+            await self._listed_events[kind].wait()
 
     def unlisted(self) -> list[str]:
         """The kinds not listed yet (sorted): the maintainer decides nothing before they all are."""
@@ -598,6 +608,7 @@ class Informer:
                         if held:
                             self._list_gate.release()
                     self._listed.add(kind)
+                    self._listed_events[kind].set()
                     self._heard(kind)
                     if failures:
                         log.info("watch %s back (relisted) after %d failed attempts", kind, failures)

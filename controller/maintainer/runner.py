@@ -315,10 +315,12 @@ class Maintainer:
             self.stats.failed_chains += out.failed
 
     async def _supervise(self) -> None:
-        await self.informer.synced.wait()
+        # Bidding needs only the Changefeeds and the Leases (listed first); decisions wait for every kind
+        # (_lead), so a cold start lists Tables, Spans, Dispatchers and operators while it waits for a Lease.
+        await self.informer.wait_listed(LEASE, Kind.CHANGEFEED.value)
         janitor_at = 0.0
         while True:
-            if time.monotonic() >= janitor_at:
+            if self.informer.synced.is_set() and time.monotonic() >= janitor_at:
                 janitor_at = time.monotonic() + JANITOR_INTERVAL
                 try:
                     await self._janitor()

@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -155,19 +156,46 @@ def test_readiness_needs_every_kind_listed_and_a_bid_for_every_lease(server: Api
     async def main() -> None:
         async with GatedClient(Config.load(str(server.kubeconfig_path))) as client:
             ns = await setup(client)
-            m = Maintainer(client, settings(ns))
+            # Without balancing: a replica that holds back its bids while it settles counts as competing.
+            m = Maintainer(client, replace(settings(ns), balance=False))
             assert m.ready() == (False, "starting")
             await m.start()
             try:
                 await until(lambda: m.informer.unlisted() == ["Dispatcher"], "every other kind listed")
                 assert m.ready() == (False, "not yet listed: Dispatcher")
+                await until(lambda: CF in m.loops, "the changefeed's loop, before every kind is listed")
                 client.lists.set()
-                await until(lambda: m.informer.synced.is_set() and CF in m.loops, "the changefeed's loop")
+                await until(lambda: m.informer.synced.is_set(), "every kind listed")
                 assert m.ready() == (False, f"not yet competing for the Lease of {CF}")
                 client.leases.set()
                 await until(lambda: m.ready()[0], "ready")
                 await until(lambda: CF in m.leading, "leading")
                 assert m.ready() == (True, "1 changefeed(s), leading 1")
+            finally:
+                await m.stop()
+
+    asyncio.run(main())
+
+
+def test_a_cold_start_bids_while_the_big_kinds_list_and_decides_once_all_are_listed(server: ApiServerHandle) -> None:
+    """Issue 25: a maintainer started fresh lists Changefeeds and Leases first and bids for the Lease while
+    the big kinds still list (a LIST of 100,000 objects takes longer than a lease duration), but makes no
+    decision before every kind is listed."""
+
+    async def main() -> None:
+        async with GatedClient(Config.load(str(server.kubeconfig_path))) as client:
+            client.leases.set()
+            ns = await setup(client)
+            m = Maintainer(client, settings(ns))
+            await m.start()
+            try:
+                await until(lambda: CF in m.leading, "the Lease taken while Dispatchers are not listed")
+                assert "Dispatcher" in m.informer.unlisted()
+                await asyncio.sleep(0.5)  # several ticks: still no decision
+                assert m.stats.decisions == 0
+                assert not bootstrapped(m)
+                client.lists.set()
+                await until(lambda: bootstrapped(m), "bootstrapped once every kind is listed")
             finally:
                 await m.stop()
 
