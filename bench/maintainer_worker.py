@@ -34,6 +34,7 @@ from collections import Counter  # noqa: E402
 from typing import Any  # noqa: E402
 
 import controller.maintainer.runner as runner  # noqa: E402
+from controller.engine import shards  # noqa: E402
 from controller.model.tso import physical_ms  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
 from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
@@ -75,11 +76,28 @@ class CountingClient(Client):
 
 
 class TimedElector(runner.LeaderElector):
-    async def acquire(self, floor: int = 0) -> int:
-        STATE.setdefault("t_lease_first_try", time.monotonic())
-        epoch = await super().acquire(floor)
-        STATE.setdefault("t_lease_acquired", time.monotonic())
+    async def acquire(self, floor: int = 0, may: Any = lambda: True) -> int:
+        changefeed = not self.name.startswith(MEMBER_PREFIX)  # the replica's member Lease is not timed
+        if changefeed:
+            STATE.setdefault("t_lease_first_try", time.monotonic())
+        epoch = await super().acquire(floor, may=may)
+        if changefeed:
+            STATE.setdefault("t_lease_acquired", time.monotonic())
         return epoch
+
+
+MEMBER_PREFIX = shards.MEMBER_PREFIX
+#: The event loop's lateness: a task that sleeps STALL_PERIOD and records how late it wakes (the longest
+#: stretch the loop gave no renewal, watch or decision a turn, within a period).
+STALL_PERIOD = 0.01
+STALLS: list[float] = []
+
+
+async def heartbeat() -> None:
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(STALL_PERIOD)
+        STALLS.append(time.perf_counter() - t - STALL_PERIOD)
 
 
 runner.LeaderElector = TimedElector  # type: ignore[misc]
@@ -243,6 +261,22 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "executor_errors": dict(m.executor.errors),
         "rss": rss_kib(),
         "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+        "stall_count": len(STALLS),
+    }
+
+
+def stalls(arg: str) -> dict[str, Any]:
+    """The heartbeat's lateness between two ``stall_count`` readings ("I J"; "I" to now), in ms."""
+    i, _, j = arg.partition(" ")
+    window = sorted(STALLS[int(i or 0) : int(j) if j else len(STALLS)])
+    if not window:
+        return {"n": 0}
+    p99 = window[min(len(window) - 1, int(len(window) * 0.99))]
+    return {
+        "n": len(window),
+        "max_ms": round(window[-1] * 1000, 1),
+        "p99_ms": round(p99 * 1000, 1),
+        "over_100ms": sum(1 for x in window if x > 0.1),
     }
 
 
@@ -277,6 +311,7 @@ async def main(a: argparse.Namespace) -> None:
     )
     m = TimedMaintainer(client, settings)
     STATE["t_start"] = time.monotonic()
+    beat = asyncio.create_task(heartbeat(), name="heartbeat")
     await m.start()
     reply({"ready": True, **STATE})
     loop = asyncio.get_running_loop()
@@ -298,11 +333,14 @@ async def main(a: argparse.Namespace) -> None:
                 reply({"phase": str(op.phase) if isinstance(op, SpanOperator) else None})
             elif cmd == "decisions":
                 reply(decisions(arg))
+            elif cmd == "stalls":
+                reply(stalls(arg))
             elif cmd == "profile":
                 reply(await profile(float(arg or 10)))
             else:
                 reply({"error": f"unknown command {cmd!r}"})
     finally:
+        beat.cancel()
         await m.stop()
         await client.close()
 

@@ -22,6 +22,7 @@ delivers nothing for ``idle`` seconds (a connection that died without an error) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -498,6 +499,12 @@ class Informer:
         every[LEASE] = LEASES
         self.kinds: dict[str, Resource] = {k: every[k] for k in (*first, *sorted(set(every) - set(first)))}
         self._listed_events: dict[str, asyncio.Event] = {k: asyncio.Event() for k in self.kinds}
+        # ``frozen``: while a decision runs in a thread over the store, nothing changes it; watch events and
+        # LIST pages wait (``_thawed``), and writes offered through are applied at the thaw, in order.
+        self._frozen = 0
+        self._thawed = asyncio.Event()
+        self._thawed.set()
+        self._backlog: list[Callable[[], None]] = []
 
     async def start(self) -> None:
         for kind, res in self.kinds.items():
@@ -528,13 +535,42 @@ class Informer:
                 return False, f"no event or bookmark for {kind} in {now - seen:.0f}s"
         return True, "ok"
 
+    # -- freezing ---------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def frozen(self) -> AsyncIterator[None]:
+        """Nothing changes the store while inside (a decision reads it from another thread): the watches stop
+        reading (their streams wait), and what is offered or forgotten meanwhile is applied on the way out.
+        Freezes nest."""
+        self._frozen += 1
+        self._thawed.clear()
+        try:
+            yield
+        finally:
+            self._frozen -= 1
+            if not self._frozen:
+                backlog, self._backlog = self._backlog, []
+                for apply in backlog:
+                    apply()
+                self._thawed.set()
+
+    async def _unfrozen(self) -> None:
+        if not self._thawed.is_set():
+            await self._thawed.wait()
+
     # -- write-through ---------------------------------------------------------------------------
 
     def offer(self, kind: str, obj: JSON) -> None:
+        if self._frozen:
+            self._backlog.append(lambda: self.offer(kind, obj))
+            return
         if self.store.put(kind, obj):
             self._notify(kind, obj["metadata"]["name"])
 
     def forget(self, kind: str, name: str, obj: JSON | None = None) -> None:
+        if self._frozen:
+            self._backlog.append(lambda: self.forget(kind, name, obj))
+            return
         self.store.remove(kind, name, _rv(obj) if obj else 0)
         self._notify(kind, name)
 
@@ -595,13 +631,16 @@ class Informer:
                     # hangs holds the others back for LIST_PATIENCE seconds at most.
                     held = await self._gate()
                     try:
+                        await self._unfrozen()
                         listing = self.store.begin_listing(kind)
                         listed_rv = ""
                         pages = self.client.list_pages(res, self.namespace, limit=self.page_size)
                         async for items, page_rv in pages:
+                            await self._unfrozen()
                             self.store.list_page(kind, items, listing)
                             listed_rv = page_rv
                             del items
+                        await self._unfrozen()
                         self.store.end_listing(kind, listing, int(listed_rv or 0))
                         rv = listed_rv  # only a LIST read to its end is watched from
                     finally:
@@ -617,6 +656,7 @@ class Informer:
                     if self._listed >= set(self.kinds):
                         self.synced.set()
                 async for ev in self._events(kind, res, rv):
+                    await self._unfrozen()
                     self._heard(kind)
                     if failures:
                         log.info("watch %s back after %d failed attempts", kind, failures)

@@ -269,3 +269,73 @@ def test_a_create_the_api_refuses_shows_as_a_condition_and_an_event(server: ApiS
                 await m.stop()
 
     asyncio.run(main())
+
+
+def test_a_heavy_decision_runs_in_a_thread_over_a_frozen_store(
+    server: ApiServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: the bootstrap and the full audits (every record visited: seconds at 100,000 spans) run in a
+    thread while the informer is frozen (the decision reads one snapshot; watch events wait, writes offered
+    meanwhile land after); incremental decisions stay on the loop. The audit still compares itself with the
+    incremental decision of the same snapshot."""
+    import threading
+
+    seen: list[tuple[bool, bool, bool]] = []  # (full or bootstrap, in a thread, the store frozen)
+    real = runner.decide
+    held: list[Maintainer] = []
+
+    def watching(world: World, memory: Memory, options: Options | None = None) -> Decision:
+        d = real(world, memory, options)
+        if world.changefeed.name == CF:
+            # The audit's comparison (the incremental decision of the same world) runs beside it, in the thread.
+            comparison = options is not None and options.audit_interval == float("inf")
+            heavy = d.full or not memory.bootstrapped or comparison
+            frozen = held[0].informer._frozen > 0
+            seen.append((heavy, threading.current_thread() is not threading.main_thread(), frozen))
+        return d
+
+    monkeypatch.setattr(runner, "decide", watching)
+
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            ns = await setup(client)
+            m = Maintainer(client, replace(settings(ns), audit_interval=0.3))
+            held.append(m)
+            await m.start()
+            try:
+                await until(lambda: m.stats.audits >= 2, "two full audits")
+            finally:
+                await m.stop()
+
+    asyncio.run(main())
+    assert any(heavy for heavy, _, _ in seen)
+    assert any(not heavy for heavy, _, _ in seen)
+    for heavy, threaded, frozen in seen:
+        assert threaded == heavy
+        assert frozen == heavy
+
+
+def test_the_informer_applies_what_was_offered_while_frozen_at_the_thaw(server: ApiServerHandle) -> None:
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            ns = await setup(client)
+            m = Maintainer(client, settings(ns))
+            informer = m.informer
+            changed: list[str] = []
+            informer.on_change = lambda kind, name: changed.append(name)
+            cf = await client.get(RESOURCES[Kind.CHANGEFEED], ns, CF)
+            rv = str(int(cf["metadata"]["resourceVersion"]) + 1)
+            newer = {**cf, "metadata": {**cf["metadata"], "resourceVersion": rv}}
+            async with informer.frozen():
+                async with informer.frozen():  # freezes nest
+                    informer.offer(Kind.CHANGEFEED.value, cf)
+                informer.offer(Kind.CHANGEFEED.value, newer)
+                assert informer.store.record(Kind.CHANGEFEED, CF) is None
+                assert changed == []
+            assert informer.store.record(Kind.CHANGEFEED, CF) is not None
+            record = informer.store.record(Kind.CHANGEFEED, CF)
+            assert record is not None
+            assert record.resource_version == rv
+            assert changed == [CF, CF]
+
+    asyncio.run(main())
