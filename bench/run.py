@@ -200,7 +200,9 @@ class System:
             out["apiserver"] = cpu_seconds(self.server.pid)
         if self.worker is not None:
             out["maintainer"] = cpu_seconds(self.worker.proc.pid)
-        out["captures"] = sum(cpu_seconds(p.pid) for p in self.captures.values())
+        each = {name: cpu_seconds(p.pid) for name, p in self.captures.items()}
+        out["captures"] = sum(each.values())
+        out.update(each)
         return out
 
     async def close(self) -> None:
@@ -531,6 +533,9 @@ async def phase_rest(system: System, out: dict[str, Any]) -> None:
             "two_report_intervals": 2 * a.renew_interval,
         },
     }
+    timing = await worker.ask(f"decisions {s0['decide_count']} {s1['decide_count']}")
+    rest["decision_ms"] = timing["decide"]
+    rest["loop_stalls"] = await worker.ask(f"stalls {s0['stall_count']} {s1['stall_count']}")
     out["rest"] = rest
     log(f"phase 0: at rest {total:.2f} writes/s ({leases:.2f} Lease renewals): {writes}")
     log(f"phase 0: checkpoint lag {rest['checkpoint_lag_s']}")
@@ -666,6 +671,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
         log(f"phase 3: only {st['ops']} held in RemoveOrigin; killing anyway")
     old = await worker.ask("stats")
     out["maintainer_rss_kib_before_kill"] = old["rss"]
+    out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
     t_kill = time.monotonic()
     worker.sigkill()
     await worker.proc.wait()
@@ -712,6 +718,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     log(f"phase 3: {st['ops']} {t_fin:.1f}s after releasing the hooks (released {t_rel - t_kill:.1f}s after kill)")
     end = await new.ask("stats")
     out["new_maintainer_rss_kib"] = end["rss"]
+    out["loop_stalls_new_maintainer"] = await new.ask("stalls 0")
     out["new_maintainer_requests_total"] = end["requests"]
 
 
@@ -817,6 +824,7 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
             done = await phase_operators(system, out)
         stats = await system.worker.ask("stats")
         out["maintainer_rss_kib"] = stats["rss"]
+        out["loop_stalls_first_maintainer"] = await system.worker.ask("stalls 0")
         out["maintainer_requests_total"] = stats["requests"]
         if done and a.inflight:
             await phase_failover(system, out)
@@ -861,6 +869,12 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
          f"{rest.get('other_writes_per_s', '-')}; {rest.get('bound_other_writes_per_s', '-')} "
          f"(captures x changefeeds / {r.get('renew_interval', '-')} s)"),
         ("0 at rest: CPU cores per process", fmt_reqs(rest.get("cpu_cores", {}))),
+        ("0 at rest: decision ms p50 / p99", fmt_ms(rest.get("decision_ms"))),
+        ("0 at rest: event-loop lateness ms max / p99 (10 ms heartbeat)",
+         f"{rest.get('loop_stalls', {}).get('max_ms', '-')} / {rest.get('loop_stalls', {}).get('p99_ms', '-')}"),
+        ("whole run: event-loop lateness ms max (first | new maintainer)",
+         f"{r.get('loop_stalls_first_maintainer', {}).get('max_ms', '-')} | "
+         f"{r.get('loop_stalls_new_maintainer', {}).get('max_ms', '-')}"),
         ("0 at rest: decisions/s, share of a core in decide",
          f"{rest.get('decisions_per_s', '-')}, {rest.get('decide_share', '-')}"),
         ("0 at rest: checkpoint lag s mean / p50 / max",

@@ -135,23 +135,6 @@ class Decision:
         return sum(len(c.writes) for c in self.chains)
 
 
-def _audit_due(world: World, memory: Memory, options: Options) -> bool:
-    return memory.bootstrapped and world.now - memory.audited_at >= options.audit_interval
-
-
-def _full(world: World, memory: Memory, options: Options) -> bool:
-    cf = world.changefeed
-    return world.index is None or cf.deleting or options.audit_interval <= 0 or _audit_due(world, memory, options)
-
-
-def heavy(world: World, memory: Memory, options: Options | None = None) -> bool:
-    """Whether ``decide`` over ``world`` visits every record: a full decision (the audit, a teardown, no index),
-    or a term's first (bootstrap: every record is a candidate). Its time grows with the changefeed (seconds
-    at 100,000 spans), so the caller runs it where it does not hold up its event loop."""
-    options = options or Options()
-    return not memory.bootstrapped or _full(world, memory, options)
-
-
 def decide(world: World, memory: Memory, options: Options | None = None) -> Decision:
     options = options or Options()
     cf = world.changefeed
@@ -161,8 +144,8 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         return Decision((_publish_epoch(world, memory),), memory)
 
     first = not memory.bootstrapped
-    audit_due = _audit_due(world, memory, options)
-    full = _full(world, memory, options)
+    audit_due = memory.bootstrapped and world.now - memory.audited_at >= options.audit_interval
+    full = world.index is None or cf.deleting or options.audit_interval <= 0 or audit_due
     tick = Tick(world, memory.epoch, options, full=full)
     if cf.deleting:
         return _teardown(tick, memory)

@@ -271,13 +271,13 @@ def test_a_create_the_api_refuses_shows_as_a_condition_and_an_event(server: ApiS
     asyncio.run(main())
 
 
-def test_a_heavy_decision_runs_in_a_thread_over_a_frozen_store(
+def test_decisions_run_in_a_thread_over_a_frozen_store(
     server: ApiServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 25: the bootstrap and the full audits (every record visited: seconds at 100,000 spans) run in a
-    thread while the informer is frozen (the decision reads one snapshot; watch events wait, writes offered
-    meanwhile land after); incremental decisions stay on the loop. The audit still compares itself with the
-    incremental decision of the same snapshot."""
+    """Issue 25: decisions, the bootstrap and the full audits included (every record visited: seconds at
+    100,000 spans), run in a thread while the informer is frozen (the decision reads one snapshot; watch
+    events wait, writes offered meanwhile land after), never on the event loop. The audit still compares
+    itself with the incremental decision of the same snapshot."""
     import threading
 
     seen: list[tuple[bool, bool, bool]] = []  # (full or bootstrap, in a thread, the store frozen)
@@ -310,9 +310,9 @@ def test_a_heavy_decision_runs_in_a_thread_over_a_frozen_store(
     asyncio.run(main())
     assert any(heavy for heavy, _, _ in seen)
     assert any(not heavy for heavy, _, _ in seen)
-    for heavy, threaded, frozen in seen:
-        assert threaded == heavy
-        assert frozen == heavy
+    for _, threaded, frozen in seen:
+        assert threaded
+        assert frozen
 
 
 def test_the_informer_applies_what_was_offered_while_frozen_at_the_thaw(server: ApiServerHandle) -> None:
