@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from controller.model.tso import physical_seconds
-from tests.integration.harness import Api, System
+from tests.integration.harness import Api, System, set_hooks
 
 CHANGEFEEDS = [f"cf{i}" for i in range(6)]
 CAPTURES = ["c0", "c1"]
@@ -64,7 +64,7 @@ def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, s
 
     def replicating() -> object:
         spans = api.list("spans")
-        states = sorted({(s.get("status") or {}).get("state") for s in spans})
+        states = sorted({str((s.get("status") or {}).get("state") or "") for s in spans})
         return (len(spans) == 2 * len(CHANGEFEEDS) and states == ["Replicating"]) or (len(spans), states)
 
     wait("two changefeeds per replica", lambda: balanced(members), system, 60)
@@ -110,3 +110,113 @@ def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, s
     system.signal("m4", signal.SIGTERM)
     wait("m4's member Lease deleted", lambda: api.get("leases", "cfmm-m4") is None or "still there", system, 20)
     wait("three per replica", lambda: balanced(["m1", "m3"]), system, 30)
+
+
+class LeaderGaps:
+    """Polls the changefeeds' Leases in a thread: per changefeed, the longest stretch without a live leader (no
+    holder, or a holder whose process is gone)."""
+
+    def __init__(self, api: Api, system: System, changefeeds: list[str]) -> None:
+        import threading
+
+        self.api, self.system, self.changefeeds = api, system, changefeeds
+        self.longest = dict.fromkeys(changefeeds, 0.0)
+        self._since: dict[str, float | None] = dict.fromkeys(changefeeds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            try:
+                led = holders(self.api)
+            except Exception:  # a poll that failed says nothing either way
+                continue
+            live = {n for n, p in self.system.procs.items() if p.alive()}
+            for cf in self.changefeeds:
+                if led.get(cf) in live:
+                    self._since[cf] = None
+                    continue
+                began = self._since[cf]
+                if began is None:
+                    self._since[cf] = began = now
+                self.longest[cf] = max(self.longest[cf], now - began)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.longest
+
+
+def test_a_rolling_restart_of_three_replicas_with_operators_in_flight(api: Api, system: System) -> None:
+    """Issue 23: the three replicas rolled one at a time, as a Deployment rollout does (the new pod first, the
+    old one SIGTERMed once the new one runs), with 100 Moves held in flight by the captures' hold-close hook:
+    every Move Succeeds once released, and no changefeed is without a live leader for longer than the lease
+    duration + 5 s."""
+    cfs = CHANGEFEEDS[:5]
+    for c in CAPTURES:
+        system.capture(c)
+    for n, cf in enumerate(cfs):
+        api.create("changefeeds", "Changefeed", cf, {"scheduler": {"balanceIntervalSeconds": 0}})
+        api.create("tables", "Table", f"{cf}-t", {"changefeed": cf, "tableID": n + 1, "preSplit": {"spans": 20}})
+    members = ["m1", "m2", "m3"]
+    for m in members:
+        system.maintainer(m)
+
+    def replicating() -> object:
+        spans = [s for s in api.list("spans") if (s["spec"] or {}).get("changefeed") in cfs]
+        states = sorted({str((s.get("status") or {}).get("state") or "") for s in spans})
+        return (len(spans) == 20 * len(cfs) and states == ["Replicating"]) or (len(spans), states)
+
+    wait("every span Replicating", replicating, system, 120)
+    set_hooks(api, system, CAPTURES, hold_close="*")
+    moves = []
+    for s in api.list("spans"):
+        target = "c1" if (s.get("status") or {}).get("capture") == "c0" else "c0"
+        name = f"roll-{s['metadata']['name']}"[:63]
+        cf = s["spec"]["changefeed"]
+        spec = {"changefeed": cf, "type": "Move", "spans": [s["metadata"]["name"]], "target": target}
+        api.create("spanoperators", "SpanOperator", name, spec, labels={"cdc.maintainer.dev/changefeed": cf})
+        moves.append(name)
+    assert len(moves) == 100
+
+    def phases() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in api.list("spanoperators"):
+            if o["metadata"]["name"] in moves:
+                st = o.get("status") or {}
+                key = f"{st.get('phase', '')}/{st.get('stage', '')}"
+                out[key] = out.get(key, 0) + 1
+        return out
+
+    wait("every Move held in flight", lambda: phases().get("Running/RemoveOrigin", 0) == 100 or phases(), system, 90)
+    gaps = LeaderGaps(api, system, cfs)
+    try:
+        for i, old in enumerate(members):
+            new = f"m{4 + i}"
+            system.maintainer(new)
+            joined = lambda n=new: api.get("leases", f"cfmm-{n}") is not None or "none"  # noqa: E731
+            wait(f"{new}'s member Lease", joined, system, 30)
+            system.signal(old, signal.SIGTERM)
+            assert phases().get("Failed/", 0) == 0
+        final = ["m4", "m5", "m6"]
+
+        def led_by_new() -> object:
+            led = {cf: h for cf, h in holders(api).items() if cf in cfs}
+            return (set(led.values()) <= set(final) and all(led.values())) or led
+
+        wait("every changefeed led by the new replicas", led_by_new, system, 60)
+    finally:
+        longest = gaps.stop()
+    print(f"longest stretch without a live leader per changefeed: {longest}")
+    assert max(longest.values()) <= LEASE + 5, longest
+    set_hooks(api, system, CAPTURES, hold_close=None)
+
+    def succeeded() -> object:
+        got = phases()
+        done = sum(v for k, v in got.items() if k.startswith("Succeeded"))
+        return done == 100 or got
+
+    wait("every Move Succeeded", succeeded, system, 120)
+    wait("every span Replicating", replicating, system, 60)
