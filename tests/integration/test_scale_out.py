@@ -47,15 +47,22 @@ def wait(what: str, cond: Any, system: System, timeout: float) -> float:
         time.sleep(0.2)
 
 
-def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, system: System) -> None:
+def start(api: Api, system: System, changefeeds: list[str], spans: int) -> list[str]:
+    """The captures, the changefeeds (a table of ``spans`` spans each, no balance scheduler) and three
+    maintainer replicas; returns the replicas' identities."""
     for c in CAPTURES:
         system.capture(c)
-    for n, cf in enumerate(CHANGEFEEDS):
+    for n, cf in enumerate(changefeeds):
         api.create("changefeeds", "Changefeed", cf, {"scheduler": {"balanceIntervalSeconds": 0}})
-        api.create("tables", "Table", f"{cf}-t", {"changefeed": cf, "tableID": n + 1, "preSplit": {"spans": 2}})
+        api.create("tables", "Table", f"{cf}-t", {"changefeed": cf, "tableID": n + 1, "preSplit": {"spans": spans}})
     members = ["m1", "m2", "m3"]
     for m in members:
         system.maintainer(m)
+    return members
+
+
+def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, system: System) -> None:
+    members = start(api, system, CHANGEFEEDS, 2)
 
     def balanced(ms: list[str]) -> object:
         got = counts(api, ms)
@@ -155,14 +162,7 @@ def test_a_rolling_restart_of_three_replicas_with_operators_in_flight(api: Api, 
     every Move Succeeds once released, and no changefeed is without a live leader for longer than the lease
     duration + 5 s."""
     cfs = CHANGEFEEDS[:5]
-    for c in CAPTURES:
-        system.capture(c)
-    for n, cf in enumerate(cfs):
-        api.create("changefeeds", "Changefeed", cf, {"scheduler": {"balanceIntervalSeconds": 0}})
-        api.create("tables", "Table", f"{cf}-t", {"changefeed": cf, "tableID": n + 1, "preSplit": {"spans": 20}})
-    members = ["m1", "m2", "m3"]
-    for m in members:
-        system.maintainer(m)
+    members = start(api, system, cfs, 20)
 
     def replicating() -> object:
         spans = [s for s in api.list("spans") if (s["spec"] or {}).get("changefeed") in cfs]

@@ -25,11 +25,11 @@ import pytest
 from controller.apiserver import ApiServerHandle
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
-from controller.kube.client import RESOURCES, ApiError, Client, Config
+from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Config
 from controller.kube.executor import Executor
-from controller.kube.informer import Informer
+from controller.kube.informer import LEASE, Informer
 from controller.model import resources as conv
-from controller.model.records import Record, Table
+from controller.model.records import Capture, Record, Table
 from controller.model.states import TABLE_FINALIZER, Kind
 from controller.sim import executor as sim_executor
 from controller.sim.api import Api
@@ -257,9 +257,6 @@ def fence_setup(chains: int) -> tuple[I.Write, ...]:
 
 
 def run_kube_fence(url: str, case: FenceCase) -> FenceResult:
-    from controller.kube.client import LEASES
-    from controller.kube.informer import LEASE
-
     async def scenario() -> FenceResult:
         async with Client(Config(url=url)) as client:
             ns = await namespace(client)
@@ -293,8 +290,6 @@ def run_kube_fence(url: str, case: FenceCase) -> FenceResult:
 
 
 def run_sim_fence(case: FenceCase) -> FenceResult:
-    from controller.model.records import Capture
-
     api = Api(random.Random(0), lambda: 0.0)
     cache = sim_executor.Cache()
     assert sim_executor.apply(api, cache, one(fence_setup(case.chains)), kill=lambda: False).failed_chains == 0
