@@ -286,6 +286,8 @@ class Agent:
     #: The progress report's groups, and the (``Runs.version``, ``Run.changes``) they were computed at.
     _groups: dict[tuple[str, Mode], Group] = field(default_factory=dict)
     _groups_at: tuple[int, int] = (-1, -1)
+    #: The changefeeds of the runs, at ``Runs.version`` (the epochs re-read every few seconds are theirs).
+    _changefeeds: tuple[int, list[str]] = (-1, [])
 
     def __post_init__(self) -> None:
         if self.runtime is None:
@@ -912,8 +914,8 @@ class Agent:
             return False
         if (raw.get("status") or {}).get("state") != DispatcherState.WORKING.value:
             return False  # the API does not show what we wrote: _advance decides when to write again
-        if now - run.traffic_at < self.settings.report_interval:
-            return True
+        if run.traffic_at >= 0:
+            return True  # its traffic moves only with its Table's, and that marks it (traffic_at < 0: _refresh_rates)
         run.traffic_at = now
         return not progress.traffic_changed(run.written_traffic, self._traffic(run.record.name))
 
@@ -1132,7 +1134,9 @@ class Agent:
         if not self.runs or time.monotonic() - self.epochs_at < self.settings.tables_interval:
             return
         self.epochs_at = time.monotonic()
-        for cf in sorted({run.record.changefeed for run in self.runs.values()}):
+        if self._changefeeds[0] != self.runs.version:
+            self._changefeeds = (self.runs.version, sorted({run.record.changefeed for run in self.runs.values()}))
+        for cf in self._changefeeds[1]:
             try:
                 await self._epoch(cf, epochs)
             except API_ERRORS as exc:

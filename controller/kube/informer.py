@@ -469,6 +469,10 @@ class Store:
         }
 
 
+#: Objects (of a LIST page, a watch burst, a thaw's backlog) handled between two yields to the event loop.
+CHUNK = 100
+
+
 class Informer:
     """List+watch of the six kinds (and Leases) in one namespace."""
 
@@ -502,6 +506,7 @@ class Informer:
         # ``frozen``: while a decision runs in a thread over the store, nothing changes it; watch events and
         # LIST pages wait (``_thawed``), and writes offered through are applied at the thaw, in order.
         self._frozen = 0
+        self._thawing = False
         self._thawed = asyncio.Event()
         self._thawed.set()
         self._backlog: list[Callable[[], None]] = []
@@ -549,9 +554,27 @@ class Informer:
         finally:
             self._frozen -= 1
             if not self._frozen:
-                backlog, self._backlog = self._backlog, []
-                for apply in backlog:
+                await self._thaw()
+
+    async def _thaw(self) -> None:
+        """Apply the backlog in order, yielding to the loop every ``CHUNK`` (a decision placing thousands of
+        spans offers thousands of objects); what is offered meanwhile joins its end. Stops, leaving the rest,
+        if another freeze began."""
+        self._thawing = True
+        try:
+            while self._backlog and not self._frozen:
+                chunk, self._backlog = self._backlog[:CHUNK], self._backlog[CHUNK:]
+                for apply in chunk:
                     apply()
+                if self._backlog:
+                    await asyncio.sleep(0)
+        finally:
+            self._thawing = False
+            if not self._frozen:
+                if self._backlog:  # cancelled midway: nothing may be lost or reordered
+                    backlog, self._backlog = self._backlog, []
+                    for apply in backlog:
+                        apply()
                 self._thawed.set()
 
     async def _unfrozen(self) -> None:
@@ -561,16 +584,22 @@ class Informer:
     # -- write-through ---------------------------------------------------------------------------
 
     def offer(self, kind: str, obj: JSON) -> None:
-        if self._frozen:
-            self._backlog.append(lambda: self.offer(kind, obj))
-            return
+        if self._frozen or self._thawing:
+            self._backlog.append(lambda: self._offer(kind, obj))
+        else:
+            self._offer(kind, obj)
+
+    def forget(self, kind: str, name: str, obj: JSON | None = None) -> None:
+        if self._frozen or self._thawing:
+            self._backlog.append(lambda: self._forget(kind, name, obj))
+        else:
+            self._forget(kind, name, obj)
+
+    def _offer(self, kind: str, obj: JSON) -> None:
         if self.store.put(kind, obj):
             self._notify(kind, obj["metadata"]["name"])
 
-    def forget(self, kind: str, name: str, obj: JSON | None = None) -> None:
-        if self._frozen:
-            self._backlog.append(lambda: self.forget(kind, name, obj))
-            return
+    def _forget(self, kind: str, name: str, obj: JSON | None) -> None:
         self.store.remove(kind, name, _rv(obj) if obj else 0)
         self._notify(kind, name)
 
@@ -636,8 +665,14 @@ class Informer:
                         listed_rv = ""
                         pages = self.client.list_pages(res, self.namespace, limit=self.page_size)
                         async for items, page_rv in pages:
-                            await self._unfrozen()
-                            self.store.list_page(kind, items, listing)
+                            for i in range(0, len(items), CHUNK):
+                                # A page converted a chunk at a time: 500 objects hold the loop up to 100 ms.
+                                await self._unfrozen()
+                                chunk = items[i : i + CHUNK]
+                                items[i : i + CHUNK] = [{}] * len(chunk)  # the raw objects go as converted
+                                self.store.list_page(kind, chunk, listing)
+                                del chunk
+                                await asyncio.sleep(0)
                             listed_rv = page_rv
                             del items
                         await self._unfrozen()
@@ -655,7 +690,13 @@ class Informer:
                     self._notify(kind, "")
                     if self._listed >= set(self.kinds):
                         self.synced.set()
+                burst = 0
                 async for ev in self._events(kind, res, rv):
+                    burst += 1
+                    if burst % CHUNK == 0:
+                        # Events already buffered come without a pause: a burst (thousands, after a freeze or a
+                        # decision's writes) would hold the loop for as long as it takes.
+                        await asyncio.sleep(0)
                     await self._unfrozen()
                     self._heard(kind)
                     if failures:

@@ -337,5 +337,11 @@ def test_the_informer_applies_what_was_offered_while_frozen_at_the_thaw(server: 
             assert record is not None
             assert record.resource_version == rv
             assert changed == [CF, CF]
+            many = [f"cf-{i}" for i in range(250)]  # more than one chunk: the thaw yields between chunks
+            async with informer.frozen():
+                for n in many:
+                    informer.offer(Kind.CHANGEFEED.value, {**cf, "metadata": {**cf["metadata"], "name": n}})
+            assert all(informer.store.record(Kind.CHANGEFEED, n) is not None for n in many)
+            assert changed[2:] == many
 
     asyncio.run(main())
