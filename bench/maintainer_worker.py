@@ -24,6 +24,7 @@ T_PROCESS = time.monotonic()  # before the heavy imports: the process start, on 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import cProfile  # noqa: E402
+import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
@@ -91,13 +92,41 @@ MEMBER_PREFIX = shards.MEMBER_PREFIX
 #: stretch the loop gave no renewal, watch or decision a turn, within a period).
 STALL_PERIOD = 0.01
 STALLS: list[float] = []
+#: The five worst, with when they ended (seconds since the worker started).
+WORST: list[tuple[float, float]] = []
+
+
+#: The garbage collector's full (generation 2) collections: how many, and the longest, in seconds.
+GC_FULL: dict[str, float] = {"n": 0, "max_s": 0.0, "total_s": 0.0}
+_gc_began = 0.0
+
+
+def _gc_watch(phase: str, info: dict[str, int]) -> None:
+    global _gc_began
+    if info.get("generation") != 2:
+        return
+    if phase == "start":
+        _gc_began = time.perf_counter()
+        return
+    took = time.perf_counter() - _gc_began
+    GC_FULL["n"] += 1
+    GC_FULL["total_s"] += took
+    GC_FULL["max_s"] = max(GC_FULL["max_s"], took)
+
+
+gc.callbacks.append(_gc_watch)
 
 
 async def heartbeat() -> None:
     while True:
         t = time.perf_counter()
         await asyncio.sleep(STALL_PERIOD)
-        STALLS.append(time.perf_counter() - t - STALL_PERIOD)
+        late = time.perf_counter() - t - STALL_PERIOD
+        STALLS.append(late)
+        if len(WORST) < 5 or late > WORST[-1][0]:
+            WORST.append((late, time.monotonic() - T_PROCESS))
+            WORST.sort(reverse=True)
+            del WORST[5:]
 
 
 runner.LeaderElector = TimedElector  # type: ignore[misc]
@@ -262,6 +291,7 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "rss": rss_kib(),
         "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
         "stall_count": len(STALLS),
+        "gc_full": dict(GC_FULL),
     }
 
 
@@ -277,6 +307,7 @@ def stalls(arg: str) -> dict[str, Any]:
         "max_ms": round(window[-1] * 1000, 1),
         "p99_ms": round(p99 * 1000, 1),
         "over_100ms": sum(1 for x in window if x > 0.1),
+        "worst_ms_at_s": [(round(late * 1000, 1), round(at, 1)) for late, at in WORST],
     }
 
 

@@ -672,6 +672,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     old = await worker.ask("stats")
     out["maintainer_rss_kib_before_kill"] = old["rss"]
     out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
+    out["gc_full_first_maintainer"] = old.get("gc_full")
     t_kill = time.monotonic()
     worker.sigkill()
     await worker.proc.wait()
@@ -719,6 +720,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     end = await new.ask("stats")
     out["new_maintainer_rss_kib"] = end["rss"]
     out["loop_stalls_new_maintainer"] = await new.ask("stalls 0")
+    out["gc_full_new_maintainer"] = end.get("gc_full")
     out["new_maintainer_requests_total"] = end["requests"]
 
 
