@@ -4,13 +4,14 @@ The embedded API answers every write at once; a real kube-apiserver answers a wr
 committed it, and etcd commits the writes that arrived while the previous commit ran in one batch (one raft
 round and one fsync for them all). So concurrency pays on a real server and nothing can show it here
 without a model (issue 25): on the recorded server, sequential create + status-patch pairs ran at 130/s and
-16 concurrent clients at 261/s (``../shared/real-apiserver``, docs/performance.md).
+16 concurrent clients at 261/s (issue 25's measurements; bench/README.md).
 
 The model: commits run one after another; each takes every write waiting when it starts, and lasts
 ``latency + per_write * n`` for ``n`` writes (the round and fsync, then each write's apply, which on the
 real server is CPU of kube-apiserver and etcd). A write is applied to the store (validated, its
 preconditions checked, its watch events sent) when its commit completes, as etcd's transaction is, and
-answered after. With one client a write costs ``latency + per_write`` plus the server's own time; with many,
+answered after; a write the store then refuses (validation, a precondition) has waited for a commit too,
+which etcd would not see. With one client a write costs ``latency + per_write`` plus the server's own time; with many,
 throughput tends to ``1 / per_write``. The defaults are calibrated (``bench/run.py --api-cost``, phase 5's
 raw rates) so that the pair rates come out near the real server's: about 130/s with one client and 260/s
 with 16. Off unless asked for (``python -m controller.apiserver --commit-latency-ms ...``).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-#: Calibrated defaults (milliseconds): see the module docstring and docs/performance.md.
+#: Calibrated defaults (milliseconds): see the module docstring and bench/README.md.
 DEFAULT_LATENCY_MS = 0.3
 DEFAULT_PER_WRITE_MS = 1.6
 
@@ -30,10 +31,6 @@ DEFAULT_PER_WRITE_MS = 1.6
 class CostModel:
     latency: float  # seconds a commit lasts, whatever its size
     per_write: float  # seconds each write of a batch adds
-
-    @classmethod
-    def calibrated(cls) -> CostModel:
-        return cls(DEFAULT_LATENCY_MS / 1000, DEFAULT_PER_WRITE_MS / 1000)
 
 
 @dataclass

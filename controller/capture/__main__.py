@@ -53,9 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--report-interval",
         type=float,
         default=2.0,
-        help="seconds between full passes over the dispatchers and between traffic checks; a status write the API "
-        "does not show is sent again after twice this (default 2). Checkpoints travel with every Lease renewal "
-        "(--renew-interval)",
+        help="a status write the API does not show is sent again after twice this, a dispatcher still "
+        "Initializing after this is reported so, and the Capture's status is written at most this often "
+        "(default 2). A dispatcher's traffic is checked when its Table's changes; every dispatcher is looked at "
+        "once a minute. Checkpoints travel with every Lease renewal (--renew-interval)",
     )
     p.add_argument(
         "--init-delay", type=float, default=0.5, help="seconds a new dispatcher stays Initializing (default 0.5)"

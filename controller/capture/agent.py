@@ -135,8 +135,11 @@ class Settings:
     lease_duration: int = 10
     renew_interval: float = 2.0
     renew_deadline: float = 7.0
-    #: Seconds before a status write the API does not show is sent again, and between checks of a
-    #: dispatcher's traffic. (Checkpoints are reported with every Lease renewal: ``renew_interval``.)
+    #: Seconds before a status write the API does not show is sent again (twice this), before a dispatcher
+    #: still Initializing is reported so, and at least between two Capture status writes. A dispatcher's
+    #: traffic is looked at when its Table's changes (the Tables are read every ``tables_interval``); full
+    #: passes run every ``FULL_PASS_INTERVAL``. (Checkpoints are reported with every Lease renewal:
+    #: ``renew_interval``.)
     report_interval: float = 2.0
     tick: float = 0.2
     init_delay: float = 0.5
