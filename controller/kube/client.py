@@ -147,9 +147,17 @@ class Client:
             headers=headers,
             connector=aiohttp.TCPConnector(limit=connections, ssl=config.ssl_context()),
         )
+        # Watches hold their connection for as long as they run (HTTP/1.1: one stream per connection), and a
+        # sharded cache runs four per changefeed it leads: they get connections of their own, not counted
+        # against ``connections``, so that no number of them can starve the requests of a free connection.
+        self._watch_session = aiohttp.ClientSession(
+            headers=headers,
+            connector=aiohttp.TCPConnector(limit=0, ssl=config.ssl_context()),
+        )
 
     async def close(self) -> None:
         await self._session.close()
+        await self._watch_session.close()
 
     async def __aenter__(self) -> Client:
         return self
@@ -309,7 +317,8 @@ class Client:
         if label_selector:
             params["labelSelector"] = label_selector
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
-        async with self._session.get(self.config.url + res.path(namespace), params=params, timeout=timeout) as resp:
+        url = self.config.url + res.path(namespace)
+        async with self._watch_session.get(url, params=params, timeout=timeout) as resp:
             if resp.status >= 400:
                 text = await resp.text()
                 raise ApiError(resp.status, resp.reason or str(resp.status), text[:200])

@@ -29,7 +29,7 @@ from controller.engine import intents as I
 from controller.engine import teardown
 from controller.engine.maintainer import REFUSAL_CODES, Decision, Refusal
 from controller.kube.client import EVENTS, LEASES, LIST_PAGE, RESOURCES, ApiError, BadResponse, Client
-from controller.kube.informer import LEASE, Informer
+from controller.kube.informer import LEASE, Cache
 from controller.model import resources as conv
 from controller.model.states import API_VERSION
 
@@ -97,7 +97,7 @@ class Executor:
     def __init__(
         self,
         client: Client,
-        informer: Informer,
+        informer: Cache,
         namespace: str,
         concurrency: int = 16,
         on_error: Callable[[str], None] | None = None,

@@ -26,9 +26,9 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from controller.engine.index import Index
 from controller.engine.liveness import Silence, ViewClock
@@ -74,6 +74,12 @@ RECORD_ONLY = frozenset(
     {Kind.CHANGEFEED.value, Kind.TABLE.value, Kind.SPAN.value, Kind.DISPATCHER.value, Kind.OPERATOR.value}
 )
 SPAN, DISPATCHER = Kind.SPAN.value, Kind.DISPATCHER.value
+#: The kinds a sharded cache holds per changefeed it leads (label-selected on ``CHANGEFEED_LABEL``); the
+#: others (Changefeeds, Captures, Leases: a few per changefeed and capture) are cached whole by every replica.
+SHARDED = (Kind.TABLE.value, SPAN, DISPATCHER, Kind.OPERATOR.value)
+#: The kinds a user may create without the label (Dispatchers are only ever the maintainer's): a sharded
+#: replica watches those of them not labelled with a live changefeed, to label them or detach them.
+UNASSIGNED = (Kind.TABLE.value, SPAN, Kind.OPERATOR.value)
 #: Seconds a LIST waits for another kind's LIST to end before it goes ahead all the same.
 LIST_PATIENCE = 5.0
 #: At most this many distinct label and finalizer tuples are shared (``Store._compact``).
@@ -111,6 +117,8 @@ class Listing:
 
     names: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)
+    #: The changefeed whose shard is listed ("": the whole kind).
+    changefeed: str = ""
     #: The raw objects of a kind kept raw (Leases, Captures), replaced whole at the end.
     held: list[JSON] = field(default_factory=list)
 
@@ -143,6 +151,11 @@ class Store:
     silence: Silence = field(init=False)
     indexes: dict[str, Index] = field(default_factory=dict)
     last_change: set[str] | None = field(default_factory=set)
+    #: The changefeeds whose records of the ``SHARDED`` kinds are kept (None: every changefeed's, a warm cache).
+    #: A record of another changefeed (a late write-through after the changefeed was given up) is dropped.
+    shards: set[str] | None = None
+    #: Per kind: the changefeed of each tombstone (sharded: a shard's LIST or its end drops only its own).
+    _tomb_cf: dict[str, dict[str, str]] = field(default_factory=dict)
     #: Capture records as converted with their Lease (memo; ``renew_time`` is put on our clock on reads).
     _captures: dict[str, Capture] = field(default_factory=dict)
     #: Label and finalizer tuples shared by the records that carry equal ones (``_compact``).
@@ -311,6 +324,9 @@ class Store:
         except conv.InvalidResource as exc:
             self.invalid.setdefault(kind, {})[name] = (rv, str(exc))
             rec = None
+        if rec is not None and self.shards is not None and kind in SHARDED:
+            # Not a changefeed this replica leads (any more): not kept.
+            rec = rec if self._changefeed_of(rec) in self.shards else None
         if rec is None:
             self.records.get(kind, {}).pop(name, None)
         else:
@@ -327,6 +343,8 @@ class Store:
         old = self.records.get(kind, {}).pop(name, None)
         self.invalid.get(kind, {}).pop(name, None)
         self.tombstones.setdefault(kind, {})[name] = rv
+        if self.shards is not None and kind in SHARDED:
+            self._tomb_cf.setdefault(kind, {})[name] = self._changefeed_of(old) or ""
         if kind in RECORD_ONLY:
             self.last_change = self._route(old, None)
         elif kind == LEASE:
@@ -344,13 +362,56 @@ class Store:
         self.list_page(kind, items, listing)
         self.end_listing(kind, listing)
 
-    def begin_listing(self, kind: str) -> Listing:
-        """A LIST of ``kind`` begins: its pages go to ``list_page``, then ``end_listing`` drops what it did
-        not name. Records are converted page by page (the raw objects of 50,000 spans are never all alive
-        at once); between pages the cache holds some objects as listed and others as they were, as it would
-        with a watch running late."""
-        self.tombstones[kind] = {}
-        return Listing()
+    def begin_listing(self, kind: str, changefeed: str = "") -> Listing:
+        """A LIST of ``kind`` begins (of ``changefeed``'s shard of it, if given): its pages go to ``list_page``,
+        then ``end_listing`` drops what it did not name. Records are converted page by page (the raw objects of
+        50,000 spans are never all alive at once); between pages the cache holds some objects as listed and
+        others as they were, as it would with a watch running late."""
+        if not changefeed:
+            self.tombstones[kind] = {}
+            self._tomb_cf.pop(kind, None)
+        else:
+            self._drop_tombstones(kind, changefeed)
+        return Listing(changefeed=changefeed)
+
+    def _drop_tombstones(self, kind: str, changefeed: str) -> None:
+        owners = self._tomb_cf.get(kind, {})
+        tombs = self.tombstones.get(kind, {})
+        for name in [n for n, cf in owners.items() if cf in (changefeed, "")]:
+            del owners[name]
+            tombs.pop(name, None)
+
+    def _shard_names(self, kind: str, changefeed: str) -> list[str]:
+        """The names of ``changefeed``'s records of ``kind`` (one of ``SHARDED``)."""
+        idx = self.indexes.get(changefeed)
+        if idx is None:
+            return []
+        by_kind: dict[str, dict[str, Any]] = {
+            Kind.TABLE.value: idx.tables,
+            SPAN: idx.spans,
+            DISPATCHER: idx.dispatchers,
+            Kind.OPERATOR.value: idx.operators,
+        }
+        return list(by_kind[kind])
+
+    def track(self, changefeed: str) -> None:
+        """Keep ``changefeed``'s records of the ``SHARDED`` kinds from now on (a sharded cache)."""
+        if self.shards is not None:
+            self.shards.add(changefeed)
+
+    def untrack(self, changefeed: str) -> None:
+        """Drop ``changefeed``'s records of the ``SHARDED`` kinds and keep no more of them (a sharded cache)."""
+        if self.shards is None:
+            return
+        self.shards.discard(changefeed)
+        for kind in SHARDED:
+            records = self.records.get(kind, {})
+            for name in self._shard_names(kind, changefeed):
+                old = records.pop(name, None)
+                if old is not None:
+                    self._route(old, None)
+            self._drop_tombstones(kind, changefeed)
+        self.last_change = {changefeed}
 
     def list_page(self, kind: str, items: list[JSON], listing: Listing) -> None:
         """One page of a LIST. Items are dropped from ``items`` as they are converted (the caller's list)."""
@@ -383,11 +444,14 @@ class Store:
             return
         touched = listing.touched
         records = self.records.get(kind, {})
-        for name in [n for n, r in records.items() if n not in listing.names and not 0 < rv < _rv_of(r)]:
+        # A shard's LIST names only its changefeed's records; the others' stay.
+        candidates = self._shard_names(kind, listing.changefeed) if listing.changefeed else list(records)
+        for name in [n for n in candidates if n not in listing.names and not 0 < rv < _rv_of(records[n])]:
             old = self.records[kind].pop(name)
             touched |= self._route(old, None)
-        for name in [n for n in self.invalid.get(kind, {}) if n not in listing.names]:
-            del self.invalid[kind][name]
+        if not listing.changefeed:  # an invalid object has no changefeed to tell which shard it is of
+            for name in [n for n in self.invalid.get(kind, {}) if n not in listing.names]:
+                del self.invalid[kind][name]
         self.last_change = touched
 
     def record(self, kind: Kind, name: str) -> Record | None:
@@ -473,8 +537,80 @@ class Store:
 CHUNK = 100
 
 
+class Cache(Protocol):
+    """What writes go through (the executor's view): a store, and how a written object enters it."""
+
+    store: Store
+
+    def offer(self, kind: str, obj: JSON) -> None: ...
+
+    def forget(self, kind: str, name: str, obj: JSON | None = None) -> None: ...
+
+
+@dataclass
+class StoreCache:
+    """A ``Cache`` over a plain store (the informer's unassigned objects): writes enter it at once."""
+
+    store: Store
+
+    def offer(self, kind: str, obj: JSON) -> None:
+        self.store.put(kind, obj)
+
+    def forget(self, kind: str, name: str, obj: JSON | None = None) -> None:
+        self.store.remove(kind, name, _rv(obj) if obj else 0)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One LIST+WATCH: a whole kind in the namespace, a changefeed's shard of it (``changefeed``: the objects
+    labelled with it), or its objects not labelled with any of ``assigned`` (``unassigned`` streams: those a
+    user created without the label, or of a changefeed that is gone)."""
+
+    kind: str
+    res: Resource
+    changefeed: str = ""
+    assigned: tuple[str, ...] | None = None
+
+    @property
+    def key(self) -> str:
+        if self.changefeed:
+            return f"{self.kind}/{self.changefeed}"
+        if self.assigned is not None:
+            return f"{self.kind} (unassigned)"
+        return self.kind
+
+    @property
+    def selector(self) -> str:
+        if self.changefeed:
+            return f"{conv.CHANGEFEED_LABEL}={self.changefeed}"
+        if self.assigned:
+            # ``notin`` also selects the objects without the label.
+            return f"{conv.CHANGEFEED_LABEL} notin ({','.join(sorted(self.assigned))})"
+        return ""
+
+
+def _spec_changefeed(obj: JSON) -> str:
+    value = (obj.get("spec") or {}).get("changefeed")
+    return value if isinstance(value, str) else ""
+
+
+def label_of(obj: JSON) -> str:
+    """The value of ``CHANGEFEED_LABEL`` on ``obj`` ("" if none)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    value = labels.get(conv.CHANGEFEED_LABEL) if isinstance(labels, dict) else None
+    return value if isinstance(value, str) else ""
+
+
 class Informer:
-    """List+watch of the six kinds (and Leases) in one namespace."""
+    """List+watch of the six kinds (and Leases) in one namespace.
+
+    ``sharded``: Tables, Spans, Dispatchers and SpanOperators are listed and watched only for the changefeeds
+    this replica leads (``track``/``untrack``: one LIST and one WATCH per kind and changefeed, label-selected),
+    plus, in a small store of their own (``unassigned``), the Tables, Spans and SpanOperators not labelled with
+    a live changefeed (``watch_unassigned``): those a user created without the label (the leader labels them:
+    ``relabel``) and those of a changefeed that is gone (detached by the janitor). Changefeeds, Captures and
+    Leases are cached whole either way. Warm (the default): every kind is cached whole, and a standby that
+    takes a changefeed over decides at once."""
 
     def __init__(
         self,
@@ -484,25 +620,42 @@ class Informer:
         *,
         lease_fresh: float = LEASE_FRESH,
         page_size: int = LIST_PAGE,
+        sharded: bool = False,
     ) -> None:
         self.client = client
         self.namespace = namespace
         #: Objects per LIST page (0: one page).
         self.page_size = page_size
-        self.store = Store(lease_view=ViewClock(fresh=lease_fresh))
+        self.sharded = sharded
+        self.store = Store(lease_view=ViewClock(fresh=lease_fresh), shards=set() if sharded else None)
+        #: Sharded: the Tables, Spans and SpanOperators not labelled with a live changefeed.
+        self.unassigned = Store()
+        #: Set when ``unassigned`` changes (the runner clears it when it has looked).
+        self.unassigned_changed = False
+        #: (kind, name) -> the changefeed an object should be labelled with (its ``spec.changefeed``): seen in
+        #: another changefeed's shard (a label set by hand). The runner writes the labels and empties it.
+        self.relabel: dict[tuple[str, str], str] = {}
         self.on_change = on_change
         self.synced = asyncio.Event()
         self._listed: set[str] = set()
         self.last_seen: dict[str, float] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._list_gate = asyncio.Lock()
         # The small kinds first (one LIST at a time, in this order: the gate is FIFO): the maintainer bids for
         # Leases once Changefeeds and Leases are listed, while the big kinds still list (a cold start).
         first = (LEASE, Kind.CHANGEFEED.value, Kind.CAPTURE.value)
         every: dict[str, Resource] = {k.value: r for k, r in RESOURCES.items()}
         every[LEASE] = LEASES
+        if sharded:
+            every = {k: r for k, r in every.items() if k not in SHARDED}
         self.kinds: dict[str, Resource] = {k: every[k] for k in (*first, *sorted(set(every) - set(first)))}
-        self._listed_events: dict[str, asyncio.Event] = {k: asyncio.Event() for k in self.kinds}
+        #: The streams that must have listed before ``synced``: the namespace-wide kinds, and (sharded) the
+        #: unassigned objects.
+        self._expected = set(self.kinds)
+        if sharded:
+            self._expected |= {Stream(k, RESOURCES[Kind(k)], assigned=()).key for k in UNASSIGNED}
+        self._listed_events: dict[str, asyncio.Event] = {k: asyncio.Event() for k in self._expected}
+        self._assigned: tuple[str, ...] | None = None
         # ``frozen``: while a decision runs in a thread over the store, nothing changes it; watch events and
         # LIST pages wait (``_thawed``), and writes offered through are applied at the thaw, in order.
         self._frozen = 0
@@ -511,14 +664,25 @@ class Informer:
         self._thawed.set()
         self._backlog: list[Callable[[], None]] = []
 
+    def _start(self, stream: Stream) -> None:
+        self._tasks[stream.key] = asyncio.create_task(self._run(stream), name=f"informer-{stream.key}")
+
+    def _cancel(self, key: str) -> None:
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+        self._listed.discard(key)
+        self.last_seen.pop(key, None)
+
     async def start(self) -> None:
         for kind, res in self.kinds.items():
-            self._tasks.append(asyncio.create_task(self._run(kind, res), name=f"informer-{kind}"))
+            self._start(Stream(kind, res))
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        tasks = list(self._tasks.values())
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def wait_listed(self, *kinds: str) -> None:
         """Until each of ``kinds`` has been listed once (``synced`` waits for all of them)."""
@@ -526,13 +690,66 @@ class Informer:
             await self._listed_events[kind].wait()
 
     def unlisted(self) -> list[str]:
-        """The kinds not listed yet (sorted): the maintainer decides nothing before they all are."""
-        return sorted(set(self.kinds) - self._listed)
+        """The streams not listed yet (sorted): the maintainer decides nothing before they all are."""
+        return sorted(self._expected - self._listed)
+
+    # -- sharding -----------------------------------------------------------------------------------
+
+    def watch_unassigned(self, changefeeds: Collection[str]) -> bool:
+        """Sharded: (re)start the streams of the objects not labelled with one of ``changefeeds`` (the live
+        ones) if that set changed; True if it did. The store keeps what it had until the new LIST ends."""
+        assigned = tuple(sorted(changefeeds))
+        if not self.sharded or assigned == self._assigned:
+            return False
+        self._assigned = assigned
+        for kind in UNASSIGNED:
+            stream = Stream(kind, RESOURCES[Kind(kind)], assigned=assigned)
+            task = self._tasks.pop(stream.key, None)
+            if task is not None:
+                task.cancel()
+            self._start(stream)
+        return True
+
+    def tracked(self) -> set[str]:
+        return set(self.store.shards or ())
+
+    async def track(self, changefeed: str) -> None:
+        """Until ``changefeed``'s records are listed (warm: until every kind is). Sharded: starts its streams
+        (one LIST and one WATCH per kind, label-selected) unless they run, and waits for their LISTs."""
+        await self.synced.wait()
+        if not self.sharded:
+            return
+        self.store.track(changefeed)
+        streams = [Stream(k, RESOURCES[Kind(k)], changefeed=changefeed) for k in SHARDED]
+        for stream in streams:
+            if stream.key not in self._tasks:
+                self._listed_events[stream.key] = asyncio.Event()
+                self._start(stream)
+        for stream in streams:
+            await self._listed_events[stream.key].wait()
+
+    def untrack(self, changefeed: str) -> None:
+        """Sharded: stop ``changefeed``'s streams and drop its records (after a decision in a thread, if one
+        runs). A write of ours that lands later is not kept (``Store.shards``)."""
+        if not self.sharded:
+            return
+        for kind in SHARDED:
+            key = Stream(kind, RESOURCES[Kind(kind)], changefeed=changefeed).key
+            self._cancel(key)
+            self._listed_events.pop(key, None)
+        if self._frozen or self._thawing:
+            self._backlog.append(lambda: self._untrack(changefeed))
+        else:
+            self._untrack(changefeed)
+
+    def _untrack(self, changefeed: str) -> None:
+        self.store.untrack(changefeed)
+        self._notify(Kind.CHANGEFEED.value, changefeed)
 
     def healthy(self, stale_after: float = 120.0) -> tuple[bool, str]:
         """Every watch task alive and heard from recently (events or bookmarks)."""
         now = time.monotonic()
-        for t in self._tasks:
+        for t in self._tasks.values():
             if t.done():
                 return False, f"watch task {t.get_name()} ended"
         for kind, seen in self.last_seen.items():
@@ -609,37 +826,41 @@ class Informer:
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    def _heard(self, kind: str) -> None:
+    def _heard(self, stream: Stream) -> None:
         now = time.monotonic()
-        self.last_seen[kind] = now
-        if kind == LEASE:
+        self.last_seen[stream.key] = now
+        if stream.kind == LEASE:
             self.store.lease_view.heard(now)
 
-    def _broken(self, kind: str) -> None:
-        if kind == LEASE:
+    def _broken(self, stream: Stream) -> None:
+        if stream.kind == LEASE:
             self.store.lease_view.broken(time.monotonic())
 
-    async def _events(self, kind: str, res: Resource, rv: str) -> AsyncIterator[JSON]:
+    async def _events(self, stream: Stream, rv: str) -> AsyncIterator[JSON]:
         """The watch stream's events; ends (TimeoutError) when it delivers nothing for the kind's idle time."""
-        stream = self.client.watch(res, self.namespace, rv, timeout_seconds=240)
-        idle = IDLE.get(kind, IDLE_DEFAULT)
+        events = self.client.watch(
+            stream.res, self.namespace, rv, label_selector=stream.selector, timeout_seconds=240
+        )
+        idle = IDLE.get(stream.kind, IDLE_DEFAULT)
         try:
             while True:
                 try:
                     async with asyncio.timeout(idle):
-                        ev = await anext(stream)
+                        ev = await anext(events)
                 except StopAsyncIteration:
                     return
                 yield ev
         finally:
-            close = getattr(stream, "aclose", None)  # an async generator: release its connection now
+            close = getattr(events, "aclose", None)  # an async generator: release its connection now
             if close is not None:
                 await close()
 
-    def _failed(self, kind: str, failures: int, error: object, backoff: float) -> None:
+    def _failed(self, stream: Stream, failures: int, error: object, backoff: float) -> None:
         """The first failure of a run of them, then one in 20: an outage retries every second."""
         if failures == 1 or failures % 20 == 0:
-            log.warning("watch %s broke (%d attempts): %r; retrying in %.2fs", kind, failures, error, backoff)
+            log.warning(
+                "watch %s broke (%d attempts): %r; retrying in %.2fs", stream.key, failures, error, backoff
+            )
 
     async def _gate(self) -> bool:
         try:
@@ -648,7 +869,66 @@ class Informer:
             return False
         return True
 
-    async def _run(self, kind: str, res: Resource) -> None:
+    def _admit(self, stream: Stream, obj: JSON) -> bool:
+        """Whether ``obj`` from ``stream`` may enter the store. A shard's stream admits only the objects whose
+        ``spec.changefeed`` (immutable) is its changefeed: one labelled with another (by hand) is to be relabelled
+        (``relabel``), and until then no stream of ours has it. So each object has one stream that may put or
+        delete it, and an object relabelled from one shard of ours into another is not deleted by the first
+        stream's DELETED (a watch says DELETED, with the object as it was, when an object stops matching)."""
+        if not stream.changefeed:
+            return True
+        wanted = _spec_changefeed(obj)
+        if wanted == stream.changefeed:
+            return True
+        if wanted:
+            self.relabel[(stream.kind, obj["metadata"]["name"])] = wanted
+        return False
+
+    def _deleted(self, stream: Stream, obj: JSON) -> None:
+        name = obj["metadata"]["name"]
+        if stream.assigned is not None:
+            self.unassigned.remove(stream.kind, name, _rv(obj))
+            self.unassigned_changed = True
+        elif not stream.changefeed or _spec_changefeed(obj) == stream.changefeed:
+            self.forget(stream.kind, name, obj)  # deleted, or no longer labelled with its changefeed
+
+    def _put(self, stream: Stream, obj: JSON) -> None:
+        if stream.assigned is not None:
+            self.unassigned_changed |= self.unassigned.put(stream.kind, obj)
+        elif self._admit(stream, obj) and self.store.put(stream.kind, obj):
+            self._notify(stream.kind, obj["metadata"]["name"])
+
+    async def _list(self, stream: Stream) -> str:
+        """One LIST of ``stream`` into its store; its resourceVersion."""
+        kind = stream.kind
+        store = self.unassigned if stream.assigned is not None else self.store
+        await self._unfrozen()
+        listing = store.begin_listing(kind, stream.changefeed)
+        listed_rv = ""
+        pages = self.client.list_pages(
+            stream.res, self.namespace, label_selector=stream.selector, limit=self.page_size
+        )
+        async for items, page_rv in pages:
+            for i in range(0, len(items), CHUNK):
+                # A page converted a chunk at a time: 500 objects hold the loop up to 100 ms.
+                await self._unfrozen()
+                chunk = items[i : i + CHUNK]
+                items[i : i + CHUNK] = [{}] * len(chunk)  # the raw objects go as converted
+                if stream.changefeed:
+                    chunk = [obj for obj in chunk if self._admit(stream, obj)]
+                store.list_page(kind, chunk, listing)
+                del chunk
+                await asyncio.sleep(0)
+            listed_rv = page_rv
+            del items
+        await self._unfrozen()
+        store.end_listing(kind, listing, int(listed_rv or 0))
+        if store is self.unassigned:
+            self.unassigned_changed = True
+        return listed_rv
+
+    async def _run(self, stream: Stream) -> None:
+        kind = stream.kind
         rv = ""
         backoff = MIN_BACKOFF
         failures = 0
@@ -660,54 +940,40 @@ class Informer:
                     # hangs holds the others back for LIST_PATIENCE seconds at most.
                     held = await self._gate()
                     try:
-                        await self._unfrozen()
-                        listing = self.store.begin_listing(kind)
-                        listed_rv = ""
-                        pages = self.client.list_pages(res, self.namespace, limit=self.page_size)
-                        async for items, page_rv in pages:
-                            for i in range(0, len(items), CHUNK):
-                                # A page converted a chunk at a time: 500 objects hold the loop up to 100 ms.
-                                await self._unfrozen()
-                                chunk = items[i : i + CHUNK]
-                                items[i : i + CHUNK] = [{}] * len(chunk)  # the raw objects go as converted
-                                self.store.list_page(kind, chunk, listing)
-                                del chunk
-                                await asyncio.sleep(0)
-                            listed_rv = page_rv
-                            del items
-                        await self._unfrozen()
-                        self.store.end_listing(kind, listing, int(listed_rv or 0))
-                        rv = listed_rv  # only a LIST read to its end is watched from
+                        rv = await self._list(stream)  # only a LIST read to its end is watched from
                     finally:
                         if held:
                             self._list_gate.release()
-                    self._listed.add(kind)
-                    self._listed_events[kind].set()
-                    self._heard(kind)
+                    self._listed.add(stream.key)
+                    listed = self._listed_events.get(stream.key)
+                    if listed is not None:
+                        listed.set()
+                    self._heard(stream)
                     if failures:
-                        log.info("watch %s back (relisted) after %d failed attempts", kind, failures)
+                        log.info("watch %s back (relisted) after %d failed attempts", stream.key, failures)
                         failures = 0
-                    self._notify(kind, "")
-                    if self._listed >= set(self.kinds):
+                    if stream.assigned is None:
+                        self._notify(kind, "")
+                    if self._listed >= self._expected:
                         self.synced.set()
                 burst = 0
-                async for ev in self._events(kind, res, rv):
+                async for ev in self._events(stream, rv):
                     burst += 1
                     if burst % CHUNK == 0:
                         # Events already buffered come without a pause: a burst (thousands, after a freeze or a
                         # decision's writes) would hold the loop for as long as it takes.
                         await asyncio.sleep(0)
                     await self._unfrozen()
-                    self._heard(kind)
+                    self._heard(stream)
                     if failures:
-                        log.info("watch %s back after %d failed attempts", kind, failures)
+                        log.info("watch %s back after %d failed attempts", stream.key, failures)
                         failures = 0
                     typ = ev.get("type")
                     obj = ev.get("object") or {}
                     if typ == "ERROR":
                         code = obj.get("code")
-                        log.info("watch %s ended with %s; relisting", kind, code)
-                        self._broken(kind)
+                        log.info("watch %s ended with %s; relisting", stream.key, code)
+                        self._broken(stream)
                         rv = "" if code == 410 else rv
                         if code != 410:
                             await asyncio.sleep(backoff)
@@ -717,29 +983,27 @@ class Informer:
                         rv = new_rv
                         continue
                     rv = new_rv
-                    name = obj["metadata"]["name"]
                     if typ == "DELETED":
-                        self.forget(kind, name, obj)
-                    elif self.store.put(kind, obj):
-                        self._notify(kind, name)
+                        self._deleted(stream, obj)
+                    else:
+                        self._put(stream, obj)
                 else:
-                    self._broken(kind)  # the server ended the stream (its timeout): resume from rv at once
+                    self._broken(stream)  # the server ended the stream (its timeout): resume from rv at once
                 backoff = MIN_BACKOFF
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
-                self._broken(kind)
+                self._broken(stream)
                 if exc.status == 410:
                     rv = ""
                     continue
                 failures += 1
-                self._failed(kind, failures, exc, backoff)
+                self._failed(stream, failures, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
             except Exception as exc:  # connection reset, server restart, an idle stream: resume from rv
-                self._broken(kind)
+                self._broken(stream)
                 failures += 1
-                self._failed(kind, failures, exc, backoff)
+                self._failed(stream, failures, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
-

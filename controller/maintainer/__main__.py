@@ -75,6 +75,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "ceil(changefeeds/replicas), and hands changefeeds over above it)",
     )
     p.add_argument(
+        "--cache",
+        choices=("warm", "sharded"),
+        default="warm",
+        help="warm (default): cache every object of the namespace, so a standby that takes a changefeed over "
+        "decides at once; sharded: cache Tables, Spans, Dispatchers and SpanOperators only of the changefeeds "
+        "this replica leads (one label-selected LIST and WATCH per kind and changefeed, on "
+        "cdc.maintainer.dev/changefeed; objects created without that label are labelled by their leader), so each "
+        "replica's memory follows its share, and a taker lists a changefeed before its first decision",
+    )
+    p.add_argument(
         "--liveness",
         default="",
         help="e.g. http://0.0.0.0:8080/healthz: Kopf's liveness endpoint, failing when a watch has died or gone silent",
@@ -132,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         retry=a.retry_period,
         max_leases=a.max_leases,
         balance=a.balance,
+        cache=a.cache,
         metrics_port=a.metrics_port,
         metrics_address=a.metrics_address,
     )

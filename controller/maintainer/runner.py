@@ -28,12 +28,13 @@ from controller.engine import shards, teardown
 from controller.engine.maintainer import Decision, Memory, decide, observed
 from controller.engine.world import AUDIT_INTERVAL, Options, World
 from controller.kube import namespace
-from controller.kube.client import LEASES, ApiError, Client, sleep_or
+from controller.kube.client import LEASES, RESOURCES, ApiError, Client, sleep_or
 from controller.kube.executor import Executor
-from controller.kube.informer import LEASE, LEASE_FRESH, Informer
+from controller.kube.informer import LEASE, LEASE_FRESH, UNASSIGNED, Informer, StoreCache, label_of
 from controller.kube.lease import LeaderElector
 from controller.logs import fields
 from controller.maintainer.metrics import MaintainerMetrics
+from controller.model import resources as conv
 from controller.model.records import Changefeed, Table
 from controller.model.states import Kind
 
@@ -45,6 +46,11 @@ JANITOR_INTERVAL = 2.0
 MEMBER_GC = 10
 #: Seconds that stopping may spend releasing finalizers in a namespace being deleted.
 STOP_RELEASE_BUDGET = 10.0
+#: Sharded cache: at least this many seconds between two restarts of the unassigned objects' streams (their
+#: selector names every live changefeed: creating 30 changefeeds at once restarts them about once, not 30 times).
+UNASSIGNED_DEBOUNCE = 1.0
+#: Labels written at once (the objects a user created without ``cdc.maintainer.dev/changefeed``).
+LABEL_CONCURRENCY = 8
 
 
 def default_identity() -> str:
@@ -69,6 +75,10 @@ class Settings:
     #: over above it. Off: every replica bids for everything (the first to bid leads; ``max_leases`` caps it).
     balance: bool = True
     concurrency: int = 16
+    #: What each replica caches: "warm" (every object of the namespace: a standby takes a changefeed over
+    #: and decides at once) or "sharded" (Tables, Spans, Dispatchers and SpanOperators only of the
+    #: changefeeds it leads: memory and watch traffic follow its share; taking one over lists it first).
+    cache: str = "warm"
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
     metrics_address: str = "0.0.0.0"
 
@@ -113,9 +123,19 @@ class Maintainer:
         # The Lease stream counts as current while something arrives at least this often: our own Lease
         # renewals (every ``retry``) and the captures' keep it busy while we lead.
         lease_fresh = max(LEASE_FRESH, 2.5 * settings.retry)
-        self.informer = Informer(client, settings.namespace, on_change=self._changed, lease_fresh=lease_fresh)
+        self.informer = Informer(
+            client,
+            settings.namespace,
+            on_change=self._changed,
+            lease_fresh=lease_fresh,
+            sharded=settings.cache == "sharded",
+        )
         self.executor = Executor(
             client, self.informer, settings.namespace, settings.concurrency, on_error=self.metrics.write_error
+        )
+        #: The janitor's writes over the unassigned objects (sharded: the Tables of a changefeed that is gone).
+        self.orphans = Executor(
+            client, StoreCache(self.informer.unassigned), settings.namespace, 4, on_error=self.metrics.write_error
         )
         self.loops: dict[str, asyncio.Task[None]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
@@ -142,6 +162,11 @@ class Maintainer:
         self.handed_until: dict[str, float] = {}
         self._handed_at = -math.inf
         self._balance_at = -math.inf
+        #: Sharded cache: when the unassigned objects' streams were last restarted for a new set of changefeeds.
+        self._unassigned_at = -math.inf
+        self._labelling: asyncio.Task[None] | None = None
+        self._labels_seen: frozenset[str] | None = None
+        self._label_at = -math.inf
 
     async def start(self) -> None:
         await self.informer.start()
@@ -250,6 +275,81 @@ class Maintainer:
         if ev is not None:
             ev.set()
 
+    # -- sharded cache: the unassigned objects, and their labels --------------------------------------------
+
+    def _shard_upkeep(self, changefeeds: set[str]) -> None:
+        """Sharded: keep the unassigned objects' streams selecting against the live changefeeds, and label what a
+        user created without ``cdc.maintainer.dev/changefeed`` (or labelled with another changefeed than its
+        ``spec.changefeed``) when this replica leads its changefeed: only then does its shard watch see it."""
+        inf = self.informer
+        if not inf.sharded:
+            return
+        now = time.monotonic()
+        if now - self._unassigned_at >= UNASSIGNED_DEBOUNCE and inf.watch_unassigned(changefeeds):
+            self._unassigned_at = now
+        if self._labelling is not None and not self._labelling.done():
+            return
+        leading = frozenset(self.leading)
+        if now < self._label_at or not (inf.relabel or inf.unassigned_changed or leading != self._labels_seen):
+            return
+        todo, inf.relabel = inf.relabel, {}
+        if inf.unassigned_changed or leading != self._labels_seen:
+            inf.unassigned_changed, self._labels_seen = False, leading
+            for kind in UNASSIGNED:
+                for name, rec in inf.unassigned.all(Kind(kind)).items():
+                    cf = str(getattr(rec, "changefeed", ""))
+                    if cf in leading and dict(rec.labels).get(conv.CHANGEFEED_LABEL) != cf:
+                        todo[(kind, name)] = cf
+        if todo:
+            self._labelling = asyncio.create_task(self._label(todo), name="labels")
+
+    async def _label(self, todo: dict[tuple[str, str], str]) -> None:
+        """Write ``cdc.maintainer.dev/changefeed`` on each object of ``todo``. What fails for a reason that may pass
+        (the API down, a timeout) is tried again a second later; a refusal is logged, once per object."""
+        sem = asyncio.Semaphore(LABEL_CONCURRENCY)
+
+        async def one(kind: str, name: str, changefeed: str) -> None:
+            patch = {"metadata": {"labels": {conv.CHANGEFEED_LABEL: changefeed}}}
+            async with sem:
+                try:
+                    obj = await self.client.patch(RESOURCES[Kind(kind)], self.settings.namespace, name, patch)
+                except ApiError as exc:
+                    if exc.not_found:
+                        return
+                    if exc.status >= 500 or exc.status == 429:
+                        self.informer.relabel.setdefault((kind, name), changefeed)
+                        self._label_at = time.monotonic() + 1.0
+                        return
+                    log.error(
+                        "changefeed %s: could not label %s %s with %s=%s (its shard watch cannot see it): %s",
+                        changefeed,
+                        kind,
+                        name,
+                        conv.CHANGEFEED_LABEL,
+                        changefeed,
+                        exc,
+                        extra=fields(changefeed=changefeed),
+                    )
+                    return
+                except Exception as exc:  # connection refused or reset, a timeout: again in a second
+                    log.debug("labelling %s %s failed: %r; retrying", kind, name, exc)
+                    self.informer.relabel.setdefault((kind, name), changefeed)
+                    self._label_at = time.monotonic() + 1.0
+                    return
+            if label_of(obj) == changefeed:
+                self.informer.offer(kind, obj)
+            log.info(
+                "changefeed %s: labelled %s %s with %s=%s",
+                changefeed,
+                kind,
+                name,
+                conv.CHANGEFEED_LABEL,
+                changefeed,
+                extra=fields(changefeed=changefeed),
+            )
+
+        await asyncio.gather(*(one(k, n, cf) for (k, n), cf in todo.items()))
+
     async def stop(self) -> None:
         with contextlib.suppress(Exception):  # best effort within a bound: shutting down must not hang on it
             async with asyncio.timeout(STOP_RELEASE_BUDGET):
@@ -257,6 +357,8 @@ class Maintainer:
                     await namespace.release_finalizers(self.client, self.settings.namespace, deleting_only=False)
         if self._supervisor is not None:
             self._supervisor.cancel()
+        if self._labelling is not None:
+            self._labelling.cancel()
         for t in self.loops.values():
             t.cancel()
         await asyncio.gather(*self.loops.values(), return_exceptions=True)
@@ -315,10 +417,13 @@ class Maintainer:
         ):
             await namespace.release_finalizers(self.client, self.settings.namespace, deleting_only=True)
         await self._forget_members()
-        tables = [t for t in store.all(Kind.TABLE).values() if isinstance(t, Table)]
+        # Sharded, the Tables of a changefeed that is gone are among the unassigned (labelled with no live one).
+        source = self.informer.unassigned if self.informer.sharded else store
+        tables = [t for t in source.all(Kind.TABLE).values() if isinstance(t, Table)]
         chains = teardown.detach_orphans(tables, set(store.all(Kind.CHANGEFEED)))
         if chains:
-            out = await self.executor.apply(Decision(tuple(chains), Memory(epoch=0, identity=self.settings.identity)))
+            executor = self.orphans if self.informer.sharded else self.executor
+            out = await executor.apply(Decision(tuple(chains), Memory(epoch=0, identity=self.settings.identity)))
             self.stats.writes += out.writes
             self.stats.failed_chains += out.failed
 
@@ -359,6 +464,7 @@ class Maintainer:
                     ev.set()
             self.wakeup.clear()
             self._balance()
+            self._shard_upkeep(names)
             await asyncio.sleep(0.05)
 
     def snapshot(self, name: str) -> World | None:
@@ -433,6 +539,7 @@ class Maintainer:
             await self._lead(name, epoch, lost)
         finally:
             self.leading.discard(name)
+            self.informer.untrack(name)  # sharded: its watches stop and its records go
             holder.cancel()
             await asyncio.gather(holder, return_exceptions=True)
         handover = self._hand_over.pop(name, None)
@@ -491,7 +598,8 @@ class Maintainer:
             )
 
     async def _lead(self, name: str, epoch: int, lost: asyncio.Event) -> None:
-        await self.informer.synced.wait()
+        # Every kind listed (sharded: this changefeed's objects listed, its watches started) before deciding.
+        await self.informer.track(name)
         memory = self.memories.get(name)
         if memory is None or memory.epoch != epoch or memory.identity != self.settings.identity:
             memory = Memory(epoch=epoch, identity=self.settings.identity)

@@ -13,6 +13,8 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from controller.model.tso import physical_seconds
 from tests.integration.harness import Api, System, set_hooks
 
@@ -47,9 +49,9 @@ def wait(what: str, cond: Any, system: System, timeout: float) -> float:
         time.sleep(0.2)
 
 
-def start(api: Api, system: System, changefeeds: list[str], spans: int) -> list[str]:
-    """The captures, the changefeeds (a table of ``spans`` spans each, no balance scheduler) and three
-    maintainer replicas; returns the replicas' identities."""
+def start(api: Api, system: System, changefeeds: list[str], spans: int, cache: str = "warm") -> list[str]:
+    """The captures, the changefeeds (a table of ``spans`` spans each, unlabelled as a plain manifest's, no balance
+    scheduler) and three maintainer replicas with ``--cache=cache``; returns the replicas' identities."""
     for c in CAPTURES:
         system.capture(c)
     for n, cf in enumerate(changefeeds):
@@ -57,12 +59,14 @@ def start(api: Api, system: System, changefeeds: list[str], spans: int) -> list[
         api.create("tables", "Table", f"{cf}-t", {"changefeed": cf, "tableID": n + 1, "preSplit": {"spans": spans}})
     members = ["m1", "m2", "m3"]
     for m in members:
-        system.maintainer(m)
+        system.maintainer(m, f"--cache={cache}")
     return members
 
 
-def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, system: System) -> None:
-    members = start(api, system, CHANGEFEEDS, 2)
+@pytest.mark.parametrize("cache", ["warm", "sharded"])
+def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, system: System, cache: str) -> None:
+    """Sharded, each replica also lists a changefeed it takes (the victim's) before deciding for it."""
+    members = start(api, system, CHANGEFEEDS, 2, cache)
 
     def balanced(ms: list[str]) -> object:
         got = counts(api, ms)
@@ -94,7 +98,7 @@ def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, s
         return sum(system.procs[m].count("to balance the replicas") for m in system.procs if m.startswith("m"))
 
     before = handoffs()  # those of the first balancing (replicas that started together) are not this step's
-    system.maintainer("m4")  # the replica's pod comes back (a new identity, as a new pod's)
+    system.maintainer("m4", f"--cache={cache}")  # the replica's pod comes back (a new identity, as a new pod's)
     took = wait("two per replica again", lambda: balanced(["m1", "m3", "m4"]), system, 60)
     print(f"balanced again {took:.1f}s after the new replica started")
     handed = handoffs() - before
@@ -160,9 +164,10 @@ def test_a_rolling_restart_of_three_replicas_with_operators_in_flight(api: Api, 
     """Issue 23: the three replicas rolled one at a time, as a Deployment rollout does (the new pod first, the
     old one SIGTERMed once the new one runs), with 100 Moves held in flight by the captures' hold-close hook:
     every Move Succeeds once released, and no changefeed is without a live leader for longer than the lease
-    duration + 5 s."""
+    duration + 5 s. With the sharded cache (the chart's default for more than one replica): every taker lists
+    the changefeed it takes before it restores its operators."""
     cfs = CHANGEFEEDS[:5]
-    members = start(api, system, cfs, 20)
+    members = start(api, system, cfs, 20, "sharded")
 
     def replicating() -> object:
         spans = [s for s in api.list("spans") if (s["spec"] or {}).get("changefeed") in cfs]
@@ -195,7 +200,7 @@ def test_a_rolling_restart_of_three_replicas_with_operators_in_flight(api: Api, 
     try:
         for i, old in enumerate(members):
             new = f"m{4 + i}"
-            system.maintainer(new)
+            system.maintainer(new, "--cache=sharded")
             joined = lambda n=new: api.get("leases", f"cfmm-{n}") is not None or "none"  # noqa: E731
             wait(f"{new}'s member Lease", joined, system, 30)
             system.signal(old, signal.SIGTERM)

@@ -1,0 +1,192 @@
+"""The sharded cache (issue 23): a replica lists and watches Tables, Spans, Dispatchers and SpanOperators only
+for the changefeeds it leads (label-selected on ``cdc.maintainer.dev/changefeed``), plus the objects not labelled
+with a live changefeed (to label or detach them). Against the embedded API server, whose label-selected watches
+send DELETED when an object stops matching, as a real API server's do."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from controller.apiserver import ApiServerHandle, start_server
+from controller.kube.client import RESOURCES, Client, Config
+from controller.kube.informer import Informer
+from controller.model import resources as conv
+from controller.model.states import API_VERSION, Kind
+from tests.kube.conftest import CRDS
+
+JSON = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ApiServerHandle]:
+    handle = start_server(CRDS, bookmark_interval=0.5)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+async def until(cond: Callable[[], object], what: str, timeout: float = 20.0) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def body(kind: Kind, name: str, changefeed: str, label: str | None, **spec: object) -> JSON:
+    meta: JSON = {"name": name}
+    if label is not None:
+        meta["labels"] = {conv.CHANGEFEED_LABEL: label}
+    if kind is Kind.CHANGEFEED:
+        return {"apiVersion": API_VERSION, "kind": kind.value, "metadata": meta, "spec": {}}
+    return {"apiVersion": API_VERSION, "kind": kind.value, "metadata": meta, "spec": {"changefeed": changefeed, **spec}}
+
+
+def table(name: str, changefeed: str, label: str | None, table_id: int = 1) -> JSON:
+    return body(Kind.TABLE, name, changefeed, label, tableID=table_id)
+
+
+def span(name: str, changefeed: str, label: str | None) -> JSON:
+    return body(Kind.SPAN, name, changefeed, label, tableID=1, startKey="00", endKey="ff")
+
+
+def dispatcher(name: str, changefeed: str, label: str | None) -> JSON:
+    spec = {"span": "s", "capture": "c1", "tableID": 1, "startKey": "00", "endKey": "ff", "epoch": 1, "startTs": 1}
+    return body(Kind.DISPATCHER, name, changefeed, label, **spec)
+
+
+def operator(name: str, changefeed: str, label: str | None) -> JSON:
+    return body(Kind.OPERATOR, name, changefeed, label, type="Add", spans=["s"], target="c1")
+
+
+async def populated(client: Client) -> str:
+    """A namespace with changefeeds a and b, each with one labelled object of every sharded kind, an unlabelled
+    Table of a, a Table labelled with a changefeed that is gone, and a Span of a labelled b (set by hand)."""
+    ns = f"shard-{uuid.uuid4().hex[:6]}"
+    await client.request(
+        "create", "POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    )
+    for cf in ("a", "b"):
+        await client.create(RESOURCES[Kind.CHANGEFEED], ns, body(Kind.CHANGEFEED, cf, "", None))
+        await client.create(RESOURCES[Kind.TABLE], ns, table(f"{cf}-t", cf, cf))
+        await client.create(RESOURCES[Kind.SPAN], ns, span(f"{cf}-s", cf, cf))
+        await client.create(RESOURCES[Kind.DISPATCHER], ns, dispatcher(f"{cf}-d", cf, cf))
+        await client.create(RESOURCES[Kind.OPERATOR], ns, operator(f"{cf}-o", cf, cf))
+    await client.create(RESOURCES[Kind.TABLE], ns, table("a-unlabelled", "a", None, 2))
+    await client.create(RESOURCES[Kind.TABLE], ns, table("gone-t", "gone", "gone", 3))
+    await client.create(RESOURCES[Kind.SPAN], ns, span("a-in-b", "a", "b"))
+    return ns
+
+
+def names(informer: Informer, kind: Kind) -> set[str]:
+    return set(informer.store.records.get(kind.value, {}))
+
+
+def test_a_sharded_informer_holds_only_the_changefeeds_it_tracks(server: ApiServerHandle) -> None:
+    async def scenario() -> None:
+        async with Client(Config(url=server.url)) as client:
+            ns = await populated(client)
+            informer = Informer(client, ns, sharded=True)
+            await informer.start()
+            try:
+                informer.watch_unassigned(["a", "b"])
+                await asyncio.wait_for(informer.synced.wait(), 20)
+                assert informer.unlisted() == []
+                # Synced without a single Span, Dispatcher, SpanOperator or Table: none is led yet.
+                for kind in (Kind.TABLE, Kind.SPAN, Kind.DISPATCHER, Kind.OPERATOR):
+                    assert names(informer, kind) == set(), kind
+                assert set(informer.store.records[Kind.CHANGEFEED.value]) == {"a", "b"}
+                # The unassigned: the unlabelled Table of a and the Table of the changefeed that is gone.
+                assert set(informer.unassigned.records.get(Kind.TABLE.value, {})) == {"a-unlabelled", "gone-t"}
+                assert not informer.unassigned.records.get(Kind.SPAN.value)
+
+                lists = client.requests["list"]
+                await asyncio.wait_for(informer.track("a"), 20)
+                assert client.requests["list"] == lists + 4  # one LIST per sharded kind
+                assert names(informer, Kind.TABLE) == {"a-t"}
+                assert names(informer, Kind.SPAN) == {"a-s"}
+                assert names(informer, Kind.DISPATCHER) == {"a-d"}
+                assert names(informer, Kind.OPERATOR) == {"a-o"}
+                assert set(informer.store.index("a").spans) == {"a-s"}
+                assert "b" not in informer.store.indexes or not informer.store.index("b").spans
+
+                # Watched: a new Span of a arrives, one of b does not.
+                await client.create(RESOURCES[Kind.SPAN], ns, span("a-s2", "a", "a"))
+                await client.create(RESOURCES[Kind.SPAN], ns, span("b-s2", "b", "b"))
+                await until(lambda: "a-s2" in names(informer, Kind.SPAN), "a's new span")
+                await asyncio.sleep(0.3)
+                assert "b-s2" not in names(informer, Kind.SPAN)
+
+                # b's shard holds a Span whose spec says a (labelled by hand): it is to be relabelled.
+                await asyncio.wait_for(informer.track("b"), 20)
+                assert informer.relabel == {(Kind.SPAN.value, "a-in-b"): "a"}
+                # Until then no stream of ours has it: b's admits only what its spec says is b's.
+                assert "a-in-b" not in names(informer, Kind.SPAN)
+                # Relabelled into a's shard: b's stream says DELETED (with the object as it was), a's says ADDED.
+                patch = {"metadata": {"labels": {conv.CHANGEFEED_LABEL: "a"}}}
+                await client.patch(RESOURCES[Kind.SPAN], ns, "a-in-b", patch)
+                await until(lambda: "a-in-b" in informer.store.index("a").spans, "the relabelled Span in a's shard")
+                await asyncio.sleep(0.3)
+                assert "a-in-b" in informer.store.index("a").spans
+
+                # Given up: a's records go, and a late write of ours for a is not kept.
+                late = await client.patch(RESOURCES[Kind.SPAN], ns, "a-s", {"metadata": {"annotations": {"x": "1"}}})
+                informer.untrack("a")
+                assert names(informer, Kind.SPAN) == {"b-s", "b-s2"}
+                assert names(informer, Kind.TABLE) == {"b-t"}
+                assert names(informer, Kind.DISPATCHER) == {"b-d"}
+                assert names(informer, Kind.OPERATOR) == {"b-o"}
+                informer.offer(Kind.SPAN.value, late)
+                assert "a-s" not in names(informer, Kind.SPAN)
+                assert "Span/a" not in informer.last_seen
+                ok, why = informer.healthy()
+                assert ok, why
+
+                # Deleted while tracked: gone.
+                await client.delete(RESOURCES[Kind.SPAN], ns, "b-s2")
+                await until(lambda: "b-s2" not in names(informer, Kind.SPAN), "the deletion")
+            finally:
+                await informer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_unassigned_objects_follow_the_live_changefeeds(server: ApiServerHandle) -> None:
+    """Labelled with a live changefeed: not unassigned. Labelled (by a user or by the leader) with one: no longer
+    unassigned. The changefeed gone: its objects are unassigned again (to be detached)."""
+
+    async def scenario() -> None:
+        async with Client(Config(url=server.url)) as client:
+            ns = await populated(client)
+            informer = Informer(client, ns, sharded=True)
+            await informer.start()
+            try:
+                informer.watch_unassigned(["a", "b"])
+                await asyncio.wait_for(informer.synced.wait(), 20)
+                tables = lambda: set(informer.unassigned.records.get(Kind.TABLE.value, {}))  # noqa: E731
+                assert tables() == {"a-unlabelled", "gone-t"}
+                informer.unassigned_changed = False
+                patch = {"metadata": {"labels": {conv.CHANGEFEED_LABEL: "a"}}}
+                await client.patch(RESOURCES[Kind.TABLE], ns, "a-unlabelled", patch)
+                await until(lambda: tables() == {"gone-t"}, "the labelled Table to leave the unassigned")
+                assert informer.unassigned_changed
+                # b deleted: the selector no longer names it, and b's objects are unassigned.
+                assert informer.watch_unassigned(["a"])
+                assert not informer.watch_unassigned(["a"])  # the same set: nothing restarted
+                await until(lambda: tables() == {"gone-t", "b-t"}, "b's Table to be unassigned")
+                await until(
+                    lambda: set(informer.unassigned.records.get(Kind.SPAN.value, {})) == {"b-s", "a-in-b"},
+                    "b's Span to be unassigned",
+                )
+                assert not informer.unassigned.records.get(Kind.DISPATCHER.value)  # Dispatchers are never
+            finally:
+                await informer.stop()
+
+    asyncio.run(scenario())

@@ -1,0 +1,153 @@
+"""The maintainer with a sharded cache (issue 23), in-process against the embedded API server: it lists a
+changefeed's objects only once it leads it, and decides only after that LIST; it labels what a user created
+without ``cdc.maintainer.dev/changefeed`` for a changefeed it leads (only labelled objects reach its shard);
+it detaches the Tables of a changefeed that is gone (they are among the unassigned objects); and when it stops
+leading a changefeed, that changefeed's records leave its memory."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from controller.apiserver import ApiServerHandle, start_server
+from controller.kube.client import RESOURCES, Client, Config
+from controller.maintainer.runner import Maintainer, Settings
+from controller.model import resources as conv
+from controller.model.states import API_VERSION, TABLE_FINALIZER, Kind
+from tests.kube.conftest import CRDS
+from tests.kube.test_runner import GatedClient
+
+JSON = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ApiServerHandle]:
+    handle = start_server(CRDS, bookmark_interval=0.5)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+async def until(cond: Callable[[], object], what: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def settings(ns: str, identity: str = "m1") -> Settings:
+    return Settings(
+        namespace=ns,
+        identity=identity,
+        tick=0.1,
+        lease_duration=2.0,
+        renew_deadline=1.5,
+        retry=0.1,
+        cache="sharded",
+    )
+
+
+def obj(kind: Kind, name: str, spec: JSON, labels: dict[str, str] | None = None, **meta: Any) -> JSON:
+    metadata: JSON = {"name": name, **meta}
+    if labels:
+        metadata["labels"] = labels
+    return {"apiVersion": API_VERSION, "kind": kind.value, "metadata": metadata, "spec": spec}
+
+
+async def namespace(client: Client) -> str:
+    ns = f"sharded-{uuid.uuid4().hex[:6]}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    await client.request("create", "POST", "/api/v1/namespaces", body=body)
+    return ns
+
+
+def test_a_sharded_maintainer_labels_places_detaches_and_forgets(server: ApiServerHandle) -> None:
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            ns = await namespace(client)
+            await client.create(RESOURCES[Kind.CHANGEFEED], ns, obj(Kind.CHANGEFEED, "cf", {}))
+            # A Table created without the label (kubectl apply of a plain manifest), and one of a changefeed that
+            # was deleted while no maintainer ran (still holding the maintainer's finalizer).
+            await client.create(RESOURCES[Kind.TABLE], ns, obj(Kind.TABLE, "t1", {"changefeed": "cf", "tableID": 1}))
+            orphan = obj(
+                Kind.TABLE,
+                "t-gone",
+                {"changefeed": "gone", "tableID": 2},
+                {conv.CHANGEFEED_LABEL: "gone"},
+                finalizers=[TABLE_FINALIZER],
+            )
+            await client.create(RESOURCES[Kind.TABLE], ns, orphan)
+            m = Maintainer(client, settings(ns))
+            await m.start()
+            try:
+                await until(lambda: "cf" in m.leading, "leading cf")
+                # The leader labels the Table, its shard watch sees it, and a decision places its span.
+                await until(
+                    lambda: "t1" in m.informer.store.index("cf").tables and m.informer.store.index("cf").spans,
+                    "the unlabelled Table labelled, seen, and its span created",
+                )
+                t1 = await client.get(RESOURCES[Kind.TABLE], ns, "t1")
+                assert t1["metadata"]["labels"][conv.CHANGEFEED_LABEL] == "cf"
+                assert TABLE_FINALIZER in t1["metadata"].get("finalizers", [])
+                for span in (await client.list(RESOURCES[Kind.SPAN], ns))[0]:
+                    assert span["metadata"]["labels"][conv.CHANGEFEED_LABEL] == "cf"
+
+                async def detached() -> bool:
+                    table = await client.get(RESOURCES[Kind.TABLE], ns, "t-gone")
+                    status = table.get("status") or {}
+                    return status.get("state") == "Detached" and not table["metadata"].get("finalizers")
+
+                deadline = time.monotonic() + 30
+                while not await detached():
+                    assert time.monotonic() < deadline, "the orphan Table detached"
+                    await asyncio.sleep(0.1)
+                # Only the changefeed it leads is in its shard; the orphan never entered it.
+                assert set(m.informer.tracked()) == {"cf"}
+                assert "t-gone" not in m.informer.store.records.get(Kind.TABLE.value, {})
+
+                # A user's SpanOperator without the label: labelled too (and so seen by the leader).
+                op = obj(Kind.OPERATOR, "op1", {"changefeed": "cf", "type": "Remove", "spans": ["nope"]})
+                await client.create(RESOURCES[Kind.OPERATOR], ns, op)
+                await until(lambda: "op1" in m.informer.store.index("cf").operators, "the unlabelled operator seen")
+                labelled = await client.get(RESOURCES[Kind.OPERATOR], ns, "op1")
+                assert labelled["metadata"]["labels"][conv.CHANGEFEED_LABEL] == "cf"
+            finally:
+                await m.stop()
+            # Stopped: the changefeed was given up, and its records left with it.
+            assert m.informer.tracked() == set()
+            assert not m.informer.store.records.get(Kind.SPAN.value)
+            assert not m.informer.store.records.get(Kind.TABLE.value)
+
+    asyncio.run(main())
+
+
+def test_a_sharded_taker_decides_only_once_its_changefeed_is_listed(server: ApiServerHandle) -> None:
+    """The mutant ``taker-decides-before-listed`` of the simulator, in production: the Lease is taken, the shard's
+    LIST of Dispatchers hangs, and no decision is made until it ends."""
+
+    async def main() -> None:
+        async with GatedClient(Config.load(str(server.kubeconfig_path))) as client:
+            client.leases.set()
+            ns = await namespace(client)
+            await client.create(RESOURCES[Kind.CHANGEFEED], ns, obj(Kind.CHANGEFEED, "cf", {}))
+            m = Maintainer(client, replace(settings(ns), balance=False))
+            await m.start()
+            try:
+                await until(lambda: "cf" in m.leading, "the Lease taken")
+                await asyncio.sleep(0.5)
+                assert m.informer.synced.is_set()  # the namespace-wide kinds are listed, the shard is not
+                assert m.stats.decisions == 0
+                client.lists.set()
+                await until(lambda: m.stats.decisions > 0, "a decision once the shard is listed")
+            finally:
+                await m.stop()
+
+    asyncio.run(main())
