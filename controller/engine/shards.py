@@ -7,11 +7,13 @@ With N live members and C changefeeds each replica should lead floor(C/N) or cei
 
 - **Bid** for a changefeed nobody leads only while leading fewer than ceil(C/N) (and fewer than
   ``maxLeases``, the hard cap). With one replica that is every changefeed, as before.
-- **Hand over** one changefeed when leading more than ceil(C/N); or exactly ceil(C/N) while some live member
-  leads fewer than floor(C/N) (C/N not whole: 4, 4, 2 must become 4, 3, 3). Only the most loaded replica does
-  (ties by identity), so two replicas do not both give one up for the same shortfall, and the caller rate-limits
-  it and waits for the membership to settle after a start. Hysteresis: every count within [floor, ceil] is
-  balanced, and nothing moves then.
+- **Hand over** what is above ceil(C/N), all at once: every replica above it does (a replica that joins three
+  leading 15, 15 and 0 of 30 gets 5 from each in one round, not one per cool-down). That never overshoots:
+  N x ceil(C/N) >= C, so what is above ceil fits below it, and only replicas below ceil bid. Or, leading exactly
+  ceil(C/N) while some live member leads fewer than floor(C/N) (C/N not whole: 4, 4, 2 must become 4, 3, 3), one
+  changefeed: only the most loaded replica gives it (ties by identity), so two replicas do not both give one up
+  for the same shortfall. The caller rate-limits rounds and waits for the membership to settle after a start.
+  Hysteresis: every count within [floor, ceil] is balanced, and nothing moves then.
 
 Handing over is the graceful end of a term (the runner finishes the decision in hand, stops writing, releases
 the Lease); the taker bootstraps at a new epoch as after any failover, restoring every in-flight operator.
@@ -50,20 +52,21 @@ def may_bid(leading: int, changefeeds: int, members: int, max_leases: int = 0) -
     return leading < share(changefeeds, members)[1]
 
 
-def hand_over(me: str, counts: Mapping[str, int], changefeeds: int, mine: Collection[str]) -> str | None:
-    """The changefeed ``me`` should hand over now, or None.
+def hand_over(me: str, counts: Mapping[str, int], changefeeds: int, mine: Collection[str]) -> list[str]:
+    """The changefeeds ``me`` should hand over now (none: balanced, or not its turn).
 
     ``counts``: live member -> how many changefeeds it leads (``me`` included); ``mine``: the changefeeds ``me``
     leads that may be handed over (not being deleted: a teardown is finished where it started)."""
     if me not in counts or not mine:
-        return None
+        return []
     low, high = share(changefeeds, len(counts))
     leading = counts[me]
+    ordered = sorted(mine, reverse=True)
+    if leading > high:
+        return ordered[: leading - high]  # every member above the ceiling gives its excess, at once
     short = any(c < low for m, c in counts.items() if m != me)
-    if not (leading > high or (leading == high and high > low and short)):
-        return None
+    if not (leading == high and high > low and short):
+        return []
     # Only the most loaded member gives one up (ties by identity): one handoff per shortfall.
     first = min(counts, key=lambda m: (-counts[m], m))
-    if first != me:
-        return None
-    return max(mine)
+    return ordered[:1] if first == me else []

@@ -254,8 +254,9 @@ class Maintainer:
         return self.settings.retry if self.settings.balance else 0.0
 
     def _balance(self) -> None:
-        """Looked at once per ``retry`` (the Leases change no faster); at most one handoff per ``2 *
-        lease_duration``: the taker bootstraps and the counts settle first."""
+        """Looked at once per ``retry`` (the Leases change no faster); at most one round of handoffs (what is above
+        the share, or one changefeed: ``shards.hand_over``) per ``2 * lease_duration``: the takers bootstrap and
+        the counts settle first."""
         s = self.settings
         now = time.monotonic()
         if not s.balance or now - self.started < self._settle() + s.lease_duration or now < self._balance_at:
@@ -267,13 +268,14 @@ class Maintainer:
         cfs = store.all(Kind.CHANGEFEED)
         mine = [n for n in self.leading if isinstance(cfs.get(n), Changefeed) and not cfs[n].deleting]
         give = shards.hand_over(s.identity, self.counts(), len(cfs), mine)
-        if give is None:
+        if not give:
             return
         self._handed_at = now
-        self._hand_over.setdefault(give, asyncio.Event()).set()
-        ev = self._wakeups.get(give)
-        if ev is not None:
-            ev.set()
+        for name in give:
+            self._hand_over.setdefault(name, asyncio.Event()).set()
+            ev = self._wakeups.get(name)
+            if ev is not None:
+                ev.set()
 
     # -- sharded cache: the unassigned objects, and their labels --------------------------------------------
 

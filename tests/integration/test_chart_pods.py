@@ -105,7 +105,8 @@ def pod_args(doc: dict[str, Any], pod: str, namespace: str) -> tuple[list[str], 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[ApiServerHandle, Api, Rbac, list[dict[str, Any]]]]:
     namespace = f"cfm-pods-{uuid.uuid4().hex[:6]}"
-    docs = render(namespace)
+    # Two maintainer replicas, as the test starts: the chart gives them the sharded cache.
+    docs = render(namespace, "maintainer.replicas=2")
     rbac = Rbac()
     rbac.load(docs)
     for doc in docs:
@@ -213,16 +214,22 @@ def test_pods_start_ready_and_need_no_more_than_the_chart_grants(
         def all_ready() -> bool:
             return all(probe(port)[0] == 200 for port in ready_ports.values())
 
+        assert "--cache=sharded" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         wait_for("every pod ready with no changefeed yet", all_ready, procs)
         apply_examples(api)
+        # A Table applied without the changefeed label: its leader labels it (under the chart's Role).
+        plain = {"apiVersion": "cdc.maintainer.dev/v1alpha1", "kind": "Table", "metadata": {"name": "plain"}}
+        api.ok("POST", api.path("tables"), {**plain, "spec": {"changefeed": "demo", "tableID": 120}})
 
         def replicating() -> bool:
             spans = api.list("spans")
             states = [(s.get("status") or {}).get("state") for s in spans]
             tables = api.list("tables")
-            return len(tables) == 3 and len(spans) >= 3 and all(state == "Replicating" for state in states)
+            return len(tables) == 4 and len(spans) >= 4 and all(state == "Replicating" for state in states)
 
-        wait_for("every span of examples/ Replicating", replicating, procs, timeout=90)
+        wait_for("every span of examples/ and of the plain Table Replicating", replicating, procs, timeout=90)
+        labels = (api.get("tables", "plain") or {}).get("metadata", {}).get("labels") or {}
+        assert labels.get("cdc.maintainer.dev/changefeed") == "demo"
         wait_for("every pod ready again", all_ready, procs)
         answers = {pod: probe(port)[1] for pod, port in ready_ports.items()}
         maintainers = [a for pod, a in answers.items() if pod.startswith(f"{RELEASE}-maintainer-")]

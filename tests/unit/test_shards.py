@@ -19,21 +19,26 @@ def test_share_and_bidding() -> None:
 
 
 def test_hand_over_only_above_the_share_and_only_the_most_loaded() -> None:
-    assert shards.hand_over("a", {"a": 10, "b": 10, "c": 10}, 30, ["x"]) is None  # balanced: nothing moves
-    assert shards.hand_over("a", {"a": 11, "b": 10, "c": 9}, 30, ["x", "y"]) == "y"
+    assert shards.hand_over("a", {"a": 10, "b": 10, "c": 10}, 30, ["x"]) == []  # balanced: nothing moves
+    assert shards.hand_over("a", {"a": 11, "b": 10, "c": 9}, 30, ["x", "y"]) == ["y"]
+    # Above the ceiling: the whole excess at once, by every member above it (a replica joins 15, 15, 0).
+    mine = [f"cf{i:02d}" for i in range(15)]
+    assert shards.hand_over("a", {"a": 15, "b": 15, "c": 0}, 30, mine) == mine[-5:][::-1]
+    assert len(shards.hand_over("b", {"a": 15, "b": 15, "c": 0}, 30, mine)) == 5
     # 4, 4, 2 with 10 over 3: one at the ceiling gives one to the member below the floor; only the first by name.
     counts = {"a": 4, "b": 4, "c": 2}
-    assert shards.hand_over("a", counts, 10, ["x"]) == "x"
-    assert shards.hand_over("b", counts, 10, ["x"]) is None
-    assert shards.hand_over("a", {"a": 4, "b": 3, "c": 3}, 10, ["x"]) is None  # within [3, 4]: hysteresis
-    assert shards.hand_over("a", {"a": 12, "b": 0}, 12, []) is None  # nothing it may give (being deleted)
-    assert shards.hand_over("z", {"a": 12}, 12, ["x"]) is None  # not a member
+    assert shards.hand_over("a", counts, 10, ["x"]) == ["x"]
+    assert shards.hand_over("b", counts, 10, ["x"]) == []
+    assert shards.hand_over("a", {"a": 4, "b": 3, "c": 3}, 10, ["x"]) == []  # within [3, 4]: hysteresis
+    assert shards.hand_over("a", {"a": 12, "b": 0}, 12, []) == []  # nothing it may give (being deleted)
+    assert shards.hand_over("z", {"a": 12}, 12, ["x"]) == []  # not a member
 
 
 @given(st.integers(min_value=0, max_value=60), st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=6))
 def test_repeated_handovers_converge_to_the_share(total: int, raw: list[int]) -> None:
-    """Whatever the starting counts (within ``total``), handing over one at a time from whoever ``hand_over``
-    names, to the least loaded member, ends balanced within as many handoffs as changefeeds are above the share."""
+    """Whatever the starting counts (within ``total``), rounds in which every member hands over what ``hand_over``
+    names, each changefeed to the least loaded member below the ceiling (only those bid), end balanced: within
+    as many handoffs as changefeeds are above the share, and never a member pushed above the ceiling."""
     counts = {f"m{i}": 0 for i in range(len(raw))}
     left = total
     for i, n in enumerate(raw):
@@ -42,12 +47,19 @@ def test_repeated_handovers_converge_to_the_share(total: int, raw: list[int]) ->
     counts["m0"] += left  # every changefeed led by someone
     low, high = shards.share(total, len(counts))
     bound = sum(max(0, c - low) for c in counts.values())
+    handed = 0
     for _ in range(bound + 1):
-        givers = [m for m in counts if shards.hand_over(m, counts, total, [f"cf{j}" for j in range(counts[m])])]
-        if not givers:
+        given = {m: len(shards.hand_over(m, counts, total, [f"cf{j}" for j in range(counts[m])])) for m in counts}
+        if not any(given.values()):
             break
-        assert len(givers) == 1  # never two at once for one shortfall
-        taker = min(counts, key=lambda m: (counts[m], m))
-        counts[givers[0]] -= 1
-        counts[taker] += 1
+        if not any(counts[m] > high for m in given if given[m]):
+            assert sum(given.values()) == 1  # at the ceiling: never two at once for one shortfall
+        for m, n in given.items():
+            counts[m] -= n
+        for _ in range(sum(given.values())):
+            taker = min(counts, key=lambda m: (counts[m], m))
+            assert counts[taker] < high  # only a member below the ceiling bids: nothing overshoots
+            counts[taker] += 1
+            handed += 1
     assert all(low <= c <= high for c in counts.values()), counts
+    assert handed <= bound
