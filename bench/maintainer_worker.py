@@ -70,6 +70,11 @@ class CountingClient(Client):
         self.by_resource[f"{verb} {plural}{'/<name>' if one and verb in ('get', 'list') else ''}"] += 1
         return await super().request(verb, method, path, **kw)
 
+    async def list_pages(self, res: Any, namespace: str, *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+        async for items, rv in super().list_pages(res, namespace, *args, **kw):
+            self.by_resource[f"listed {res.plural}"] += len(items)  # objects, not requests
+            yield items, rv
+
     async def watch(self, res: Any, namespace: str, resource_version: str, **kw: Any) -> Any:  # type: ignore[override]
         self.by_resource[f"watch {res.plural}"] += 1
         async for ev in super().watch(res, namespace, resource_version, **kw):
@@ -77,11 +82,11 @@ class CountingClient(Client):
 
 
 class TimedElector(runner.LeaderElector):
-    async def acquire(self, floor: int = 0, may: Any = lambda: True) -> int:
+    async def acquire(self, floor: int = 0, may: Any = lambda: True, answered: Any = lambda: None) -> int:
         changefeed = not self.name.startswith(MEMBER_PREFIX)  # the replica's member Lease is not timed
         if changefeed:
             STATE.setdefault("t_lease_first_try", time.monotonic())
-        epoch = await super().acquire(floor, may=may)
+        epoch = await super().acquire(floor, may=may, answered=answered)
         if changefeed:
             STATE.setdefault("t_lease_acquired", time.monotonic())
         return epoch
@@ -247,6 +252,9 @@ def state(m: runner.Maintainer, prefix: str) -> dict[str, Any]:
         "ops": dict(phases),
         "synced": m.informer.synced.is_set(),
         "bootstrapped": "t_bootstrapped" in STATE,
+        "leading": sorted(m.leading),
+        # The led changefeeds whose current term has bootstrapped.
+        "led_bootstrapped": sorted(n for n in m.leading if (mem := m.memories.get(n)) is not None and mem.bootstrapped),
     }
 
 
@@ -283,6 +291,7 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "requests": dict(client.requests),
         "by_resource": dict(client.by_resource),
         "decisions": m.stats.decisions,
+        "handoffs": m.stats.handoffs,
         "writes": m.stats.writes,
         "failed_chains": m.stats.failed_chains,
         "bootstrap_seconds": m.stats.bootstrap_seconds,
@@ -339,6 +348,8 @@ async def main(a: argparse.Namespace) -> None:
         lease_duration=a.lease_duration,
         renew_deadline=a.lease_duration * 2 / 3,
         retry=a.retry,
+        cache=a.cache,
+        expected_replicas=a.expected_replicas,
     )
     m = TimedMaintainer(client, settings)
     STATE["t_start"] = time.monotonic()
@@ -384,6 +395,8 @@ if __name__ == "__main__":
     p.add_argument("--lease-duration", type=float, default=3.0)
     p.add_argument("--retry", type=float, default=0.5)
     p.add_argument("--tick", type=float, default=0.5)
+    p.add_argument("--cache", choices=("warm", "sharded"), default="warm")
+    p.add_argument("--expected-replicas", type=int, default=1)
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args()
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")

@@ -99,11 +99,13 @@ class Worker:
         self.lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, kubeconfig: str, identity: str, log_dir: Path, lease: float, retry: float) -> Worker:
+    async def start(
+        cls, kubeconfig: str, identity: str, log_dir: Path, lease: float, retry: float, *extra: str
+    ) -> Worker:
         spawned = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(WORKER), "--kubeconfig", kubeconfig, "--namespace", NS, "--identity", identity,
-            "--lease-duration", str(lease), "--retry", str(retry),
+            "--lease-duration", str(lease), "--retry", str(retry), *extra,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=open(log_dir / f"{identity}.log", "ab"),  # noqa: SIM115, ASYNC230 - lives as long as the process
             cwd=ROOT, start_new_session=True, limit=2**28,

@@ -44,8 +44,12 @@ class LeaderElector:
         renew_deadline: float = 10.0,
         retry: float = 2.0,
         owner: Callable[[], JSON | None] = lambda: None,
+        silent: Callable[[str, str], float] = lambda holder, renew: 0.0,
     ) -> None:
         self.client = client
+        #: For how long (seconds, on our clock) the Lease has been seen unchanged with this holder and renewTime
+        #: before our first bid (the informer watches it all along: ``Store.silence``); 0 if not known.
+        self.silent = silent
         #: The ownerReference a Lease this elector creates carries (e.g. its Changefeed's), or None.
         self.owner = owner
         self.namespace = namespace
@@ -104,7 +108,11 @@ class LeaderElector:
         renew = spec.get("renewTime") or ""
         now = time.monotonic()
         if self._observed is None or self._observed[:2] != (holder, renew):
-            self._observed = (holder, renew, now)
+            # Counted from when it was first seen so, by us or by our watch: a replica that held its bids back
+            # (its share was full until the holder's replica lapsed) takes over when the Lease has run out, not
+            # a whole duration after its first bid (found by bench/scale_out.py: led again 31 s after a SIGKILL
+            # with a 15 s Lease).
+            self._observed = (holder, renew, now - max(0.0, self.silent(holder, renew)))
         duration = float(spec.get("leaseDurationSeconds") or self.duration)
         expired = not holder or now - self._observed[2] >= duration
         if holder != self.identity and not expired:
@@ -126,9 +134,13 @@ class LeaderElector:
         self.renewed = sent
         return True
 
-    async def acquire(self, floor: int = 0, may: Callable[[], bool] = lambda: True) -> int:
+    async def acquire(
+        self, floor: int = 0, may: Callable[[], bool] = lambda: True, answered: Callable[[], None] = lambda: None
+    ) -> int:
         """Bid until won; returns the term's epoch. ``may()`` false: hold back this round (the caller's share
-        of the changefeeds is full), which also counts as an answer (``on_answer``)."""
+        of the changefeeds is full), which also counts as an answer (``on_answer``). ``answered()`` is called
+        when a bid ``may()`` let through has its answer (won, lost or failed), before ``acquire`` returns: a
+        caller that counts bids in flight against a cap lets go of this one there."""
         failures = 0
         while True:
             if not may():
@@ -137,8 +149,11 @@ class LeaderElector:
                 continue
             try:
                 # Each attempt bounded (not the client's 30 s): an API that hung is retried soon after it returns.
-                async with asyncio.timeout(max(1.0, 2 * self.retry)):
-                    won = await self.try_acquire(floor)
+                try:
+                    async with asyncio.timeout(max(1.0, 2 * self.retry)):
+                        won = await self.try_acquire(floor)
+                finally:
+                    answered()
                 self.on_answer()
                 failures = 0
                 if won:

@@ -75,6 +75,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "ceil(changefeeds/replicas), and hands changefeeds over above it)",
     )
     p.add_argument(
+        "--expected-replicas",
+        type=int,
+        default=1,
+        help="how many replicas the Deployment runs (the chart passes maintainer.replicas): for its first lease "
+        "duration a replica takes only its share as if that many were up, so that the first to start does not lead "
+        "every changefeed and then hand most of them over (default 1)",
+    )
+    p.add_argument(
         "--cache",
         choices=("warm", "sharded"),
         default="warm",
@@ -143,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         max_leases=a.max_leases,
         balance=a.balance,
         cache=a.cache,
+        expected_replicas=max(1, a.expected_replicas),
         metrics_port=a.metrics_port,
         metrics_address=a.metrics_address,
     )

@@ -74,6 +74,9 @@ class Settings:
     #: Spread the changefeeds evenly over the live replicas (engine/shards.py): bid only below the share, hand
     #: over above it. Off: every replica bids for everything (the first to bid leads; ``max_leases`` caps it).
     balance: bool = True
+    #: How many replicas the Deployment runs (the chart's ``maintainer.replicas``): for its first lease duration a
+    #: replica takes its share as if that many were up, since the others announce themselves seconds apart.
+    expected_replicas: int = 1
     concurrency: int = 16
     #: What each replica caches: "warm" (every object of the namespace: a standby takes a changefeed over
     #: and decides at once) or "sharded" (Tables, Spans, Dispatchers and SpanOperators only of the
@@ -162,6 +165,8 @@ class Maintainer:
         self.handed_until: dict[str, float] = {}
         self._handed_at = -math.inf
         self._balance_at = -math.inf
+        #: Changefeeds whose Lease this replica is bidding for right now (``may_bid``).
+        self._bids: set[str] = set()
         #: Sharded cache: when the unassigned objects' streams were last restarted for a new set of changefeeds.
         self._unassigned_at = -math.inf
         self._labelling: asyncio.Task[None] | None = None
@@ -235,19 +240,61 @@ class Maintainer:
                     raise
 
     def may_bid(self, name: str) -> bool:
-        """Whether this replica bids for ``name``'s Lease now."""
+        """Whether this replica bids for ``name``'s Lease now. A bid let through holds its place in the count of
+        what this replica leads until it is answered (``_answered``): the loops of many changefeeds ask at once,
+        and without that all of them would bid before any had won, past the share and past ``maxLeases``."""
+        if not self._may_bid(name):
+            return False
+        self._bids.add(name)
+        return True
+
+    def _answered(self, name: str) -> None:
+        self._bids.discard(name)
+
+    def _held_by_another(self, name: str) -> bool:
+        """The Lease of ``name`` is held by another replica whose renewals we see: a bid would only be refused."""
+        store = self.informer.store
+        lease = store.objects.get(LEASE, {}).get(shards.changefeed_lease(name))
+        spec = (lease or {}).get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        if not holder or holder == self.settings.identity:
+            return False
+        try:
+            duration = float(spec.get("leaseDurationSeconds") or 0)
+        except (TypeError, ValueError):
+            return False
+        silent = store.silence.of(shards.changefeed_lease(name), time.monotonic())
+        return silent is not None and silent < duration
+
+    def _silent(self, lease_name: str, holder: str, renew: str) -> float:
+        """How long our watch has seen ``lease_name`` unchanged with ``holder`` and ``renew`` (0 if it shows another
+        holder or renewal): counted on our clock, and only while our view of Leases was current (``Silence``)."""
+        store = self.informer.store
+        spec = (store.objects.get(LEASE, {}).get(lease_name) or {}).get("spec") or {}
+        if str(spec.get("holderIdentity") or "") != holder or str(spec.get("renewTime") or "") != renew:
+            return 0.0
+        return store.silence.of(lease_name, time.monotonic()) or 0.0
+
+    def _may_bid(self, name: str) -> bool:
         s = self.settings
         if time.monotonic() < self.handed_until.get(name, -math.inf):
             return False
+        if self._held_by_another(name):
+            return False
+        leading = len(self.leading) + len(self._bids - {name})
         if not s.balance:
-            return not s.max_leases or len(self.leading) < s.max_leases
+            return not s.max_leases or leading < s.max_leases
         if time.monotonic() - self.started < self._settle():
             # Replicas started together see each other within a renewal or two: bidding before that would let
             # the first one take everything and then hand most of it over.
             return False
-        counts = self.counts()
+        members = len(self.counts())
+        if time.monotonic() - self.started < s.lease_duration:
+            # Warming up: the replicas the Deployment asks for may not have announced themselves yet (their
+            # processes start seconds apart); count them, so the first up does not take everything.
+            members = max(members, s.expected_replicas)
         total = len(self.informer.store.all(Kind.CHANGEFEED))
-        return shards.may_bid(len(self.leading), total, len(counts), s.max_leases)
+        return shards.may_bid(leading, total, members, s.max_leases)
 
     def _settle(self) -> float:
         """Seconds after start before this replica bids or hands over: its member Lease and the others' seen."""
@@ -499,6 +546,7 @@ class Maintainer:
             renew_deadline=s.renew_deadline,
             retry=s.retry,
             owner=lambda: self.informer.store.owner_reference(name),
+            silent=lambda holder, renew: self._silent(shards.changefeed_lease(name), holder, renew),
         )
         elector.on_answer = lambda: self.competing.add(name)
         backoff = s.retry
@@ -531,7 +579,7 @@ class Maintainer:
         cf = self.informer.store.record(Kind.CHANGEFEED, name)
         floor = cf.epoch if isinstance(cf, Changefeed) else 0
         # Held back while this replica's share is full (another replica may take it; engine/shards.py).
-        epoch = await elector.acquire(floor, may=lambda: self.may_bid(name))
+        epoch = await elector.acquire(floor, may=lambda: self.may_bid(name), answered=lambda: self._answered(name))
         self.leading.add(name)
         self._hand_over[name] = asyncio.Event()  # a handoff decided for an earlier term is not this one's
         self.stats.epochs[name] = epoch
