@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from controller.engine.shards import Seen, lapsed
 from controller.kube.client import LEASES, ApiError, Client
 from controller.model.resources import format_time
 
@@ -108,13 +109,12 @@ class LeaderElector:
         renew = spec.get("renewTime") or ""
         now = time.monotonic()
         if self._observed is None or self._observed[:2] != (holder, renew):
-            # Counted from when it was first seen so, by us or by our watch: a replica that held its bids back
-            # (its share was full until the holder's replica lapsed) takes over when the Lease has run out, not
-            # a whole duration after its first bid (found by bench/scale_out.py: led again 31 s after a SIGKILL
-            # with a 15 s Lease).
-            self._observed = (holder, renew, now - max(0.0, self.silent(holder, renew)))
+            self._observed = (holder, renew, now)
         duration = float(spec.get("leaseDurationSeconds") or self.duration)
-        expired = not holder or now - self._observed[2] >= duration
+        # Counted from when it was first seen so, by our first look or by our watch (found by bench/scale_out.py:
+        # a held-back bid started the clock afresh, and a SIGKILLed replica's changefeeds were led again 31 s
+        # after the kill with a 15 s Lease).
+        expired = lapsed(Seen(holder, duration, self.silent(holder, renew)), now - self._observed[2])
         if holder != self.identity and not expired:
             return False
         current = int(spec.get("leaseTransitions") or 0)

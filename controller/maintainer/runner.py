@@ -161,8 +161,8 @@ class Maintainer:
         #: Per changefeed: a handoff this replica decided (its loop ends the term at the next decision boundary).
         self._hand_over: dict[str, asyncio.Event] = {}
         #: Per changefeed this replica handed over: until when it does not bid for it again (monotonic), so a
-        #: released Lease goes to another replica rather than straight back.
-        self.handed_until: dict[str, float] = {}
+        #: released Lease goes to another replica rather than straight back, and the epoch it released.
+        self.handed_until: dict[str, tuple[float, int]] = {}
         self._handed_at = -math.inf
         self._balance_at = -math.inf
         #: Changefeeds whose Lease this replica is bidding for right now (``may_bid``).
@@ -187,36 +187,44 @@ class Maintainer:
             lost = asyncio.Event()
             await self.member.hold(lost)
 
+    def _seen(self, name: str, now: float) -> shards.Seen | None:
+        """The Lease ``name`` as our watch shows it (``shards.Seen``), or None if there is none."""
+        store = self.informer.store
+        lease = store.objects.get(LEASE, {}).get(name)
+        if lease is None:
+            return None
+        spec = lease.get("spec") or {}
+        try:
+            duration = float(spec.get("leaseDurationSeconds") or 0)
+        except (TypeError, ValueError):
+            duration = 0.0
+        try:
+            transitions = int(spec.get("leaseTransitions") or 0)
+        except (TypeError, ValueError):
+            transitions = 0
+        return shards.Seen(str(spec.get("holderIdentity") or ""), duration, store.silence.of(name, now), transitions)
+
+    def _late(self, now: float) -> set[str]:
+        """Members whose renewals are overdue (silent for three retry periods; they renew every one)."""
+        out = set()
+        for name in self.informer.store.objects.get(LEASE, {}):
+            seen = self._seen(name, now) if name.startswith(shards.MEMBER_PREFIX) else None
+            if seen is not None and seen.holder and (seen.silent or 0.0) >= 3 * self.settings.retry:
+                out.add(seen.holder)
+        return out
+
     def counts(self) -> dict[str, int]:
         """Live member -> how many changefeeds it leads, as the Leases show (this replica: its own truth). A
         member whose Lease has run out on our clock (``Store.silence``) is not counted, nor are its Leases."""
-        store = self.informer.store
-        leases = store.objects.get(LEASE, {})
         now = time.monotonic()
-
-        def current(name: str) -> str:
-            lease = leases.get(name) or {}
-            spec = lease.get("spec") or {}
-            holder = str(spec.get("holderIdentity") or "")
-            try:
-                duration = float(spec.get("leaseDurationSeconds") or 0)
-            except (TypeError, ValueError):
-                duration = 0.0
-            silent = store.silence.of(name, now)
-            return holder if holder and (silent is None or silent < duration) else ""
-
-        counts = {self.settings.identity: 0}
-        for name in leases:
-            if name.startswith(shards.MEMBER_PREFIX):
-                holder = current(name)
-                if holder:
-                    counts.setdefault(holder, 0)
-        for cf in store.all(Kind.CHANGEFEED):
-            holder = current(shards.changefeed_lease(cf))
-            if holder in counts and holder != self.settings.identity:
-                counts[holder] += 1
-        counts[self.settings.identity] = len(self.leading)
-        return counts
+        leases = self.informer.store.objects.get(LEASE, {})
+        members = {n: self._seen(n, now) for n in leases if n.startswith(shards.MEMBER_PREFIX)}
+        changefeeds = {
+            cf: self._seen(shards.changefeed_lease(cf), now) for cf in self.informer.store.all(Kind.CHANGEFEED)
+        }
+        return shards.counts(
+            self.settings.identity, len(self.leading), {n: v for n, v in members.items() if v is not None}, changefeeds
+        )
 
     async def _forget_members(self) -> None:
         """Delete the member Leases of replicas gone for good (SIGKILLed: a graceful stop deletes its own): silent
@@ -251,21 +259,6 @@ class Maintainer:
     def _answered(self, name: str) -> None:
         self._bids.discard(name)
 
-    def _held_by_another(self, name: str) -> bool:
-        """The Lease of ``name`` is held by another replica whose renewals we see: a bid would only be refused."""
-        store = self.informer.store
-        lease = store.objects.get(LEASE, {}).get(shards.changefeed_lease(name))
-        spec = (lease or {}).get("spec") or {}
-        holder = str(spec.get("holderIdentity") or "")
-        if not holder or holder == self.settings.identity:
-            return False
-        try:
-            duration = float(spec.get("leaseDurationSeconds") or 0)
-        except (TypeError, ValueError):
-            return False
-        silent = store.silence.of(shards.changefeed_lease(name), time.monotonic())
-        return silent is not None and silent < duration
-
     def _silent(self, lease_name: str, holder: str, renew: str) -> float:
         """How long our watch has seen ``lease_name`` unchanged with ``holder`` and ``renew`` (0 if it shows another
         holder or renewal): counted on our clock, and only while our view of Leases was current (``Silence``)."""
@@ -277,10 +270,14 @@ class Maintainer:
 
     def _may_bid(self, name: str) -> bool:
         s = self.settings
-        if time.monotonic() < self.handed_until.get(name, -math.inf):
+        now = time.monotonic()
+        seen = self._seen(shards.changefeed_lease(name), now)
+        until, released = self.handed_until.get(name, (-math.inf, 0))
+        if shards.held_back(s.identity, until, released, now, seen):
             return False
-        if self._held_by_another(name):
-            return False
+        holder = shards.live_holder(seen)
+        if holder and holder != s.identity:
+            return False  # held by a replica whose renewals we see: a bid would only be refused
         leading = len(self.leading) + len(self._bids - {name})
         if not s.balance:
             return not s.max_leases or leading < s.max_leases
@@ -288,13 +285,23 @@ class Maintainer:
             # Replicas started together see each other within a renewal or two: bidding before that would let
             # the first one take everything and then hand most of it over.
             return False
-        members = len(self.counts())
-        if time.monotonic() - self.started < s.lease_duration:
+        counts = self.counts()
+        members = len(counts)
+        if now - self.started < s.lease_duration:
             # Warming up: the replicas the Deployment asks for may not have announced themselves yet (their
             # processes start seconds apart); count them, so the first up does not take everything.
             members = max(members, s.expected_replicas)
         total = len(self.informer.store.all(Kind.CHANGEFEED))
-        return shards.may_bid(leading, total, members, s.max_leases)
+        low = shards.share(total, members)[0]
+        return shards.may_bid(
+            leading,
+            total,
+            members,
+            s.max_leases,
+            others_short=any(c < low for m, c in counts.items() if m != s.identity),
+            free_for=seen.silent if seen is not None and seen.silent is not None else math.inf,
+            grace=2 * s.retry,
+        )
 
     def _settle(self) -> float:
         """Seconds after start before this replica bids or hands over: its member Lease and the others' seen."""
@@ -314,7 +321,8 @@ class Maintainer:
         store = self.informer.store
         cfs = store.all(Kind.CHANGEFEED)
         mine = [n for n in self.leading if isinstance(cfs.get(n), Changefeed) and not cfs[n].deleting]
-        give = shards.hand_over(s.identity, self.counts(), len(cfs), mine)
+        free = sum(1 for cf in cfs if not shards.live_holder(self._seen(shards.changefeed_lease(cf), now)))
+        give = shards.hand_over(s.identity, self.counts(), len(cfs), mine, free, self._late(now))
         if not give:
             return
         self._handed_at = now
@@ -598,7 +606,8 @@ class Maintainer:
             # takes it at a new epoch (bootstrapping as after any failover).
             await elector.release()
             self.stats.handoffs += 1
-            self.handed_until[name] = time.monotonic() + 2 * self.settings.lease_duration
+            hold = shards.hold_back(self.settings.retry, self.settings.lease_duration)
+            self.handed_until[name] = (time.monotonic() + hold, epoch)
             log.info(
                 "changefeed %s: handed over at epoch %d to balance the replicas (leading %d)",
                 name,

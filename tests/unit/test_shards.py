@@ -63,3 +63,56 @@ def test_repeated_handovers_converge_to_the_share(total: int, raw: list[int]) ->
             handed += 1
     assert all(low <= c <= high for c in counts.values()), counts
     assert handed <= bound
+
+
+def test_a_changefeed_handed_over_is_held_back_only_until_another_replica_takes_it() -> None:
+    """Found by the balance simulator (seeds 219, 333): a replica handed a changefeed to a new replica, which was then
+    SIGKILLed (or handed it on); the others were at their share, and the one with room held its bids back for two
+    lease durations."""
+    free = shards.Seen("", 1.0, 0.5, transitions=3)  # released at epoch 3 by us, not taken since
+    taken = shards.Seen("m4", 15.0, 20.0, transitions=4)  # taken by m4, which has since gone silent
+    passed_on = shards.Seen("", 1.0, 0.5, transitions=5)  # taken since, and released again by its taker
+    assert shards.held_back("m3", until=30.0, released=3, now=10.0, seen=free)
+    assert not shards.held_back("m3", until=30.0, released=3, now=10.0, seen=taken)
+    assert not shards.held_back("m3", until=30.0, released=3, now=10.0, seen=passed_on)
+    assert not shards.held_back("m3", until=30.0, released=3, now=31.0, seen=free)
+    assert shards.held_back("m3", 30.0, 3, 10.0, taken, mutants={"handed-over-held-back-long"})
+    assert shards.hold_back(retry=2.0, duration=15.0) == 6.0  # a short replica bids within one retry period
+    assert shards.hold_back(2.0, 15.0, {"handed-over-held-back-long"}) == 30.0
+
+
+def test_counts_leave_out_lapsed_members_and_their_changefeeds() -> None:
+    members = {"cfmm-a": shards.Seen("a", 15.0, 1.0), "cfmm-b": shards.Seen("b", 15.0, 16.0)}
+    cfs = {"x": shards.Seen("a", 15.0, 1.0), "y": shards.Seen("b", 15.0, 16.0), "z": None}
+    assert shards.counts("me", 2, members, cfs) == {"me": 2, "a": 1}
+    assert shards.counts("me", 2, members, cfs, {"balancer-ignores-lapse"}) == {"me": 2, "a": 1, "b": 1}
+
+
+def test_a_lapse_counts_from_what_the_watch_saw() -> None:
+    seen = shards.Seen("gone", 15.0, 16.0)
+    assert shards.lapsed(seen, first_look=0.0)
+    assert not shards.lapsed(seen, 0.0, {"lapse-counted-from-first-bid"})
+    assert not shards.lapsed(shards.Seen("gone", 15.0, 3.0), first_look=2.0)
+    assert shards.lapsed(shards.Seen("", 15.0, 0.0), first_look=0.0)  # released
+
+
+def test_a_replica_at_floor_leaves_a_freed_lease_to_one_below_it_for_a_while() -> None:
+    """Found by the balance simulator (seed 11368): 8 changefeeds over 7 replicas; the one handed over for the replica
+    at 0 was taken by one at 1 (then at the ceiling, with the short one still short: it handed it over again), and
+    the two took turns for ever."""
+    assert shards.may_bid(0, 8, 7, others_short=True, free_for=0.5, grace=4.0)  # itself short: at once
+    assert not shards.may_bid(1, 8, 7, others_short=True, free_for=0.5, grace=4.0)  # at floor: leave it
+    assert shards.may_bid(1, 8, 7, others_short=True, free_for=5.0, grace=4.0)  # nobody short took it: take it
+    assert shards.may_bid(1, 8, 7, others_short=False, free_for=0.5, grace=4.0)
+    assert shards.may_bid(1, 8, 7, others_short=True, free_for=0.5, grace=4.0, mutants={"bid-past-a-shortfall"})
+
+
+def test_no_handoff_for_the_shortfall_of_a_member_whose_renewals_stopped() -> None:
+    """Found by the balance simulator (seed 838): a survivor took a SIGKILLed replica's lapsed Lease and, the dead
+    replica's member Lease not lapsed yet, handed it straight back for that replica's shortfall."""
+    counts = {"m1": 3, "m3": 3, "m4": 0}  # share of 9 over 3: (3, 3)... m4 is dead
+    counts4 = {"m1": 3, "m2": 2, "m3": 3, "m4": 0}  # 9 over 4: (2, 3), m4 short
+    assert shards.hand_over("m1", counts4, 9, ["cf8"]) == ["cf8"]
+    assert shards.hand_over("m1", counts4, 9, ["cf8"], late={"m4"}) == []
+    assert shards.hand_over("m1", counts4, 9, ["cf8"], free=2) == []  # two free Leases will fill it
+    assert shards.hand_over("m1", counts, 9, ["cf8"]) == []
