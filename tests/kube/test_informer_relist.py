@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from controller.capture.informer import Informer as CaptureInformer
 from controller.kube.client import EVENTS, RESOURCES, ApiError, Client, Config
 from controller.kube.informer import Informer
 from controller.model.states import API_VERSION, Kind
+from tests.kube.conftest import until
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 HISTORY = 20
@@ -35,13 +35,6 @@ def server() -> Iterator[ApiServerHandle]:
     finally:
         handle.stop()
 
-
-async def until(cond: Callable[[], object], what: str, timeout: float = 20.0) -> None:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def namespace(client: Client) -> str:

@@ -15,31 +15,23 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
-from controller.apiserver import ApiServerHandle, start_server
+from controller.apiserver import ApiServerHandle
 from controller.kube.client import JSON, LEASES, RESOURCES, Client, Config, Resource
 from controller.kube.lease import LeaderElector
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model.resources import format_time, lease_name
 from controller.model.states import API_VERSION, Kind
+from tests.kube.conftest import until
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 CF = "cf"
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ApiServerHandle]:
-    handle = start_server(CRDS, bookmark_interval=0.5)
-    try:
-        yield handle
-    finally:
-        handle.stop()
 
 
 class CutOff(Client):
@@ -67,13 +59,6 @@ class CutOff(Client):
             await self._gate()
             yield event
 
-
-async def until(cond: Callable[[], object], what: str, timeout: float = 20.0) -> None:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def namespace(client: Client) -> str:

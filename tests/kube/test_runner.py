@@ -10,32 +10,24 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from controller.apiserver import ApiServerHandle, start_server
+from controller.apiserver import ApiServerHandle
 from controller.engine.maintainer import Decision, Memory
 from controller.engine.world import Options, World
 from controller.kube.client import EVENTS, LEASES, RESOURCES, ApiError, Client, Config
 from controller.maintainer import runner
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model.states import API_VERSION, Kind
+from tests.kube.conftest import until
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 CF = "cf"
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ApiServerHandle]:
-    handle = start_server(CRDS, bookmark_interval=0.5)
-    try:
-        yield handle
-    finally:
-        handle.stop()
 
 
 class TimingOutClient(Client):
@@ -51,13 +43,6 @@ class TimingOutClient(Client):
             raise TimeoutError("no answer")
         return await super().patch(res, namespace, name, patch, sub)
 
-
-async def until(cond: Callable[[], object], what: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def setup(client: Client) -> str:

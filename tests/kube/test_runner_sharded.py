@@ -9,38 +9,20 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-import pytest
-
-from controller.apiserver import ApiServerHandle, start_server
+from controller.apiserver import ApiServerHandle
 from controller.kube.client import RESOURCES, Client, Config
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model import resources as conv
 from controller.model.states import API_VERSION, TABLE_FINALIZER, Kind
-from tests.kube.conftest import CRDS
+from tests.kube.conftest import until
 from tests.kube.test_runner import GatedClient
 
 JSON = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ApiServerHandle]:
-    handle = start_server(CRDS, bookmark_interval=0.5)
-    try:
-        yield handle
-    finally:
-        handle.stop()
-
-
-async def until(cond: Callable[[], object], what: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def settings(ns: str, identity: str = "m1") -> Settings:
