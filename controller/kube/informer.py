@@ -78,9 +78,10 @@ SPAN, DISPATCHER = Kind.SPAN.value, Kind.DISPATCHER.value
 #: The kinds a sharded cache holds per changefeed it leads (label-selected on ``CHANGEFEED_LABEL``); the
 #: others (Changefeeds, Captures, Leases: a few per changefeed and capture) are cached whole by every replica.
 SHARDED = (Kind.TABLE.value, SPAN, DISPATCHER, Kind.OPERATOR.value)
-#: The kinds a user may create without the label (Dispatchers are only ever the maintainer's): a sharded
-#: replica watches those of them not labelled with a live changefeed, to label them or detach them.
-UNASSIGNED = (Kind.TABLE.value, SPAN, Kind.OPERATOR.value)
+#: The kinds a sharded replica also watches when not labelled with a live changefeed, to label them (a user's
+#: objects created without the label, or whose label was removed or changed by hand: Dispatchers too, which only
+#: the maintainer creates) or detach them (the Tables of a changefeed that is gone).
+UNASSIGNED = SHARDED
 #: Seconds a LIST waits for another kind's LIST to end before it goes ahead all the same.
 LIST_PATIENCE = 5.0
 #: At most this many distinct label and finalizer tuples are shared (``Store._compact``).
@@ -345,7 +346,9 @@ class Store:
         self.invalid.get(kind, {}).pop(name, None)
         self.tombstones.setdefault(kind, {})[name] = rv
         if self.shards is not None and kind in SHARDED:
-            self._tomb_cf.setdefault(kind, {})[name] = self._changefeed_of(old) or ""
+            owners = self._tomb_cf.setdefault(kind, {})
+            # A second removal of the name (a write-through forget, then the watch's DELETED) keeps the first's owner.
+            owners[name] = self._changefeed_of(old) or owners.get(name, "")
         if kind in RECORD_ONLY:
             self.last_change = self._route(old, None)
         elif kind == LEASE:
@@ -720,7 +723,12 @@ class Informer:
         await self.synced.wait()
         if not self.sharded:
             return
-        self.store.track(changefeed)
+        if self._frozen or self._thawing:
+            # After an untrack of the same changefeed still waiting in the backlog, not before it (the term ended
+            # and a new one began while another changefeed's decision ran): the LIST below waits for the thaw.
+            self._backlog.append(lambda: self.store.track(changefeed))
+        else:
+            self.store.track(changefeed)
         streams = [Stream(k, RESOURCES[Kind(k)], changefeed=changefeed) for k in SHARDED]
         for stream in streams:
             if stream.key not in self._tasks:
@@ -864,8 +872,11 @@ class Informer:
             )
 
     async def _gate(self) -> bool:
+        # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` swallows a cancellation that lands as the lock
+        # is granted, and a stream cancelled then (untracked, or its selector replaced) would run on, unowned.
         try:
-            await asyncio.wait_for(self._list_gate.acquire(), LIST_PATIENCE)
+            async with asyncio.timeout(LIST_PATIENCE):
+                await self._list_gate.acquire()
         except TimeoutError:
             return False
         return True

@@ -171,6 +171,8 @@ class Maintainer:
         self._unassigned_at = -math.inf
         self._labelling: asyncio.Task[None] | None = None
         self._labels_seen: frozenset[str] | None = None
+        #: Labels the API refused (logged once each).
+        self._label_refused: set[tuple[str, str, str]] = set()
         self._label_at = -math.inf
 
     async def start(self) -> None:
@@ -316,6 +318,8 @@ class Maintainer:
         if not s.balance or now - self.started < self._settle() + s.lease_duration or now < self._balance_at:
             return
         self._balance_at = now + s.retry
+        for name in [n for n, (until, _) in self.handed_until.items() if until <= now]:
+            del self.handed_until[name]
         if now - self._handed_at < 2 * s.lease_duration or any(e.is_set() for e in self._hand_over.values()):
             return
         store = self.informer.store
@@ -377,6 +381,9 @@ class Maintainer:
                         self.informer.relabel.setdefault((kind, name), changefeed)
                         self._label_at = time.monotonic() + 1.0
                         return
+                    if (kind, name, changefeed) in self._label_refused:
+                        return
+                    self._label_refused.add((kind, name, changefeed))
                     log.error(
                         "changefeed %s: could not label %s %s with %s=%s (its shard watch cannot see it): %s",
                         changefeed,
