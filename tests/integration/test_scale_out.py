@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
-from controller.model.tso import physical_seconds
+from controller.capture import ledger
+from controller.model.records import Changefeed, Table
+from controller.model.resources import from_resource
+from controller.model.tso import physical_seconds, tso
 from tests.integration.harness import Api, System, set_hooks
 
 CHANGEFEEDS = [f"cf{i}" for i in range(6)]
@@ -61,6 +64,35 @@ def start(api: Api, system: System, changefeeds: list[str], spans: int, cache: s
     for m in members:
         system.maintainer(m, f"--cache={cache}")
     return members
+
+
+def no_gap_in_any(api: Api, system: System, changefeeds: list[str]) -> None:
+    """The captures' delivery ledger (controller/capture/ledger.py) has no gap in any changefeed: every key of every
+    table delivered over (start, published checkpoint], the checkpoints having passed the moment of the call (so the
+    range covers every handoff and takeover the test made)."""
+    now = tso(int(time.time() * 1000))
+
+    def records() -> tuple[dict[str, Changefeed], list[Table]]:
+        cfs = {c.name: c for c in map(from_resource, api.list("changefeeds")) if isinstance(c, Changefeed)}
+        return cfs, [t for t in map(from_resource, api.list("tables")) if isinstance(t, Table)]
+
+    def passed() -> object:
+        cfs, _ = records()
+        behind = [n for n in changefeeds if n not in cfs or cfs[n].checkpoint_ts < now]
+        return not behind or f"checkpoints not yet past the end of the test: {behind}"
+
+    wait("every checkpoint past the end of the test", passed, system, 60)
+    cfs, tables = records()
+    required = [
+        ledger.Required(t.changefeed, t.table_id, mode, max(cfs[t.changefeed].start_ts, t.start_ts),
+                        cfs[t.changefeed].checkpoint_ts)
+        for t in tables
+        if t.changefeed in changefeeds and not t.deleting
+        for mode in cfs[t.changefeed].modes
+    ]  # fmt: skip
+    assert len({r.changefeed for r in required}) == len(changefeeds)
+    problems = ledger.check(ledger.read(system.ledger_dir), required)
+    assert problems == [], "the delivery ledger has gaps:\n  " + "\n  ".join(problems[:10])
 
 
 @pytest.mark.parametrize("cache", ["warm", "sharded"])
@@ -112,6 +144,7 @@ def test_changefeeds_spread_over_replicas_and_come_back_after_a_kill(api: Api, s
         status = (api.get("changefeeds", cf) or {}).get("status") or {}
         assert status.get("checkpointTs"), cf
         assert time.time() - physical_seconds(int(status["checkpointTs"])) < 60, cf  # moving, not stuck
+    no_gap_in_any(api, system, CHANGEFEEDS)
     member_leases = sorted(
         x["metadata"]["name"] for x in api.list("leases") if x["metadata"]["name"].startswith("cfmm-")
     )
