@@ -236,9 +236,9 @@ class Maintainer:
         for name, lease in list(store.objects.get(LEASE, {}).items()):
             if not name.startswith(shards.MEMBER_PREFIX) or name == self.member.name:
                 continue
-            spec = lease.get("spec") or {}
-            silent = store.silence.of(name, now)
-            duration = float(spec.get("leaseDurationSeconds") or self.settings.lease_duration)
+            seen = self._seen(name, now)
+            silent = seen.silent if seen is not None else None
+            duration = (seen.duration if seen is not None else 0.0) or self.settings.lease_duration
             if silent is None or silent < MEMBER_GC * duration:
                 continue
             uid = str((lease.get("metadata") or {}).get("uid") or "")

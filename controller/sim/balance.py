@@ -57,7 +57,7 @@ class Lease:
 
 
 class Violation(Exception):
-    pass
+    """A check failed; the message says which and when."""
 
 
 @dataclass
@@ -104,16 +104,13 @@ class World:
         self.replicas: list[Replica] = []
         self.serial = 0
         self.trace: list[str] = []
-        #: (time of the kill, the changefeeds it held, the replicas alive after it)
+        #: (time of a SIGKILL, the changefeeds its replica held)
         self.kills: list[tuple[float, list[str]]] = []
         self.events: list[float] = []
-        #: changefeed -> when a replica took its Lease (every acquisition).
-        self.takes: dict[str, list[float]] = {}
         #: changefeed -> since when no live replica holds it.
         self.unled: dict[str, float] = {}
         for _ in range(n):
             self.join(rng.uniform(0.0, 3.0))
-        self.quiet_from = 0.0
         #: A roll under way: the old replica, stopped at that time (its successor joined already).
         self.rolling: tuple[Replica, float] | None = None
 
@@ -236,7 +233,6 @@ class World:
         if cur is None:
             if self.write_lease(name, None, Lease(r.identity, self.now, DURATION, 1)):
                 r.leading[cf] = 1
-                self.takes.setdefault(cf, []).append(self.now)
                 self.trace.append(f"{self.now:7.2f} {r.identity} takes {cf} (epoch 1)")
             return
         look = r.first_look.get(name)
@@ -252,8 +248,6 @@ class World:
         epoch = cur.transitions + 1
         if self.write_lease(name, cur.version, Lease(r.identity, self.now, DURATION, epoch)):
             r.leading[cf] = epoch
-            if cur.holder != r.identity:
-                self.takes.setdefault(cf, []).append(self.now)
             self.trace.append(f"{self.now:7.2f} {r.identity} takes {cf} (epoch {epoch}) from {cur.holder!r}")
 
     def renew(self, r: Replica) -> None:
@@ -390,7 +384,6 @@ class World:
                     self.stop(old)
             if handoffs_at_quiet is None and self.now >= EVENTS_UNTIL and self.rolling is None:
                 handoffs_at_quiet = sum(r.handoffs for r in self.replicas)
-                self.quiet_from = self.now
             for r in self.replicas:
                 if r.alive and self.now >= r.started:
                     self.step_replica(r)
