@@ -846,7 +846,7 @@ class Agent:
             names.update(n for n, c in self.closing.items() if not c.released)
             gone = {n for n in changed if n not in live and n in self.runs}
             finished = {n for n in changed if n not in live}
-            names &= set(live)
+            names = {n for n in names if n in live}  # not ``names & set(live)``: a copy of every name held
         # Copied: the steps await, and the informer keeps changing ``live`` meanwhile.
         objects = {n: live[n] for n in names}
         for name in sorted(gone):
