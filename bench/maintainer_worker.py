@@ -31,15 +31,17 @@ import logging  # noqa: E402
 import pstats  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
 from collections import Counter  # noqa: E402
 from typing import Any  # noqa: E402
 
 import controller.maintainer.runner as runner  # noqa: E402
 from controller.engine import shards  # noqa: E402
-from controller.model.tso import physical_ms  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
 from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
 from controller.model.states import Kind  # noqa: E402
+from controller.model.tso import physical_ms  # noqa: E402
 
 STATE: dict[str, Any] = {"t_process": T_PROCESS, "decide_n": 0, "decide_s": 0.0, "snapshot_s": 0.0}
 #: Seconds of every ``decide`` call, in order (``decisions I J`` summarises a slice of it).
@@ -122,16 +124,54 @@ def _gc_watch(phase: str, info: dict[str, int]) -> None:
 gc.callbacks.append(_gc_watch)
 
 
-async def heartbeat() -> None:
-    while True:
-        t = time.perf_counter()
-        await asyncio.sleep(STALL_PERIOD)
-        late = time.perf_counter() - t - STALL_PERIOD
+class Heartbeat:
+    """The loop's lateness, measured by a callback scheduled every STALL_PERIOD (a bare ``call_at`` chain:
+    no task, no future, so that the probe costs the maintainer at rest as little as it can). With
+    ``stacks``, a thread also samples the loop thread's stack whenever a beat is more than STACK_AFTER
+    late, so that a stall says where it was spent (``stall_stacks``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stacks: bool) -> None:
+        self.loop = loop
+        self.due = time.perf_counter() + STALL_PERIOD
+        self.handle = loop.call_at(loop.time() + STALL_PERIOD, self.beat)
+        self.stopped = threading.Event()
+        self.thread_id = threading.get_ident()
+        if stacks:
+            threading.Thread(target=self.sample, name="stall-stacks", daemon=True).start()
+
+    def beat(self) -> None:
+        now = time.perf_counter()
+        late = max(0.0, now - self.due)
         STALLS.append(late)
         if len(WORST) < 5 or late > WORST[-1][0]:
             WORST.append((late, time.monotonic() - T_PROCESS))
             WORST.sort(reverse=True)
             del WORST[5:]
+        self.due = now + STALL_PERIOD
+        self.handle = self.loop.call_at(self.loop.time() + STALL_PERIOD, self.beat)
+
+    def sample(self) -> None:
+        while not self.stopped.wait(STACK_EVERY):
+            if time.perf_counter() - self.due < STACK_AFTER:
+                continue
+            frame = sys._current_frames().get(self.thread_id)
+            if frame is None:
+                continue
+            where = [f"{fs.filename.rsplit('/', 2)[-1]}:{fs.lineno} {fs.name}"
+                     for fs in traceback.extract_stack(frame)[-STACK_DEPTH:]]  # fmt: skip
+            STACKS[" <- ".join(reversed(where))] += 1
+
+    def stop(self) -> None:
+        self.handle.cancel()
+        self.stopped.set()
+
+
+#: With --stall-stacks: the loop thread's stack, sampled every STACK_EVERY while the loop is more than
+#: STACK_AFTER late, by where it was (innermost first): each count is STACK_EVERY of stall.
+STACKS: Counter[str] = Counter()
+STACK_EVERY = 0.01
+STACK_AFTER = 0.05
+STACK_DEPTH = 8
 
 
 runner.LeaderElector = TimedElector  # type: ignore[misc]
@@ -301,7 +341,27 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
         "stall_count": len(STALLS),
         "gc_full": dict(GC_FULL),
+        "tenure": None
+        if m.tenure is None
+        else {
+            "steps": m.tenure.steps,
+            "longest_s": round(m.tenure.longest_s, 4),
+            "total_s": round(m.tenure.total_s, 3),
+            "frozen": gc.get_freeze_count(),
+        },
     }
+
+
+def gc_leak() -> dict[str, Any]:
+    """What freezing cost: the reference cycles that died frozen (tenure steps, LIST pages), which no pass
+    collects. The garbage not frozen is collected first; then everything is thawed and one full pass counts
+    what it finds. Holds the loop for that pass (seconds at 100,000 spans): asked once the figures are in."""
+    gc.collect()
+    frozen = gc.get_freeze_count()
+    t = time.perf_counter()
+    gc.unfreeze()
+    found = gc.collect()
+    return {"frozen": frozen, "cycles_found": found, "full_pass_s": round(time.perf_counter() - t, 3)}
 
 
 def stalls(arg: str) -> dict[str, Any]:
@@ -350,10 +410,11 @@ async def main(a: argparse.Namespace) -> None:
         retry=a.retry,
         cache=a.cache,
         expected_replicas=a.expected_replicas,
+        gc_tenure=a.gc_tenure,
     )
     m = TimedMaintainer(client, settings)
     STATE["t_start"] = time.monotonic()
-    beat = asyncio.create_task(heartbeat(), name="heartbeat")
+    beat = Heartbeat(asyncio.get_running_loop(), a.stall_stacks)
     await m.start()
     reply({"ready": True, **STATE})
     loop = asyncio.get_running_loop()
@@ -377,12 +438,16 @@ async def main(a: argparse.Namespace) -> None:
                 reply(decisions(arg))
             elif cmd == "stalls":
                 reply(stalls(arg))
+            elif cmd == "gc_leak":
+                reply(gc_leak())
+            elif cmd == "stall_stacks":
+                reply(dict(STACKS.most_common(int(arg or 30))))
             elif cmd == "profile":
                 reply(await profile(float(arg or 10)))
             else:
                 reply({"error": f"unknown command {cmd!r}"})
     finally:
-        beat.cancel()
+        beat.stop()
         await m.stop()
         await client.close()
 
@@ -398,6 +463,8 @@ if __name__ == "__main__":
     p.add_argument("--cache", choices=("warm", "sharded"), default="warm")
     p.add_argument("--expected-replicas", type=int, default=1)
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--gc-tenure", type=float, default=runner.Settings.gc_tenure)
+    p.add_argument("--stall-stacks", action="store_true", help="sample the loop's stack while it stalls")
     args = p.parse_args()
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(main(args))

@@ -88,6 +88,10 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def worker_flags(a: argparse.Namespace) -> list[str]:
+    return ["--gc-tenure", str(a.gc_tenure), *(["--stall-stacks"] if a.stall_stacks else [])]
+
+
 class Worker:
     """The maintainer process; commands over its stdin, JSON replies on its stdout."""
 
@@ -674,12 +678,18 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     old = await worker.ask("stats")
     out["maintainer_rss_kib_before_kill"] = old["rss"]
     out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
+    if system.a.stall_stacks:
+        out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
+    out["tenure_first_maintainer"] = old.get("tenure")
+    out["gc_leak_first_maintainer"] = await worker.ask("gc_leak", timeout=120)
     t_kill = time.monotonic()
     worker.sigkill()
     await worker.proc.wait()
     log(f"phase 3: SIGKILLed {worker.identity} with {st['ops']}")
-    new = await Worker.start(system.kubeconfig, "maintainer-2", system.log_dir, system.a.lease, system.a.retry)
+    new = await Worker.start(
+        system.kubeconfig, "maintainer-2", system.log_dir, system.a.lease, system.a.retry, *worker_flags(system.a)
+    )
     system.worker = new
 
     def booted(st: dict[str, Any]) -> bool:
@@ -722,7 +732,10 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     end = await new.ask("stats")
     out["new_maintainer_rss_kib"] = end["rss"]
     out["loop_stalls_new_maintainer"] = await new.ask("stalls 0")
+    if system.a.stall_stacks:
+        out["stall_stacks_new_maintainer"] = await new.ask("stall_stacks")
     out["gc_full_new_maintainer"] = end.get("gc_full")
+    out["tenure_new_maintainer"] = end.get("tenure")
     out["new_maintainer_requests_total"] = end["requests"]
 
 
@@ -817,7 +830,9 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         system.start_captures()
         while len((await system.client.list(RESOURCES[Kind.CAPTURE], NS))[0]) < a.captures:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
-        system.worker = await Worker.start(system.kubeconfig, "maintainer-1", system.log_dir, a.lease, a.retry)
+        system.worker = await Worker.start(
+            system.kubeconfig, "maintainer-1", system.log_dir, a.lease, a.retry, *worker_flags(a)
+        )
         ok, _, _ = await wait_for(system.worker, "", lambda st: st["bootstrapped"], 60, "first bootstrap")
         if not ok:
             raise RuntimeError("the first maintainer did not bootstrap within 60 s")
@@ -829,6 +844,10 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         stats = await system.worker.ask("stats")
         out["maintainer_rss_kib"] = stats["rss"]
         out["loop_stalls_first_maintainer"] = await system.worker.ask("stalls 0")
+        if a.stall_stacks:
+            out["stall_stacks_first_maintainer"] = await system.worker.ask("stall_stacks")
+        out["tenure_first_maintainer"] = stats.get("tenure")
+        out["gc_full_first_maintainer"] = stats.get("gc_full")
         out["maintainer_requests_total"] = stats["requests"]
         if done and a.inflight:
             await phase_failover(system, out)
@@ -836,6 +855,10 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
             await phase_drain_balance(system, out)
         elif not done:
             out["skipped"] = "phases after the first incomplete one"
+        # Last, for it thaws the maintainer's heap (and holds its loop for a full pass).
+        leak = "gc_leak_new_maintainer" if "tenure_new_maintainer" in out else "gc_leak_first_maintainer"
+        if done and leak not in out:
+            out[leak] = await system.worker.ask("gc_leak", timeout=120)
     except Exception as exc:  # print partial figures rather than nothing
         out["error"] = repr(exc)
         log(f"N={n}: stopped by {exc!r}")
@@ -879,6 +902,15 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("whole run: event-loop lateness ms max (first | new maintainer)",
          f"{r.get('loop_stalls_first_maintainer', {}).get('max_ms', '-')} | "
          f"{r.get('loop_stalls_new_maintainer', {}).get('max_ms', '-')}"),
+        ("whole run: generation-2 passes (tenure steps too), longest ms (first | new)",
+         " | ".join(f"{(r.get(k) or {}).get('n', '-')}, {round((r.get(k) or {}).get('max_s', 0) * 1000, 1)}"
+                    for k in ("gc_full_first_maintainer", "gc_full_new_maintainer"))),
+        ("whole run: tenure steps, longest ms (first | new maintainer)",
+         " | ".join(f"{(r.get(k) or {}).get('steps', '-')}, {round((r.get(k) or {}).get('longest_s', 0) * 1000, 1)}"
+                    for k in ("tenure_first_maintainer", "tenure_new_maintainer"))),
+        ("end: frozen objects; cycles that died frozen (gc_leak)",
+         " | ".join(f"{(r.get(k) or {}).get('frozen', '-')}; {(r.get(k) or {}).get('cycles_found', '-')}"
+                    for k in ("gc_leak_first_maintainer", "gc_leak_new_maintainer"))),
         ("0 at rest: decisions/s, share of a core in decide",
          f"{rest.get('decisions_per_s', '-')}, {rest.get('decide_share', '-')}"),
         ("0 at rest: checkpoint lag s mean / p50 / max",
@@ -1020,6 +1052,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw-only", action="store_true", help="only the raw rates (to calibrate --api-cost)")
     p.add_argument("--commit-latency-ms", type=float, help="with --api-cost: ms a commit lasts")
     p.add_argument("--commit-per-write-ms", type=float, help="with --api-cost: ms each write adds to its commit")
+    p.add_argument("--gc-tenure", type=float, default=2.0, help="the maintainer's --gc-tenure (0: off; default 2)")
+    p.add_argument(
+        "--stall-stacks", action="store_true", help="sample the maintainer's stack while its loop stalls (> 50 ms)"
+    )
     p.add_argument("--json", help="write all figures to this file")
     p.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "cfm-bench-logs"))
     p.add_argument("--no-drain", dest="drain", action="store_false", help="skip phase 4 (drain, then balance)")

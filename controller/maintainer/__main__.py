@@ -13,6 +13,7 @@ import prometheus_client
 
 from controller import logs
 from controller.engine.world import AUDIT_INTERVAL
+from controller.kube import tenure
 from controller.kube.probes import parse_endpoint
 from controller.maintainer import operator
 from controller.maintainer.runner import Settings, default_identity
@@ -107,11 +108,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--metrics-port", type=int, default=9090, help="port of the Prometheus endpoint /metrics (0: disabled)"
     )
     p.add_argument("--metrics-address", default="0.0.0.0", help="address the Prometheus endpoint listens on")
+    p.add_argument(
+        "--gc-tenure",
+        type=float,
+        default=tenure.PERIOD,
+        help="seconds between tenure steps: what survived is frozen out of the garbage collector's full passes, "
+        "so that a pass never holds the event loop for long however many records are cached (0: off; "
+        f"default {tenure.PERIOD:g})",
+    )
     logs.add_arguments(p)
     p.add_argument("--verbose", action="store_true", help="the same as --log-level DEBUG")
     a = p.parse_args(argv)
     if a.verbose:
         a.log_level = "DEBUG"
+    if a.gc_tenure < 0:
+        p.error(f"--gc-tenure {a.gc_tenure:g}: must be 0 (off) or a positive number of seconds")
     if not 0 <= a.metrics_port <= 65535:
         p.error(f"--metrics-port {a.metrics_port}: not a port (0 disables the endpoint)")
     if a.metrics_port and a.liveness and liveness_port(a.liveness) == a.metrics_port:
@@ -152,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         balance=a.balance,
         cache=a.cache,
         expected_replicas=max(1, a.expected_replicas),
+        gc_tenure=a.gc_tenure,
         metrics_port=a.metrics_port,
         metrics_address=a.metrics_address,
     )

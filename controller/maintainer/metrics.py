@@ -23,6 +23,7 @@ without locks.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import Counter as Tally
@@ -135,6 +136,25 @@ class StateCollector(Collector):
         )
         handoffs.add_metric([], float(m.stats.handoffs))
         yield handoffs
+        if m.tenure is not None:
+            frozen = GaugeMetricFamily(
+                PREFIX + "gc_frozen_objects",
+                "Objects frozen out of the garbage collector's full passes (tenure steps and LIST pages; "
+                "--gc-tenure): the cached records, mostly.",
+            )
+            frozen.add_metric([], float(gc.get_freeze_count()))
+            yield frozen
+            steps = CounterMetricFamily(
+                PREFIX + "gc_tenure_seconds",
+                "Seconds spent in tenure steps (a full pass over what is not frozen yet, then a freeze).",
+            )
+            steps.add_metric([], m.tenure.total_s)
+            yield steps
+            longest = GaugeMetricFamily(
+                PREFIX + "gc_tenure_longest_seconds", "The longest tenure step so far (it holds the event loop)."
+            )
+            longest.add_metric([], m.tenure.longest_s)
+            yield longest
 
         leader = GaugeMetricFamily(
             PREFIX + "leader",
@@ -299,7 +319,6 @@ class StateCollector(Collector):
             "Write chains abandoned at a failed write (retried from a fresh snapshot).",
             value=m.stats.failed_chains,
         )
-
 
     def _reports(self, leading: list[str], now: float) -> Iterable[Metric]:
         """The captures' progress reports (carried by their Leases), per led changefeed and mode."""

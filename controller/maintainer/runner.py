@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from controller.engine import shards, teardown
 from controller.engine.maintainer import Decision, Memory, decide, observed
 from controller.engine.world import AUDIT_INTERVAL, Options, World
-from controller.kube import namespace
+from controller.kube import namespace, tenure
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, sleep_or
 from controller.kube.executor import Executor
 from controller.kube.informer import LEASE, LEASE_FRESH, UNASSIGNED, Informer, StoreCache, label_of
@@ -82,6 +82,9 @@ class Settings:
     #: and decides at once) or "sharded" (Tables, Spans, Dispatchers and SpanOperators only of the
     #: changefeeds it leads: memory and watch traffic follow its share; taking one over lists it first).
     cache: str = "warm"
+    #: Seconds between tenure steps (controller.kube.tenure: what survives is frozen out of the collector's
+    #: full passes, so that they stay short however many records the replica holds); 0: off.
+    gc_tenure: float = tenure.PERIOD
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
     metrics_address: str = "0.0.0.0"
 
@@ -174,8 +177,12 @@ class Maintainer:
         #: Labels the API refused (logged once each).
         self._label_refused: set[tuple[str, str, str]] = set()
         self._label_at = -math.inf
+        self.tenure = tenure.Tenure(settings.gc_tenure) if settings.gc_tenure > 0 else None
+        self._tenure: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self.tenure is not None:
+            self._tenure = asyncio.create_task(self.tenure.run(), name="tenure")
         await self.informer.start()
         self._membership = asyncio.create_task(self._member(), name="membership")
         self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
@@ -433,6 +440,9 @@ class Maintainer:
                 async with asyncio.timeout(5.0):
                     await self.client.delete(LEASES, self.settings.namespace, self.member.name)
         await self.informer.stop()
+        if self._tenure is not None:
+            self._tenure.cancel()
+            await asyncio.gather(self._tenure, return_exceptions=True)
 
     def _changed(self, kind: str, name: str) -> None:
         concerned = self.informer.store.last_change

@@ -1,0 +1,78 @@
+"""Tenure: a process whose heap is mostly long-lived records keeps them out of the collector's full passes.
+
+CPython's garbage collector makes a full (generation 2) pass whenever the objects promoted since the last
+one exceed a quarter of those it found then; a pass visits every tracked object, so its pause grows with the
+heap: about 1 s at 100,000 spans in one maintainer (issue 25), which is a second no Lease renewal, watch
+event or decision gets. The records are not garbage (they live as long as their objects) and hold no
+reference cycles (reference counting frees them when they are replaced or deleted), so visiting them again
+and again buys nothing.
+
+Every ``period`` seconds, if a young collection promoted anything since the last step, :meth:`Tenure.step`
+makes a full pass (which visits only what is not frozen yet: what survived since the last step, so it is
+short) and then freezes every object left (``gc.freeze``): they are out of every later pass. Reference
+counting still frees a frozen object; what is lost is only the collection of a *cycle* that becomes garbage
+after it was frozen (a request in flight during a step, say, that dies in a cycle). Those are measured, not
+guessed: ``python bench/run.py`` ends by thawing the maintainer and counting what a full pass then finds
+(``gc_leak`` in its output), and a step is cheap enough to make every couple of seconds, so a cycle that
+dies within that time of its birth is collected as before.
+
+The informer's LIST pages freeze the same way (``controller.kube.informer``), at each page, for the cold
+start; this covers what arrives afterwards: watch events and the maintainer's own writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Seconds between steps (the chart's default; ``--gc-tenure`` on the command line, 0: off).
+PERIOD = 2.0
+
+
+class Tenure:
+    """The periodic step (:meth:`run` as a task); its figures for the metrics and the bench."""
+
+    def __init__(self, period: float = PERIOD) -> None:
+        if period <= 0:
+            raise ValueError("the tenure period must be positive")
+        self.period = period
+        #: Young collections (generation 1 or 2) since the last step: nothing was promoted if none.
+        self.promoted = 0
+        self.steps = 0
+        self.longest_s = 0.0
+        self.total_s = 0.0
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop" and info.get("generation", 0) >= 1:
+            self.promoted += 1
+
+    async def run(self) -> None:
+        gc.callbacks.append(self._on_gc)
+        try:
+            while True:
+                await asyncio.sleep(self.period)
+                self.step()
+        finally:
+            gc.callbacks.remove(self._on_gc)
+
+    def step(self) -> bool:
+        """One step: a full pass over what is not frozen, then freeze what is left. False: nothing to do."""
+        if not self.promoted:
+            return False
+        began = time.perf_counter()
+        gc.collect(2)
+        gc.freeze()
+        self.promoted = 0
+        took = time.perf_counter() - began
+        self.steps += 1
+        self.total_s += took
+        if took > self.longest_s:
+            self.longest_s = took
+            if took > 0.05:
+                log.info("slow tenure step", extra={"seconds": round(took, 3), "frozen": gc.get_freeze_count()})
+        return True

@@ -1,0 +1,118 @@
+"""Tenure (controller/kube/tenure.py): what survives a step is frozen out of the collector's full passes;
+garbage cycles are collected before, not frozen; a step with nothing promoted does nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import uuid
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from controller.apiserver import ApiServerHandle
+from controller.kube.client import Client, Config
+from controller.kube.tenure import Tenure
+from controller.maintainer.runner import Maintainer, Settings
+from tests.kube.conftest import until
+
+
+@pytest.fixture(autouse=True)
+def thawed() -> Iterator[None]:
+    gc.collect()
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+class Node:
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+def cycle() -> Node:
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return a
+
+
+def test_a_step_freezes_what_survived_and_collects_the_garbage_cycles_first() -> None:
+    t = Tenure(1.0)
+    kept = [cycle() for _ in range(1000)]
+    dead = cycle()
+    gone = weakref.ref(dead)
+    del dead
+    t.promoted = 1
+    assert t.step()
+    assert gone() is None  # collected, not frozen for good
+    frozen = gc.get_freeze_count()
+    assert frozen >= 2000  # the kept nodes are out of every later pass
+    assert t.promoted == 0
+    assert t.steps == 1
+    assert len(kept) == 1000
+
+
+def test_a_step_with_nothing_promoted_does_nothing() -> None:
+    t = Tenure(1.0)
+    assert not t.step()
+    assert gc.get_freeze_count() == 0
+    assert t.steps == 0
+
+
+def test_the_young_collections_mark_a_step_due() -> None:
+    t = Tenure(0.01)
+
+    async def main() -> None:
+        task = asyncio.create_task(t.run())
+        await asyncio.sleep(0)  # its callback is in place
+        assert t._on_gc in gc.callbacks
+        gc.collect(1)  # as a young collection promotes survivors
+        assert t.promoted >= 1
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if t.steps:
+                break
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert t.steps >= 1
+    assert gc.get_freeze_count() > 0
+    assert t._on_gc not in gc.callbacks  # removed when the task ends
+
+
+def test_a_full_pass_after_a_step_does_not_visit_the_frozen_objects() -> None:
+    """What the step buys: a full collection's work no longer includes the frozen records."""
+    t = Tenure(1.0)
+    kept = [cycle() for _ in range(20000)]
+    t.promoted = 1
+    t.step()
+    assert len(gc.get_objects(2)) < 20000 <= gc.get_freeze_count()
+    assert len(kept) == 20000
+
+
+def test_the_period_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Tenure(0)
+
+
+def test_the_maintainer_runs_its_steps_and_stops_them(server: ApiServerHandle) -> None:
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            ns = f"t-{uuid.uuid4().hex[:8]}"
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            await client.request("create", "POST", "/api/v1/namespaces", body=namespace)
+            off = Maintainer(client, Settings(namespace=ns, identity="m0", gc_tenure=0))
+            assert off.tenure is None
+            m = Maintainer(client, Settings(namespace=ns, identity="m1", tick=0.1, gc_tenure=0.02))
+            assert m.tenure is not None
+            await m.start()
+            try:
+                await until(lambda: m.tenure is not None and m.tenure.steps > 0, "a tenure step")
+                assert gc.get_freeze_count() > 0
+            finally:
+                await m.stop()
+            assert m.tenure._on_gc not in gc.callbacks
+
+    asyncio.run(main())
