@@ -21,6 +21,7 @@ import sys
 from controller import logs
 from controller.capture.agent import RETRY_AFTER_FAILURE, Agent, Settings, install_signal_handlers
 from controller.capture.ledger import LEDGER_ENV
+from controller.kube import tenure
 from controller.kube.client import Client, Config
 
 log = logging.getLogger("controller.capture")
@@ -95,6 +96,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the Lease; keep it below the pod's termination grace period. 0 (default): stop at once. A second "
         "SIGTERM stops at once too",
     )
+    p.add_argument(
+        "--gc-tenure",
+        type=float,
+        default=tenure.PERIOD,
+        help="seconds between tenure steps: what survived is frozen out of the garbage collector's full passes, so "
+        f"that one never holds the loop for long however many dispatchers run here (0: off; default {tenure.PERIOD:g})",
+    )
     logs.add_arguments(p)
     return p.parse_args(argv)
 
@@ -127,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         ledger_dir=args.ledger_dir,
         test_hooks=args.test_hooks,
         drain_timeout=args.drain_timeout,
+        gc_tenure=args.gc_tenure,
     )
     try:
         settings.check()

@@ -61,6 +61,7 @@ from controller.capture.informer import NETWORK_ERRORS, Informer
 from controller.capture.ledger import Ledger
 from controller.capture.logs import fields
 from controller.capture.runtime import DispatcherRuntime, LogicalClockRuntime
+from controller.kube import tenure
 from controller.kube.client import JSON, LEASES, RESOURCES, ApiError, Client, remove_finalizer, sleep_or
 from controller.kube.probes import ProbeServer, parse_endpoint
 from controller.model import progress
@@ -157,6 +158,9 @@ class Settings:
     #: SIGTERM: seconds to wait for the maintainer to move this capture's dispatchers off (the agent marks its
     #: Capture draining) before it stops what is left and releases its Lease; 0 stops at once.
     drain_timeout: float = 0.0
+    #: Seconds between tenure steps (controller/kube/tenure.py: what survived leaves the collector's full
+    #: passes, which at tens of thousands of dispatchers would hold the loop, Lease renewals included); 0: off.
+    gc_tenure: float = tenure.PERIOD
 
     def check(self) -> None:
         if not self.name or not self.namespace:
@@ -167,6 +171,8 @@ class Settings:
             raise ValueError("need 0 < --renew-interval < --renew-deadline < --lease-duration")
         if self.report_interval <= 0 or self.tick <= 0:
             raise ValueError("--report-interval and the tick must be positive")
+        if self.gc_tenure < 0:
+            raise ValueError("--gc-tenure must be 0 (off) or positive")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must be at least 0")
         if self.readiness:
@@ -325,6 +331,7 @@ class Agent:
             keep=lambda o: o.get("metadata", {}).get("name") == s.name,
             changed=self.wake,
         )
+        self.tenure = tenure.Tenure(s.gc_tenure) if s.gc_tenure > 0 else None
 
     # -- process ---------------------------------------------------------------------------------------
 
@@ -371,6 +378,8 @@ class Agent:
             asyncio.create_task(self._watchdog(), name="watchdog"),
             asyncio.create_task(self._main_loop(), name="main-loop"),
         }
+        if self.tenure is not None:
+            tasks.add(asyncio.create_task(self.tenure.run(), name="gc-tenure"))
         stopper = asyncio.create_task(self.stop.wait(), name="stop")
         try:
             done, _ = await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
@@ -1239,9 +1248,10 @@ _CLOSED = frozenset(st.value for st in CLOSED_DISPATCHER_STATES)
 def _unfinished(obj: JSON) -> bool:
     """A Dispatcher its capture still has to run or close: being deleted (its finalizer still on), or not closed
     (a closed one not being deleted is the maintainer's to delete)."""
-    return bool((obj.get("metadata") or {}).get("deletionTimestamp")) or (obj.get("status") or {}).get(
-        "state"
-    ) not in _CLOSED
+    return (
+        bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+        or (obj.get("status") or {}).get("state") not in _CLOSED
+    )
 
 
 def install_signal_handlers(agent: Agent) -> None:

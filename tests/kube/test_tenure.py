@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from controller.apiserver import ApiServerHandle
+from controller.capture.agent import Agent
+from controller.capture.agent import Settings as CaptureSettings
 from controller.kube.client import Client, Config
 from controller.kube.tenure import Tenure
 from controller.maintainer.runner import Maintainer, Settings
@@ -114,5 +116,28 @@ def test_the_maintainer_runs_its_steps_and_stops_them(server: ApiServerHandle) -
             finally:
                 await m.stop()
             assert m.tenure._on_gc not in gc.callbacks
+
+    asyncio.run(main())
+
+
+def test_a_capture_runs_its_steps_too(server: ApiServerHandle) -> None:
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            ns = f"t-{uuid.uuid4().hex[:8]}"
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            await client.request("create", "POST", "/api/v1/namespaces", body=namespace)
+            assert Agent(client, CaptureSettings(name="c0", namespace=ns, gc_tenure=0)).tenure is None
+            with pytest.raises(ValueError, match="gc-tenure"):
+                CaptureSettings(name="c0", namespace=ns, gc_tenure=-1).check()
+            agent = Agent(client, CaptureSettings(name="c1", namespace=ns, gc_tenure=0.02))
+            run = asyncio.create_task(agent.run())
+            try:
+                await until(lambda: agent.ready()[0], "the capture registered and watching")
+                gc.collect(1)  # a young collection: something promoted (an idle capture allocates little)
+                await until(lambda: agent.tenure is not None and agent.tenure.steps > 0, "a capture's tenure step")
+            finally:
+                agent.request_stop()
+                assert await run == 0
+            assert agent.tenure._on_gc not in gc.callbacks
 
     asyncio.run(main())
