@@ -347,7 +347,6 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
             "steps": m.tenure.steps,
             "longest_s": round(m.tenure.longest_s, 4),
             "total_s": round(m.tenure.total_s, 3),
-            "frozen": gc.get_freeze_count(),
         },
     }
 

@@ -646,12 +646,15 @@ class Informer:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._list_gate = asyncio.Lock()
         # The small kinds first (one LIST at a time, in this order: the gate is FIFO): the maintainer bids for
-        # Leases once Changefeeds and Leases are listed, while the big kinds still list (a cold start).
-        first = (LEASE, Kind.CHANGEFEED.value, Kind.CAPTURE.value)
+        # Leases once Changefeeds and Leases are listed, while the big kinds still list (a cold start). Tables
+        # before Spans: a Table that arrives after its spans re-derives every one of them in one step of the
+        # index (listed last, 50 Tables over 20,000 spans held the loop 313 ms in one LIST chunk).
+        first = (LEASE, Kind.CHANGEFEED.value, Kind.CAPTURE.value, Kind.TABLE.value)
         every: dict[str, Resource] = {k.value: r for k, r in RESOURCES.items()}
         every[LEASE] = LEASES
         if sharded:
             every = {k: r for k, r in every.items() if k not in SHARDED}
+        first = tuple(k for k in first if k in every)  # sharded: Tables list per changefeed (SHARDED: first too)
         self.kinds: dict[str, Resource] = {k: every[k] for k in (*first, *sorted(set(every) - set(first)))}
         #: The streams that must have listed before ``synced``: the namespace-wide kinds, and (sharded) the
         #: unassigned objects.

@@ -74,5 +74,5 @@ class Tenure:
         if took > self.longest_s:
             self.longest_s = took
             if took > 0.05:
-                log.info("slow tenure step", extra={"seconds": round(took, 3), "frozen": gc.get_freeze_count()})
+                log.info("slow tenure step", extra={"seconds": round(took, 3)})
         return True
