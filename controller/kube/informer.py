@@ -649,7 +649,7 @@ class Informer:
         # Leases once Changefeeds and Leases are listed, while the big kinds still list (a cold start). Tables
         # before Spans: a Table that arrives after its spans re-derives every one of them in one step of the
         # index (listed last, 50 Tables over 20,000 spans held the loop 313 ms in one LIST chunk).
-        first = (LEASE, Kind.CHANGEFEED.value, Kind.CAPTURE.value, Kind.TABLE.value)
+        first: tuple[str, ...] = (LEASE, Kind.CHANGEFEED.value, Kind.CAPTURE.value, Kind.TABLE.value)
         every: dict[str, Resource] = {k.value: r for k, r in RESOURCES.items()}
         every[LEASE] = LEASES
         if sharded:

@@ -42,6 +42,8 @@ log = logging.getLogger("controller.maintainer")
 MIN_INTERVAL = 0.05
 #: Seconds between passes over Tables whose changefeed is gone (teardown.detach_orphans).
 JANITOR_INTERVAL = 2.0
+#: At rest, the supervisor's longest sleep without a change (at most half the retry period).
+SUPERVISE_IDLE = 0.25
 #: A member Lease silent for this many lease durations is deleted (its replica is gone for good).
 MEMBER_GC = 10
 #: Seconds that stopping may spend releasing finalizers in a namespace being deleted.
@@ -106,6 +108,8 @@ class Stats:
     epochs: dict[str, int] = field(default_factory=dict)
     #: Changefeeds this replica handed over to balance the replicas (engine/shards.py).
     handoffs: int = 0
+    #: Turns of the supervisor's loop (on changes, at most 20 a second; at rest every SUPERVISE_IDLE).
+    supervisor_turns: int = 0
 
 
 def _decide_and_compare(world: World, memory: Memory, options: Options) -> tuple[Decision, Decision | None]:
@@ -178,6 +182,8 @@ class Maintainer:
         self._label_refused: set[tuple[str, str, str]] = set()
         self._label_at = -math.inf
         self.tenure = tenure.Tenure(settings.gc_tenure) if settings.gc_tenure > 0 else None
+        #: Set on every informer notification and when a changefeed's loop ends: the supervisor's next turn.
+        self._kick = asyncio.Event()
         self._tenure: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -445,6 +451,7 @@ class Maintainer:
             await asyncio.gather(self._tenure, return_exceptions=True)
 
     def _changed(self, kind: str, name: str) -> None:
+        self._kick.set()
         concerned = self.informer.store.last_change
         if concerned is None:  # a capture: every changefeed's decisions look at the captures
             self.wakeup.set()
@@ -529,6 +536,7 @@ class Maintainer:
             for name in sorted(names - set(self.loops)):
                 self._wakeups[name] = asyncio.Event()
                 self.loops[name] = asyncio.create_task(self._changefeed(name), name=f"changefeed-{name}")
+                self.loops[name].add_done_callback(lambda _: self._kick.set())
             for name in sorted(set(self.loops) - names):
                 self.loops.pop(name).cancel()
                 self._wakeups.pop(name, None)
@@ -539,7 +547,13 @@ class Maintainer:
             self.wakeup.clear()
             self._balance()
             self._shard_upkeep(names)
+            self.stats.supervisor_turns += 1
+            # At most 20 turns a second under load; at rest a turn on a change (a Changefeed, a Lease, a capture:
+            # every informer notification kicks it), when a loop ends, or every SUPERVISE_IDLE for what only time
+            # brings (a Lease that lapses, the janitor), not 20 wake-ups a second for nothing.
             await asyncio.sleep(0.05)
+            await sleep_or(self._kick, min(SUPERVISE_IDLE, self.settings.retry / 2))
+            self._kick.clear()
 
     def snapshot(self, name: str) -> World | None:
         """The changefeed's world: its index's own maps (kept current per event by the informer) and the

@@ -330,3 +330,30 @@ def test_the_informer_applies_what_was_offered_while_frozen_at_the_thaw(server: 
             assert changed[2:] == many
 
     asyncio.run(main())
+
+
+def test_the_supervisor_turns_on_changes_not_twenty_times_a_second(server: ApiServerHandle) -> None:
+    """At rest the supervisor's loop wakes on an informer change, when a loop ends, or every SUPERVISE_IDLE
+    for what only time brings; it polled every 50 ms (20 wake-ups a second for nothing), and a change of a
+    capture still reaches the changefeeds' loops at once."""
+
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            ns = await setup(client)
+            m = Maintainer(client, replace(settings(ns), retry=2.0, tick=30.0))
+            await m.start()
+            try:
+                await until(lambda: bootstrapped(m), "bootstrapped")
+                await asyncio.sleep(0.5)
+                turns, began = m.stats.supervisor_turns, time.monotonic()
+                await asyncio.sleep(2.0)
+                rate = (m.stats.supervisor_turns - turns) / (time.monotonic() - began)
+                assert rate <= 1 / runner.SUPERVISE_IDLE + 2, rate  # the idle turns, and a renewal or two
+                decisions = m.stats.decisions
+                capture = {"apiVersion": API_VERSION, "kind": "Capture", "metadata": {"name": "c9"}}
+                await client.create(RESOURCES[Kind.CAPTURE], ns, capture)
+                await until(lambda: m.stats.decisions > decisions, "a decision on the new capture")
+            finally:
+                await m.stop()
+
+    asyncio.run(main())
