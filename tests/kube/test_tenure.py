@@ -99,12 +99,17 @@ def test_the_period_must_be_positive() -> None:
         Tenure(0)
 
 
+async def namespace(client: Client) -> str:
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    await client.request("create", "POST", "/api/v1/namespaces", body=body)
+    return ns
+
+
 def test_the_maintainer_runs_its_steps_and_stops_them(server: ApiServerHandle) -> None:
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
-            ns = f"t-{uuid.uuid4().hex[:8]}"
-            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-            await client.request("create", "POST", "/api/v1/namespaces", body=namespace)
+            ns = await namespace(client)
             off = Maintainer(client, Settings(namespace=ns, identity="m0", gc_tenure=0))
             assert off.tenure is None
             m = Maintainer(client, Settings(namespace=ns, identity="m1", tick=0.1, gc_tenure=0.02))
@@ -123,9 +128,7 @@ def test_the_maintainer_runs_its_steps_and_stops_them(server: ApiServerHandle) -
 def test_a_capture_runs_its_steps_too(server: ApiServerHandle) -> None:
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
-            ns = f"t-{uuid.uuid4().hex[:8]}"
-            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-            await client.request("create", "POST", "/api/v1/namespaces", body=namespace)
+            ns = await namespace(client)
             assert Agent(client, CaptureSettings(name="c0", namespace=ns, gc_tenure=0)).tenure is None
             with pytest.raises(ValueError, match="gc-tenure"):
                 CaptureSettings(name="c0", namespace=ns, gc_tenure=-1).check()
