@@ -40,6 +40,7 @@ from typing import Any  # noqa: E402
 
 import controller.maintainer.runner as runner  # noqa: E402
 from controller.engine import shards  # noqa: E402
+from controller.kube import tenure  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
 from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
 from controller.model.states import Kind  # noqa: E402
@@ -526,7 +527,7 @@ if __name__ == "__main__":
     p.add_argument("--cache", choices=("warm", "sharded"), default="warm")
     p.add_argument("--expected-replicas", type=int, default=1)
     p.add_argument("--log-level", default="WARNING")
-    p.add_argument("--gc-tenure", type=float, default=runner.Settings.gc_tenure)
+    p.add_argument("--gc-tenure", type=float, default=tenure.PERIOD)
     p.add_argument("--probe", choices=("busy", "heartbeat"), default="busy", help="how stalls are measured")
     p.add_argument("--stall-stacks", action="store_true", help="sample the loop's stack while it stalls")
     args = p.parse_args()

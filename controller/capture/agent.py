@@ -159,8 +159,9 @@ class Settings:
     #: Capture draining) before it stops what is left and releases its Lease; 0 stops at once.
     drain_timeout: float = 0.0
     #: Seconds between tenure steps (controller/kube/tenure.py: what survived leaves the collector's full
-    #: passes, which at tens of thousands of dispatchers would hold the loop, Lease renewals included); 0: off.
-    gc_tenure: float = tenure.PERIOD
+    #: passes, which at tens of thousands of dispatchers would hold the loop, Lease renewals included); 0: off,
+    #: the class's default (a test's process); the command line's default is tenure.PERIOD (2 s).
+    gc_tenure: float = 0.0
 
     def check(self) -> None:
         if not self.name or not self.namespace:

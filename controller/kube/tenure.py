@@ -10,11 +10,12 @@ and again buys nothing.
 Every ``period`` seconds, if a young collection promoted anything since the last step, :meth:`Tenure.step`
 makes a full pass (which visits only what is not frozen yet: what survived since the last step, so it is
 short) and then freezes every object left (``gc.freeze``): they are out of every later pass. Reference
-counting still frees a frozen object; what is lost is only the collection of a *cycle* that becomes garbage
-after it was frozen (a request in flight during a step, say, that dies in a cycle). Those are measured, not
-guessed: ``python bench/run.py`` ends by thawing the maintainer and counting what a full pass then finds
-(``gc_leak`` in its output), and a step is cheap enough to make every couple of seconds, so a cycle that
-dies within that time of its birth is collected as before.
+counting still frees a frozen object. What is given up is the collection of a reference *cycle* among frozen
+objects that dies later: ``gc.freeze`` takes every object alive at the step, whatever its age, so a request,
+a task or an exception with its traceback that is in flight at a step and ends in a cycle is never collected
+(nor is a socket in it closed, if nothing closed it before). That cost is measured, not guessed:
+``python bench/run.py`` ends by thawing the maintainer and counting what one full pass then finds
+(``gc_leak``; bench/README.md gives the figures), and ``--gc-tenure 0`` turns the steps off.
 
 The informer's LIST pages freeze the same way (``controller.kube.informer``), at each page, for the cold
 start; this covers what arrives afterwards: watch events and the maintainer's own writes.
@@ -56,7 +57,10 @@ class Tenure:
         try:
             while True:
                 await asyncio.sleep(self.period)
-                self.step()
+                try:
+                    self.step()
+                except Exception:  # an optimisation: never the end of the task (a capture fences on that)
+                    log.exception("tenure step failed")
         finally:
             gc.callbacks.remove(self._on_gc)
 

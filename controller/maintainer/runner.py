@@ -85,8 +85,9 @@ class Settings:
     #: changefeeds it leads: memory and watch traffic follow its share; taking one over lists it first).
     cache: str = "warm"
     #: Seconds between tenure steps (controller.kube.tenure: what survives is frozen out of the collector's
-    #: full passes, so that they stay short however many records the replica holds); 0: off.
-    gc_tenure: float = tenure.PERIOD
+    #: full passes, so that they stay short however many records the replica holds); 0: off, the default of
+    #: the class (a library user's process, a test's); the command line's default is tenure.PERIOD (2 s).
+    gc_tenure: float = 0.0
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
     metrics_address: str = "0.0.0.0"
 
@@ -552,8 +553,7 @@ class Maintainer:
             # every informer notification kicks it), when a loop ends, or every SUPERVISE_IDLE for what only time
             # brings (a Lease that lapses, the janitor), not 20 wake-ups a second for nothing.
             await asyncio.sleep(0.05)
-            await sleep_or(self._kick, min(SUPERVISE_IDLE, self.settings.retry / 2))
-            self._kick.clear()
+            await sleep_or(self._kick, min(SUPERVISE_IDLE, self.settings.retry / 2))  # clears it
 
     def snapshot(self, name: str) -> World | None:
         """The changefeed's world: its index's own maps (kept current per event by the informer) and the

@@ -340,7 +340,8 @@ def test_the_supervisor_turns_on_changes_not_twenty_times_a_second(server: ApiSe
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
             ns = await setup(client)
-            m = Maintainer(client, replace(settings(ns), retry=2.0, tick=30.0))
+            # Renewals with room to spare (a lost and re-won term would kick it more), the tick out of reach.
+            m = Maintainer(client, replace(settings(ns), lease_duration=4.0, renew_deadline=3.0, retry=1.0, tick=300.0))
             await m.start()
             try:
                 await until(lambda: bootstrapped(m), "bootstrapped")
@@ -352,7 +353,7 @@ def test_the_supervisor_turns_on_changes_not_twenty_times_a_second(server: ApiSe
                 decisions = m.stats.decisions
                 capture = {"apiVersion": API_VERSION, "kind": "Capture", "metadata": {"name": "c9"}}
                 await client.create(RESOURCES[Kind.CAPTURE], ns, capture)
-                await until(lambda: m.stats.decisions > decisions, "a decision on the new capture")
+                await until(lambda: m.stats.decisions > decisions, "a decision on the new capture", timeout=5.0)
             finally:
                 await m.stop()
 
