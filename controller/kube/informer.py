@@ -625,12 +625,16 @@ class Informer:
         lease_fresh: float = LEASE_FRESH,
         page_size: int = LIST_PAGE,
         sharded: bool = False,
+        freeze: bool = False,
     ) -> None:
         self.client = client
         self.namespace = namespace
         #: Objects per LIST page (0: one page).
         self.page_size = page_size
         self.sharded = sharded
+        #: Freeze each LIST page's records out of the collector's full passes (controller/kube/tenure.py;
+        #: the maintainer's ``--gc-tenure``: on with it).
+        self.freeze = freeze
         self.store = Store(lease_view=ViewClock(fresh=lease_fresh), shards=set() if sharded else None)
         #: Sharded: the Tables, Spans and SpanOperators not labelled with a live changefeed.
         self.unassigned = Store()
@@ -936,7 +940,7 @@ class Informer:
                 await asyncio.sleep(0)
             listed_rv = page_rv
             del items
-            if kind in RECORD_ONLY:
+            if kind in RECORD_ONLY and self.freeze:
                 # The records of a page live as long as their objects do: out of the garbage collector's full
                 # passes from now on (they hold no reference cycles; reference counting still frees them). Each
                 # full pass over 200,000 records held the loop for hundreds of milliseconds (issue 25). The young

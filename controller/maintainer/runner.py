@@ -140,6 +140,7 @@ class Maintainer:
             on_change=self._changed,
             lease_fresh=lease_fresh,
             sharded=settings.cache == "sharded",
+            freeze=settings.gc_tenure > 0,
         )
         self.executor = Executor(
             client, self.informer, settings.namespace, settings.concurrency, on_error=self.metrics.write_error

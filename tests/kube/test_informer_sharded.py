@@ -211,7 +211,14 @@ def test_listed_records_are_frozen_out_of_the_collectors_full_passes(server: Api
         async with Client(Config(url=server.url)) as client:
             ns = await populated(client)
             gc.unfreeze()
-            informer = Informer(client, ns)
+            off = Informer(client, ns)  # not asked to (the maintainer's --gc-tenure 0)
+            await off.start()
+            try:
+                await asyncio.wait_for(off.synced.wait(), 20)
+                assert gc.get_freeze_count() == 0
+            finally:
+                await off.stop()
+            informer = Informer(client, ns, freeze=True)
             await informer.start()
             try:
                 await asyncio.wait_for(informer.synced.wait(), 20)
@@ -219,5 +226,6 @@ def test_listed_records_are_frozen_out_of_the_collectors_full_passes(server: Api
             finally:
                 await informer.stop()
                 gc.unfreeze()
+                gc.collect()
 
     asyncio.run(scenario())
