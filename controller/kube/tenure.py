@@ -7,15 +7,16 @@ event or decision gets. The records are not garbage (they live as long as their 
 reference cycles (reference counting frees them when they are replaced or deleted), so visiting them again
 and again buys nothing.
 
-Every ``period`` seconds, if a young collection promoted anything since the last step, :meth:`Tenure.step`
-makes a full pass (which visits only what is not frozen yet: what survived since the last step, so it is
-short) and then freezes every object left (``gc.freeze``): they are out of every later pass. Reference
-counting still frees a frozen object. What is given up is the collection of a reference *cycle* among frozen
-objects that dies later: ``gc.freeze`` takes every object alive at the step, whatever its age, so a request,
-a task or an exception with its traceback that is in flight at a step and ends in a cycle is never collected
-(nor is a socket in it closed, if nothing closed it before). That cost is measured, not guessed:
-``python bench/run.py`` ends by thawing the maintainer and counting what one full pass then finds
-(``gc_leak``; bench/README.md gives the figures), and ``--gc-tenure 0`` turns the steps off.
+Every ``period`` seconds (more often while steps take longer than TARGET), if a young collection promoted
+anything since the last step, :meth:`Tenure.step` makes a full pass (which visits only what is not frozen yet:
+what survived since the last step, so it is short) and then freezes every object left (``gc.freeze``): they
+are out of every later pass. Reference counting still frees a frozen object. What is given up is the
+collection of a reference *cycle* among frozen objects that dies later: ``gc.freeze`` takes every object alive
+at the step, whatever its age, so a request, a task or an exception with its traceback that is in flight at a
+step and ends in a cycle is never collected (nor is a socket in it closed, if nothing closed it before). That
+cost is measured, not guessed: ``python bench/run.py`` ends by thawing the maintainer and counting what one
+full pass then finds (``gc_leak``; bench/README.md gives the figures), and ``--gc-tenure 0`` turns the steps
+off.
 
 The informer's LIST pages freeze the same way (``controller.kube.informer``), at each page, for the cold
 start; this covers what arrives afterwards: watch events and the maintainer's own writes.
@@ -31,8 +32,13 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: Seconds between steps (the chart's default; ``--gc-tenure`` on the command line, 0: off).
+#: Seconds between steps at most (the command lines' default ``--gc-tenure``; 0: off).
 PERIOD = 2.0
+#: A step that took longer than this halves the wait before the next (down to MIN_WAIT); one that took less
+#: than a quarter of it doubles it back (up to the period): a step's pause is what survived since the last
+#: one, so while the heap grows fast (placing thousands of spans) steps come more often and each stays short.
+TARGET = 0.02
+MIN_WAIT = 0.25
 
 
 class Tenure:
@@ -42,6 +48,8 @@ class Tenure:
         if period <= 0:
             raise ValueError("the tenure period must be positive")
         self.period = period
+        #: The wait before the next step (between MIN_WAIT and ``period``: see TARGET).
+        self.wait = period
         #: Young collections (generation 1 or 2) since the last step: nothing was promoted if none.
         self.promoted = 0
         self.steps = 0
@@ -56,7 +64,7 @@ class Tenure:
         gc.callbacks.append(self._on_gc)
         try:
             while True:
-                await asyncio.sleep(self.period)
+                await asyncio.sleep(self.wait)
                 try:
                     self.step()
                 except Exception:  # an optimisation: never the end of the task (a capture fences on that)
@@ -73,6 +81,10 @@ class Tenure:
         gc.freeze()
         self.promoted = 0
         took = time.perf_counter() - began
+        if took > TARGET:
+            self.wait = max(min(MIN_WAIT, self.period), self.wait / 2)
+        elif took < TARGET / 4:
+            self.wait = min(self.period, self.wait * 2)
         self.steps += 1
         self.total_s += took
         if took > self.longest_s:

@@ -159,3 +159,22 @@ def test_the_processes_step_by_default_the_classes_do_not() -> None:
     assert maintainer_cli.parse(["--namespace", "ns"]).gc_tenure == 2.0
     assert Settings(namespace="ns").gc_tenure == 0
     assert CaptureSettings(name="c", namespace="ns").gc_tenure == 0
+
+
+def test_long_steps_bring_the_next_one_closer_and_short_ones_push_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's pause is what survived since the last one: while steps are long (the heap growing fast), they
+    come more often, down to MIN_WAIT; once short again, back to the period."""
+    from controller.kube import tenure
+
+    t = Tenure(2.0)
+    clock = iter([0.0, 0.1, 1.0, 1.1, 2.0, 2.1, 3.0, 3.1, 4.0, 4.001, 5.0, 5.001, 6.0, 6.001, 7.0, 7.001])
+    monkeypatch.setattr(tenure.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(tenure.gc, "collect", lambda generation=2: 0)
+    monkeypatch.setattr(tenure.gc, "freeze", lambda: None)
+    waits = []
+    for _ in range(8):
+        t.promoted = 1
+        t.step()
+        waits.append(t.wait)
+    assert waits == [1.0, 0.5, 0.25, 0.25, 0.5, 1.0, 2.0, 2.0]
+    assert t.longest_s == pytest.approx(0.1)
