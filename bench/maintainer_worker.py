@@ -500,6 +500,7 @@ async def main(a: argparse.Namespace) -> None:
         cache=a.cache,
         expected_replicas=a.expected_replicas,
         gc_tenure=a.gc_tenure,
+        audit_interval=a.audit_interval,
     )
     m = TimedMaintainer(client, settings)
     STATE["t_start"] = time.monotonic()
@@ -556,6 +557,7 @@ if __name__ == "__main__":
     p.add_argument("--expected-replicas", type=int, default=1)
     p.add_argument("--log-level", default="WARNING")
     p.add_argument("--gc-tenure", type=float, default=tenure.PERIOD)
+    p.add_argument("--audit-interval", type=float, default=runner.Settings.audit_interval)
     p.add_argument("--probe", choices=("busy", "heartbeat"), default="busy", help="how stalls are measured")
     p.add_argument("--stall-stacks", action="store_true", help="sample the loop's stack while it stalls")
     args = p.parse_args()

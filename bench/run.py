@@ -89,7 +89,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def worker_flags(a: argparse.Namespace) -> list[str]:
-    return ["--gc-tenure", str(a.gc_tenure), "--probe", a.probe, *(["--stall-stacks"] if a.stall_stacks else [])]
+    flags = ["--gc-tenure", str(a.gc_tenure), "--probe", a.probe, "--audit-interval", str(a.audit_interval)]
+    return [*flags, *(["--stall-stacks"] if a.stall_stacks else [])]
 
 
 class Worker:
@@ -689,6 +690,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
         out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
     out["tenure_first_maintainer"] = old.get("tenure")
+    out["audits_first_maintainer_ms"] = (await worker.ask("decisions 0")).get("audits")
     out["gc_leak_first_maintainer"] = await worker.ask("gc_leak", timeout=120)
     t_kill = time.monotonic()
     worker.sigkill()
@@ -958,6 +960,7 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("2 idle maintainer CPU, share of a core", f"{r.get('idle_maintainer_cpu_share', '-')}"),
         ("2 idle decision ms p50 / p99", fmt_ms(r.get("idle_decision_ms"))),
         ("2 full audits so far: ms p50 / p99 (n)", fmt_ms(r.get("audits_so_far_ms"))),
+        ("whole run: first maintainer's full audits ms p50 / p99 (n)", fmt_ms(r.get("audits_first_maintainer_ms"))),
         ("2 single user Move s (median)", f"{sm.get('median_s', '-')}{move_ratio}"),
         ("2 single Move: decision ms p50 / p99", fmt_ms(sm.get("decision_ms"))),
     ]  # fmt: skip
@@ -1061,6 +1064,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit-latency-ms", type=float, help="with --api-cost: ms a commit lasts")
     p.add_argument("--commit-per-write-ms", type=float, help="with --api-cost: ms each write adds to its commit")
     p.add_argument("--gc-tenure", type=float, default=2.0, help="the maintainer's --gc-tenure (0: off; default 2)")
+    p.add_argument(
+        "--audit-interval", type=float, default=300.0, help="the maintainer's full audits, s apart (default 300)"
+    )
     p.add_argument(
         "--probe",
         choices=("busy", "heartbeat"),

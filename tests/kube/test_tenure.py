@@ -14,9 +14,10 @@ import pytest
 from controller.apiserver import ApiServerHandle
 from controller.capture.agent import Agent
 from controller.capture.agent import Settings as CaptureSettings
-from controller.kube.client import Client, Config
+from controller.kube.client import RESOURCES, Client, Config
 from controller.kube.tenure import Tenure
 from controller.maintainer.runner import Maintainer, Settings
+from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import until
 
 
@@ -178,3 +179,61 @@ def test_long_steps_bring_the_next_one_closer_and_short_ones_push_it_back(monkey
         waits.append(t.wait)
     assert waits == [1.0, 0.5, 0.25, 0.25, 0.5, 1.0, 2.0, 2.0]
     assert t.longest_s == pytest.approx(0.1)
+
+
+def test_the_collector_is_off_while_paused_and_no_step_runs() -> None:
+    from controller.kube.tenure import collector_paused, paused
+
+    t = Tenure(1.0)
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():  # nested (two decisions at once)
+            assert paused()
+        assert not gc.isenabled()  # the outer one still runs
+        t.promoted = 1
+        assert not t.step()  # not now
+        assert t.promoted == 1  # still due
+    assert gc.isenabled()
+    assert not paused()
+    assert t.step()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # it was off before: left off
+    finally:
+        gc.enable()
+
+
+def test_a_decision_runs_with_the_collector_off(server: ApiServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full audit at 100,000 spans allocates for seconds in its thread; a pass over what it holds meanwhile
+    held the maintainer's loop 110 ms. With tenure on, a decision runs with the collector off."""
+    from controller.maintainer import runner
+
+    seen: list[bool] = []
+    decide = runner.decide
+
+    def recording(*args: object, **kw: object) -> object:
+        seen.append(gc.isenabled())
+        return decide(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "decide", recording)
+
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            ns = await namespace(client)
+            cf = {"apiVersion": API_VERSION, "kind": "Changefeed", "metadata": {"name": "cf"}, "spec": {}}
+            await client.create(RESOURCES[Kind.CHANGEFEED], ns, cf)
+            for gc_tenure, identity in ((0.5, "on"), (0.0, "off")):
+                m = Maintainer(client, Settings(namespace=ns, identity=identity, tick=0.1, gc_tenure=gc_tenure))
+                seen.clear()
+                await m.start()
+                try:
+                    await until(lambda: len(seen) >= 2, "decisions")
+                finally:
+                    await m.stop()
+                assert set(seen) == ({False} if gc_tenure else {True}), (gc_tenure, seen)
+                assert gc.isenabled()
+
+    asyncio.run(main())
