@@ -667,12 +667,8 @@ class Maintainer:
         spans) held the loop for 1.5 to 2.7 s at 50,000 spans (issue 25), and one
         that places a 1,000-span Table for 90 ms; at rest a decision is under a millisecond, and the thread
         costs about 0.1 ms more."""
-        # No tenure step meanwhile (controller/kube/tenure.py): a step over what a full audit held while it ran
-        # stalled the loop 110 ms at 100,000 spans.
-        paused = tenure.steps_deferred() if self.tenure is not None else contextlib.nullcontext()
         async with self.informer.frozen():
-            with paused:
-                decision, incremental = await asyncio.to_thread(_decide_and_compare, world, memory, options)
+            decision, incremental = await asyncio.to_thread(_decide_and_compare, world, memory, options)
         if incremental is not None:
             self._audited(world.changefeed.name, memory, decision, incremental)
         return decision

@@ -14,10 +14,9 @@ import pytest
 from controller.apiserver import ApiServerHandle
 from controller.capture.agent import Agent
 from controller.capture.agent import Settings as CaptureSettings
-from controller.kube.client import RESOURCES, Client, Config
+from controller.kube.client import Client, Config
 from controller.kube.tenure import Tenure
 from controller.maintainer.runner import Maintainer, Settings
-from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import until
 
 
@@ -162,70 +161,27 @@ def test_the_processes_step_by_default_the_classes_do_not() -> None:
     assert CaptureSettings(name="c", namespace="ns").gc_tenure == 0
 
 
-def test_long_steps_bring_the_next_one_closer_and_short_ones_push_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A step's pause is what survived since the last one: while steps are long (the heap growing fast), they
-    come more often, down to MIN_WAIT; once short again, back to the period."""
+def test_a_batch_of_young_collections_makes_a_step_due_before_the_period() -> None:
+    """A step's pause is what was promoted since the last one: after BATCH young collections (each promotes at
+    most about 7,700 objects) the step runs at once, however long the period, so its pause stays bounded."""
     from controller.kube import tenure
 
-    t = Tenure(2.0)
-    clock = iter([0.0, 0.1, 1.0, 1.1, 2.0, 2.1, 3.0, 3.1, 4.0, 4.001, 5.0, 5.001, 6.0, 6.001, 7.0, 7.001])
-    monkeypatch.setattr(tenure.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(tenure.gc, "collect", lambda generation=2: 0)
-    monkeypatch.setattr(tenure.gc, "freeze", lambda: None)
-    waits = []
-    for _ in range(8):
-        t.promoted = 1
-        t.step()
-        waits.append(t.wait)
-    assert waits == [1.0, 0.5, 0.25, 0.25, 0.5, 1.0, 2.0, 2.0]
-    assert t.longest_s == pytest.approx(0.1)
-
-
-def test_no_step_runs_while_deferred_and_the_collector_stays_on() -> None:
-    from controller.kube.tenure import paused, steps_deferred
-
-    t = Tenure(1.0)
-    with steps_deferred():
-        assert gc.isenabled()  # on: a young collection after seconds off visited everything allocated meanwhile
-        with steps_deferred():  # nested (two decisions at once)
-            assert paused()
-        assert paused()  # the outer one still runs
-        t.promoted = 1
-        assert not t.step()  # not now
-        assert t.promoted == 1  # still due
-    assert not paused()
-    assert t.step()
-
-
-def test_a_decision_defers_the_steps(server: ApiServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A full audit at 100,000 spans allocates for seconds in its thread; a step over what it held meanwhile
-    stalled the maintainer's loop 110 ms. With tenure on, no step runs while a decision does."""
-    from controller.kube import tenure
-    from controller.maintainer import runner
-
-    seen: list[bool] = []
-    decide = runner.decide
-
-    def recording(*args: object, **kw: object) -> object:
-        seen.append(tenure.paused())
-        return decide(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(runner, "decide", recording)
+    t = Tenure(60.0)
 
     async def main() -> None:
-        async with Client(Config.load(str(server.kubeconfig_path))) as client:
-            ns = await namespace(client)
-            cf = {"apiVersion": API_VERSION, "kind": "Changefeed", "metadata": {"name": "cf"}, "spec": {}}
-            await client.create(RESOURCES[Kind.CHANGEFEED], ns, cf)
-            for gc_tenure, identity in ((0.5, "on"), (0.0, "off")):
-                m = Maintainer(client, Settings(namespace=ns, identity=identity, tick=0.1, gc_tenure=gc_tenure))
-                seen.clear()
-                await m.start()
-                try:
-                    await until(lambda: len(seen) >= 2, "decisions")
-                finally:
-                    await m.stop()
-                assert set(seen) == ({True} if gc_tenure else {False}), (gc_tenure, seen)
-                assert not tenure.paused()
+        task = asyncio.create_task(t.run())
+        await asyncio.sleep(0)
+        try:
+            for _ in range(tenure.BATCH - 1):
+                gc.collect(1)
+            await asyncio.sleep(0.2)
+            assert t.steps == 0  # not yet: the period is a minute
+            gc.collect(1)  # the BATCH-th
+            await until(lambda: t.steps == 1, "a step before the period", timeout=5.0)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
+
+
