@@ -110,6 +110,8 @@ STALL_PERIOD = 0.01
 STALLS: array[float] = array("f")
 #: The five worst, with when they ended (seconds since the worker started).
 WORST: list[tuple[float, float]] = []
+#: ``--probe busy``: the longest single turn (an entry of STALLS is two turns).
+TURN_MAX = [0.0]
 
 
 def _stall(late: float) -> None:
@@ -175,6 +177,8 @@ class ProbedLoop(asyncio.SelectorEventLoop):
         busy = time.perf_counter() - t - (self.probe.waited - waited)
         _stall(busy + self.last)
         self.last = busy
+        if busy > TURN_MAX[0]:
+            TURN_MAX[0] = busy
 
 
 class Probe:
@@ -454,6 +458,7 @@ async def stalls(arg: str) -> dict[str, Any]:
         "p99_ms": round(top[0] * 1000, 1),
         "over_100ms": over,
         "worst_ms_at_s": [(round(late * 1000, 1), round(at, 1)) for late, at in WORST],
+        "longest_turn_ms_so_far": round(TURN_MAX[0] * 1000, 1),
     }
 
 
