@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
+from controller.kube.client import Client
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
@@ -42,3 +44,11 @@ async def until(cond: Callable[[], object], what: str, timeout: float = 30.0, ev
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(every)
+
+
+async def namespace(client: Client, prefix: str = "t") -> str:
+    """A fresh namespace on the shared server (the tests' objects in it, apart from every other test's)."""
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    await client.request("create", "POST", "/api/v1/namespaces", body=body)
+    return ns

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +16,7 @@ from controller.kube.client import RESOURCES, Client, Config
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model import resources as conv
 from controller.model.states import API_VERSION, TABLE_FINALIZER, Kind
-from tests.kube.conftest import until
+from tests.kube.conftest import namespace, until
 from tests.kube.test_runner import GatedClient
 
 JSON = dict[str, Any]
@@ -44,17 +43,10 @@ def obj(kind: Kind, name: str, spec: JSON, labels: dict[str, str] | None = None,
     return {"apiVersion": API_VERSION, "kind": kind.value, "metadata": metadata, "spec": spec}
 
 
-async def namespace(client: Client) -> str:
-    ns = f"sharded-{uuid.uuid4().hex[:6]}"
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-    await client.request("create", "POST", "/api/v1/namespaces", body=body)
-    return ns
-
-
 def test_a_sharded_maintainer_labels_places_detaches_and_forgets(server: ApiServerHandle) -> None:
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
-            ns = await namespace(client)
+            ns = await namespace(client, "sharded")
             await client.create(RESOURCES[Kind.CHANGEFEED], ns, obj(Kind.CHANGEFEED, "cf", {}))
             # A Table created without the label (kubectl apply of a plain manifest), and one of a changefeed that
             # was deleted while no maintainer ran (still holding the maintainer's finalizer).
@@ -118,7 +110,7 @@ def test_a_sharded_taker_decides_only_once_its_changefeed_is_listed(server: ApiS
     async def main() -> None:
         async with GatedClient(Config.load(str(server.kubeconfig_path))) as client:
             client.leases.set()
-            ns = await namespace(client)
+            ns = await namespace(client, "sharded")
             await client.create(RESOURCES[Kind.CHANGEFEED], ns, obj(Kind.CHANGEFEED, "cf", {}))
             m = Maintainer(client, replace(settings(ns), balance=False))
             await m.start()
@@ -142,7 +134,7 @@ def test_max_leases_holds_when_every_changefeed_is_bid_for_at_once(server: ApiSe
 
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
-            ns = await namespace(client)
+            ns = await namespace(client, "sharded")
             for i in range(6):
                 await client.create(RESOURCES[Kind.CHANGEFEED], ns, obj(Kind.CHANGEFEED, f"cf{i}", {}))
             m = Maintainer(client, replace(settings(ns), max_leases=2, balance=False))
@@ -167,7 +159,7 @@ def test_a_replica_warming_up_takes_the_share_of_the_replicas_expected(server: A
 
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
-            ns = await namespace(client)
+            ns = await namespace(client, "sharded")
             for i in range(6):
                 await client.create(RESOURCES[Kind.CHANGEFEED], ns, obj(Kind.CHANGEFEED, f"cf{i}", {}))
             s = replace(settings(ns), expected_replicas=3, lease_duration=6.0, renew_deadline=4.0)
@@ -198,7 +190,7 @@ def test_a_bid_held_back_counts_the_lapse_from_when_the_watch_saw_the_last_renew
 
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
-            ns = await namespace(client)
+            ns = await namespace(client, "sharded")
             renew = format_time(time.time(), micro=True)
             spec = {"holderIdentity": "gone", "leaseDurationSeconds": 5, "renewTime": renew, "leaseTransitions": 3}
             lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "cfm-x"}}

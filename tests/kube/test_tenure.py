@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import uuid
 import weakref
 from collections.abc import Iterator
 
@@ -17,7 +16,7 @@ from controller.capture.agent import Settings as CaptureSettings
 from controller.kube.client import Client, Config
 from controller.kube.tenure import Tenure
 from controller.maintainer.runner import Maintainer, Settings
-from tests.kube.conftest import until
+from tests.kube.conftest import namespace, until
 
 
 @pytest.fixture(autouse=True)
@@ -100,13 +99,6 @@ def test_a_full_pass_after_a_step_does_not_visit_the_frozen_objects() -> None:
 def test_the_period_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         Tenure(0)
-
-
-async def namespace(client: Client) -> str:
-    ns = f"t-{uuid.uuid4().hex[:8]}"
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-    await client.request("create", "POST", "/api/v1/namespaces", body=body)
-    return ns
 
 
 def test_the_maintainer_runs_its_steps_and_stops_them(server: ApiServerHandle) -> None:
