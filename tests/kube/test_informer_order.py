@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 from controller.apiserver import ApiServerHandle
 from controller.kube.client import Client, Config
 from controller.kube.informer import Informer
+from tests.kube.conftest import namespace
 
 
 def test_tables_list_before_the_spans_and_dispatchers(server: ApiServerHandle) -> None:
@@ -28,9 +28,7 @@ def test_tables_list_before_the_spans_and_dispatchers(server: ApiServerHandle) -
 
     async def main() -> None:
         async with Recording(Config.load(str(server.kubeconfig_path))) as client:
-            ns = f"order-{uuid.uuid4().hex[:6]}"
-            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-            await client.request("create", "POST", "/api/v1/namespaces", body=body)
+            ns = await namespace(client, "order")
             informer = Informer(client, ns)
             await informer.start()
             try:

@@ -175,5 +175,3 @@ def test_a_batch_of_young_collections_makes_a_step_due_before_the_period() -> No
             await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
-
-

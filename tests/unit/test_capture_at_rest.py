@@ -222,7 +222,7 @@ def test_a_tables_traffic_change_marks_its_runs_for_the_next_pass() -> None:
 
 def test_a_pass_at_rest_does_not_walk_the_dispatchers_held() -> None:
     """Between full passes (once a minute), a pass with nothing changed visits nothing and copies nothing:
-    at 33,000 dispatchers a capture's ``names & set(live)`` (a copy of every name, every pass) was two
+    at 16,700 dispatchers a capture's ``names & set(live)`` (a copy of every name, every pass) was two
     thirds of its CPU at rest."""
 
     class Walked(dict):  # type: ignore[type-arg]
