@@ -1,11 +1,15 @@
 """Apply the engine's intended writes to the API, exactly as ``controller.engine.intents`` specifies.
 
-Chains run concurrently (bounded); the writes of one chain run in order and the chain stops at its
-first failure. Idempotence rules: AlreadyExists on create (unless the create is exclusive) and NotFound
-on delete are success; a status write carries the resourceVersion the decision saw (or the one an
-earlier create in the same chain returned), and a status write after a create that found the object
-already there fails as a conflict instead of landing blindly on someone else's object. Every successful
-response is written through into the informer's cache.
+Chains run concurrently (bounded: ``concurrency`` chains of all decisions at once, each decision's started
+in order by as many workers, never one task per chain: a decision placing 1,000 spans used to start 1,000
+tasks in one turn of the event loop); the writes of one chain run in order and the chain stops at its first
+failure. Each write, and each response's write-through, waits its turn on the informer's pacer
+(``controller.kube.pacing``), so that completions arriving together do not make one long turn of the loop.
+Idempotence rules: AlreadyExists on create (unless the create is exclusive) and NotFound on delete are success;
+a status write carries the resourceVersion the decision saw (or the one an earlier create in the same chain
+returned), and a status write after a create that found the object already there fails as a conflict instead
+of landing blindly on someone else's object. Every successful response is written through into the informer's
+cache.
 
 A failed write (an API error status, a timeout or a broken connection) abandons its chain; the next
 decision starts from a fresh snapshot. Each failure is counted by reason (``Executor.errors``) and
@@ -30,6 +34,7 @@ from controller.engine import teardown
 from controller.engine.maintainer import REFUSAL_CODES, Decision, Refusal
 from controller.kube.client import EVENTS, LEASES, LIST_PAGE, RESOURCES, ApiError, BadResponse, Client
 from controller.kube.informer import LEASE, Cache
+from controller.kube.pacing import Pacer
 from controller.model import resources as conv
 from controller.model.states import API_VERSION
 
@@ -102,12 +107,16 @@ class Executor:
         concurrency: int = 16,
         on_error: Callable[[str], None] | None = None,
         list_page: int = LIST_PAGE,
+        pacer: Pacer | None = None,
     ) -> None:
         self.client = client
         self.list_page = list_page
         self.informer = informer
         self.namespace = namespace
+        self.concurrency = concurrency
         self.sem = asyncio.Semaphore(concurrency)
+        #: Shared with the informer (the runner passes its pacer): one turn's slice for all paced work.
+        self.pacer = pacer or Pacer()
         self.errors: Counter[str] = Counter()
         self.on_error = on_error
 
@@ -126,14 +135,21 @@ class Executor:
     async def apply(self, decision: Decision) -> Outcome:
         out = Outcome(chains=len(decision.chains))
         fences: dict[tuple[str, str], asyncio.Future[None]] = {}
-        results = await asyncio.gather(*(self._chain(c, out, fences) for c in decision.chains))
-        out.failed = sum(1 for ok in results if not ok)
+        todo = iter(decision.chains)
+
+        async def worker() -> None:
+            for chain in todo:  # shared: each worker takes the next chain not started, in order
+                if not await self._chain(chain, out, fences):
+                    out.failed += 1
+
+        await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(decision.chains)))))
         return out
 
     async def _chain(self, chain: I.Chain, out: Outcome, fences: dict[tuple[str, str], asyncio.Future[None]]) -> bool:
         local: dict[tuple[str, str], str] = {}
         async with self.sem:
             for w in chain.writes:
+                await self.pacer.pace()
                 try:
                     if isinstance(w, I.FenceCapture):
                         await self._fence_once(w, fences)
@@ -177,7 +193,7 @@ class Executor:
                     return
                 raise
             local[(w.obj.kind.value, w.obj.name)] = created["metadata"]["resourceVersion"]
-            self.informer.offer(w.obj.kind.value, created)
+            await self._write_through(w.obj.kind.value, created)
         elif isinstance(w, I.WriteStatus):
             ref = (w.obj.kind.value, w.obj.name)
             rv = local.get(ref, w.obj.resource_version)
@@ -188,7 +204,7 @@ class Executor:
                 patch["metadata"] = {"resourceVersion": rv}
             updated = await self.client.patch(RESOURCES[w.obj.kind], ns, w.obj.name, patch, sub="status")
             local[ref] = updated["metadata"]["resourceVersion"]
-            self.informer.offer(w.obj.kind.value, updated)
+            await self._write_through(w.obj.kind.value, updated)
         elif isinstance(w, I.Delete):
             try:
                 resp = await self.client.delete(RESOURCES[w.kind], ns, w.name, w.uid)
@@ -209,6 +225,15 @@ class Executor:
             await self._event(w)
         elif isinstance(w, I.ConfirmNoneLeft):
             await self._confirm_none_left(w)
+
+    async def _write_through(self, kind: str, obj: JSON) -> None:
+        """Offer a write's response to the informer in its turn (the pacer's): responses that arrive together
+        are written through a slice at a time. Offered even if the chain is cancelled meanwhile (the write
+        landed)."""
+        try:
+            await self.pacer.pace()
+        finally:
+            self.informer.offer(kind, obj)
 
     async def _confirm_none_left(self, w: I.ConfirmNoneLeft) -> None:
         """LIST each kind the teardown removes (no resourceVersion: a consistent read, in pages) until

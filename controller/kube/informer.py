@@ -27,6 +27,7 @@ import gc
 import logging
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 from controller.engine.index import Index
 from controller.engine.liveness import Silence, ViewClock
 from controller.kube.client import LEASES, LIST_PAGE, RESOURCES, ApiError, Client, Resource
+from controller.kube.pacing import Pacer
 from controller.model import resources as conv
 from controller.model.progress import PROGRESS_ANNOTATION, ProgressEntry
 from controller.model.records import Capture, Dispatcher, Record, Span
@@ -537,8 +539,8 @@ class Store:
         }
 
 
-#: Objects (of a LIST page, a watch burst, a thaw's backlog) handled between two yields to the event loop.
-CHUNK = 100
+#: Objects of a LIST page converted at a time (each chunk paced: ``controller.kube.pacing``).
+CHUNK = 25
 
 
 class Cache(Protocol):
@@ -626,8 +628,11 @@ class Informer:
         page_size: int = LIST_PAGE,
         sharded: bool = False,
         freeze: bool = False,
+        pacer: Pacer | None = None,
     ) -> None:
         self.client = client
+        #: What keeps the loop's turns short (shared with the executor's chains: ``controller.kube.pacing``).
+        self.pacer = pacer or Pacer()
         self.namespace = namespace
         #: Objects per LIST page (0: one page).
         self.page_size = page_size
@@ -673,7 +678,7 @@ class Informer:
         self._thawing = False
         self._thawed = asyncio.Event()
         self._thawed.set()
-        self._backlog: list[Callable[[], None]] = []
+        self._backlog: deque[Callable[[], None]] = deque()
 
     def _start(self, stream: Stream) -> None:
         self._tasks[stream.key] = asyncio.create_task(self._run(stream), name=f"informer-{stream.key}")
@@ -790,22 +795,20 @@ class Informer:
                 await self._thaw()
 
     async def _thaw(self) -> None:
-        """Apply the backlog in order, yielding to the loop every ``CHUNK`` (a decision placing thousands of
-        spans offers thousands of objects); what is offered meanwhile joins its end. Stops, leaving the rest,
-        if another freeze began."""
+        """Apply the backlog in order, paced (a decision placing thousands of spans offers thousands of
+        objects); what is offered meanwhile joins its end. Stops, leaving the rest, if another freeze began."""
         self._thawing = True
         try:
             while self._backlog and not self._frozen:
-                chunk, self._backlog = self._backlog[:CHUNK], self._backlog[CHUNK:]
-                for apply in chunk:
-                    apply()
-                if self._backlog:
-                    await asyncio.sleep(0)
+                await self.pacer.pace()
+                if self._frozen:
+                    break
+                self._backlog.popleft()()
         finally:
             self._thawing = False
             if not self._frozen:
                 if self._backlog:  # cancelled midway: nothing may be lost or reordered
-                    backlog, self._backlog = self._backlog, []
+                    backlog, self._backlog = self._backlog, deque()
                     for apply in backlog:
                         apply()
                 self._thawed.set()
@@ -929,7 +932,8 @@ class Informer:
         )
         async for items, page_rv in pages:
             for i in range(0, len(items), CHUNK):
-                # A page converted a chunk at a time: 500 objects hold the loop up to 100 ms.
+                # A page converted a chunk at a time, paced: 500 objects hold the loop up to 100 ms.
+                await self.pacer.pace()
                 await self._unfrozen()
                 chunk = items[i : i + CHUNK]
                 items[i : i + CHUNK] = [{}] * len(chunk)  # the raw objects go as converted
@@ -937,7 +941,6 @@ class Informer:
                     chunk = [obj for obj in chunk if self._admit(stream, obj)]
                 store.list_page(kind, chunk, listing)
                 del chunk
-                await asyncio.sleep(0)
             listed_rv = page_rv
             del items
             if kind in RECORD_ONLY and self.freeze:
@@ -982,13 +985,10 @@ class Informer:
                         self._notify(kind, "")
                     if self._listed >= self._expected:
                         self.synced.set()
-                burst = 0
                 async for ev in self._events(stream, rv):
-                    burst += 1
-                    if burst % CHUNK == 0:
-                        # Events already buffered come without a pause: a burst (thousands, after a freeze or a
-                        # decision's writes) would hold the loop for as long as it takes.
-                        await asyncio.sleep(0)
+                    # Events already buffered come without a pause: a burst (thousands, after a freeze or a
+                    # decision's writes) would hold the loop for as long as it takes.
+                    await self.pacer.pace()
                     await self._unfrozen()
                     self._heard(stream)
                     if failures:

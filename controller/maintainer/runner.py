@@ -86,7 +86,7 @@ class Settings:
     cache: str = "warm"
     #: Seconds between tenure steps (controller.kube.tenure: what survives is frozen out of the collector's
     #: full passes, so that they stay short however many records the replica holds); 0: off, the default of
-    #: the class (a library user's process, a test's); the command line's default is tenure.PERIOD (2 s).
+    #: the class (a library user's process, a test's); the command line's default is tenure.PERIOD (0.5 s).
     gc_tenure: float = 0.0
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
     metrics_address: str = "0.0.0.0"
@@ -143,11 +143,21 @@ class Maintainer:
             freeze=settings.gc_tenure > 0,
         )
         self.executor = Executor(
-            client, self.informer, settings.namespace, settings.concurrency, on_error=self.metrics.write_error
+            client,
+            self.informer,
+            settings.namespace,
+            settings.concurrency,
+            on_error=self.metrics.write_error,
+            pacer=self.informer.pacer,
         )
         #: The janitor's writes over the unassigned objects (sharded: the Tables of a changefeed that is gone).
         self.orphans = Executor(
-            client, StoreCache(self.informer.unassigned), settings.namespace, 4, on_error=self.metrics.write_error
+            client,
+            StoreCache(self.informer.unassigned),
+            settings.namespace,
+            4,
+            on_error=self.metrics.write_error,
+            pacer=self.informer.pacer,
         )
         self.loops: dict[str, asyncio.Task[None]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
