@@ -160,7 +160,7 @@ class Settings:
     drain_timeout: float = 0.0
     #: Seconds between tenure steps (controller/kube/tenure.py: what survived leaves the collector's full
     #: passes, which at tens of thousands of dispatchers would hold the loop, Lease renewals included); 0: off,
-    #: the class's default (a test's process); the command line's default is tenure.PERIOD (2 s).
+    #: the class's default (a test's process); the command line's default is tenure.PERIOD (0.5 s).
     gc_tenure: float = 0.0
 
     def check(self) -> None:

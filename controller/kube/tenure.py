@@ -8,9 +8,16 @@ reference cycles (reference counting frees them when they are replaced or delete
 and again buys nothing.
 
 Every ``period`` seconds, or as soon as BATCH young collections have promoted objects (whichever comes first),
-if a young collection promoted anything since the last step, :meth:`Tenure.step` makes a full pass (which
-visits only what is not frozen yet: what survived since the last step, so it is short) and then freezes every
-object left (``gc.freeze``): they are out of every later pass. Reference counting still frees a frozen object.
+:meth:`Tenure.step` makes a full pass (which visits only what is not frozen yet: what was made since the last
+step and is still alive, so it is short) and then freezes every object left (``gc.freeze``): they are out of
+every later pass.
+
+The period, not the young collections, is what keeps a step short. The collector counts allocations *net* of
+deallocations: a record that replaces a frozen one (a status write, a watch event) adds one and frees one, so
+the count stays near zero while generation 0 grows, and no young collection comes. 100,000 spans being placed
+gathered about 40,000 such objects between two steps, and each step held the loop 22 to 99 ms (20 ms of its
+thread's CPU: the visits from young objects into the frozen heap of a million objects miss the CPU's caches).
+A step every 0.5 s visits what half a second brings. Reference counting still frees a frozen object.
 What is given up is the collection of a reference *cycle* among frozen objects that dies later: ``gc.freeze``
 takes every object alive at the step, whatever its age, so a request, a task or an exception with its
 traceback that is in flight at a step and ends in a cycle is never collected (nor is a socket in it closed, if
@@ -18,11 +25,8 @@ nothing closed it before). That cost is measured, not guessed: ``python bench/ru
 maintainer and counting what one full pass then finds (``gc_leak``; bench/README.md gives the figures), and
 ``--gc-tenure 0`` turns the steps off.
 
-A step is also due after BATCH young collections, not only after ``period``: a step's pause is what was
-promoted since the last one, and with a period alone it grew with the allocation rate (110 ms while a full
-audit at 100,000 spans allocated for 3 s in its thread; holding the steps back until the audit was over made
-the next one as long). That keeps a step short when the loop runs it promptly; it does not bound one the
-loop runs late (see BATCH).
+A step is also due after BATCH young collections: a full audit at 100,000 spans allocates (net) for seconds
+in its thread, and a step after each couple of young collections keeps what it has to visit small.
 
 The informer's LIST pages freeze the same way (``controller.kube.informer``), at each page, for the cold
 start; this covers what arrives afterwards: watch events and the maintainer's own writes.
@@ -41,12 +45,11 @@ from controller.kube.client import sleep_or
 log = logging.getLogger(__name__)
 
 #: Seconds between steps at most (the command lines' default ``--gc-tenure``; 0: off).
-PERIOD = 2.0
-#: Young (generation 1) collections that make a step due at once, before the period is over. Each promotes at
-#: most about 7,700 objects (the default thresholds, 700 and 10), so a step the loop runs promptly visits about
-#: 60,000 at most. Not a bound: a busy loop runs the step late while a decision's thread keeps allocating, and
-#: steps of up to 99 ms were measured while 100,000 spans were placed (bench/README.md).
-BATCH = 8
+PERIOD = 0.5
+#: Young (generation 1) collections that make a step due at once, before the period is over (each promotes at
+#: most about 7,700 objects, with the default thresholds 700 and 10). A step waits for the loop's current turn
+#: to end, which the pacer keeps short (``controller.kube.pacing``).
+BATCH = 2
 
 
 class Tenure:
@@ -56,7 +59,7 @@ class Tenure:
         if period <= 0:
             raise ValueError("the tenure period must be positive")
         self.period = period
-        #: Young collections (generation 1 or 2) since the last step: nothing was promoted if none.
+        #: Young collections (generation 1 or 2) since the last step.
         self.promoted = 0
         self.steps = 0
         self.longest_s = 0.0
@@ -64,10 +67,11 @@ class Tenure:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._due: asyncio.Event | None = None
         self._woken = False
+        self._stepping = False
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        # Any thread's collection (a decision's too): the step is woken through the loop.
-        if phase == "stop" and info.get("generation", 0) >= 1:
+        # Any thread's collection (a decision's too): the step is woken through the loop. Not the step's own.
+        if phase == "stop" and info.get("generation", 0) >= 1 and not self._stepping:
             self.promoted += 1
             if self.promoted >= BATCH and not self._woken and self._loop is not None and self._due is not None:
                 self._woken = True
@@ -87,13 +91,15 @@ class Tenure:
         finally:
             gc.callbacks.remove(self._on_gc)
 
-    def step(self) -> bool:
-        """One step: a full pass over what is not frozen, then freeze what is left. False: nothing to do."""
-        if not self.promoted:
-            return False
+    def step(self) -> None:
+        """One step: a full pass over what is not frozen, then freeze what is left."""
         began = time.perf_counter()
-        gc.collect(2)
-        gc.freeze()
+        self._stepping = True
+        try:
+            gc.collect(2)
+            gc.freeze()
+        finally:
+            self._stepping = False
         self.promoted = 0
         took = time.perf_counter() - began
         self.steps += 1
@@ -102,4 +108,3 @@ class Tenure:
             self.longest_s = took
             if took > 0.05:
                 log.info("slow tenure step", extra={"seconds": round(took, 3)})
-        return True

@@ -480,7 +480,7 @@ def test_command_line() -> None:
     with pytest.raises(SystemExit):
         cli.parse(["--metrics-port", "70000"])
     assert cli.liveness_port("http://0.0.0.0/healthz") == 80
-    assert a.gc_tenure == 2.0
+    assert a.gc_tenure == 0.5
     assert cli.parse(["--gc-tenure", "0"]).gc_tenure == 0
     with pytest.raises(SystemExit):
         cli.parse(["--gc-tenure", "-1"])
