@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controller.apiserver import bench as api_bench  # noqa: E402
+from controller.kube import tenure  # noqa: E402
 from controller.kube.client import RESOURCES, ApiError, Client, Config  # noqa: E402
 from controller.model import resources as conv  # noqa: E402
 from controller.model.keys import KeyRange  # noqa: E402
@@ -690,6 +691,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
         out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
     out["tenure_first_maintainer"] = old.get("tenure")
+    out["pacer_yields_first_maintainer"] = old.get("pacer_yields")
     out["audits_first_maintainer_ms"] = (await worker.ask("decisions 0")).get("audits")
     out["gc_leak_first_maintainer"] = await worker.ask("gc_leak", timeout=120)
     t_kill = time.monotonic()
@@ -745,6 +747,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
         out["stall_stacks_new_maintainer"] = await new.ask("stall_stacks")
     out["gc_full_new_maintainer"] = end.get("gc_full")
     out["tenure_new_maintainer"] = end.get("tenure")
+    out["pacer_yields_new_maintainer"] = end.get("pacer_yields")
     out["new_maintainer_requests_total"] = end["requests"]
 
 
@@ -856,6 +859,7 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         if a.stall_stacks:
             out["stall_stacks_first_maintainer"] = await system.worker.ask("stall_stacks")
         out["tenure_first_maintainer"] = stats.get("tenure")
+        out["pacer_yields_first_maintainer"] = stats.get("pacer_yields")
         out["gc_full_first_maintainer"] = stats.get("gc_full")
         out["maintainer_requests_total"] = stats["requests"]
         if done and a.inflight:
@@ -920,6 +924,8 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("whole run: tenure steps, longest ms (first | new maintainer)",
          " | ".join(f"{(r.get(k) or {}).get('steps', '-')}, {round((r.get(k) or {}).get('longest_s', 0) * 1000, 1)}"
                     for k in ("tenure_first_maintainer", "tenure_new_maintainer"))),
+        ("whole run: paced units that waited for a later turn (first | new maintainer)",
+         f"{r.get('pacer_yields_first_maintainer', '-')} | {r.get('pacer_yields_new_maintainer', '-')}"),
         ("end: frozen objects; cycles that died frozen (gc_leak)",
          " | ".join(f"{(r.get(k) or {}).get('frozen', '-')}; {(r.get(k) or {}).get('cycles_found', '-')}"
                     for k in ("gc_leak_first_maintainer", "gc_leak_new_maintainer"))),
@@ -1066,7 +1072,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw-only", action="store_true", help="only the raw rates (to calibrate --api-cost)")
     p.add_argument("--commit-latency-ms", type=float, help="with --api-cost: ms a commit lasts")
     p.add_argument("--commit-per-write-ms", type=float, help="with --api-cost: ms each write adds to its commit")
-    p.add_argument("--gc-tenure", type=float, default=2.0, help="the maintainer's --gc-tenure (0: off; default 2)")
+    p.add_argument(
+        "--gc-tenure",
+        type=float,
+        default=tenure.PERIOD,
+        help=f"the maintainer's --gc-tenure (0: off; default {tenure.PERIOD:g}, as the maintainer's)",
+    )
     p.add_argument(
         "--audit-interval", type=float, default=300.0, help="the maintainer's full audits, s apart (default 300)"
     )
