@@ -99,7 +99,9 @@ def test_a_maintainer_that_lost_its_lease_to_the_namespace_releases_the_rest(api
     os.killpg(m1, signal.SIGCONT)
     assert system.signal("m1", signal.SIGTERM, wait=40) == 0, system.tails()
     namespace_gone(api, within=10)
-    assert system.gone["m1"].count("is being deleted: released") == 1, system.tails()
+    # Released by the stop, or in part by the janitor first (it runs as soon as the process resumes and releases
+    # what is being deleted already; the stop releases the rest): one or two lines, never none.
+    assert 1 <= system.gone["m1"].count("is being deleted: released") <= 2, system.tails()
 
 
 def test_a_killed_system_is_released_by_the_plugin(
