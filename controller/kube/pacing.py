@@ -20,8 +20,10 @@ import asyncio
 import time
 from collections.abc import Callable
 
-#: Seconds of paced work one turn of the loop may hold before the next unit waits for a later turn.
-SLICE = 0.010
+#: Seconds of paced work one turn of the loop may hold before the next unit waits for a later turn. Wall time:
+#: while a decision's thread holds the GIL in turns and the other processes share the two cores, 5 ms of work
+#: took up to 20-40 ms; with a 10 ms slice two turns reached 91 ms at 100,000 spans (bench/README.md).
+SLICE = 0.005
 
 
 class Pacer:
