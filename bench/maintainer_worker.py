@@ -112,6 +112,9 @@ STALLS: array[float] = array("f")
 WORST: list[tuple[float, float]] = []
 #: ``--probe busy``: the longest single turn (an entry of STALLS is two turns).
 TURN_MAX = [0.0]
+#: The loop thread's CPU time during that longest turn, s (the rest of it was waiting: for the GIL, a decision's
+#: thread holding it, or for a core, the other processes having them).
+TURN_MAX_CPU = [0.0]
 
 
 def _stall(late: float) -> None:
@@ -172,13 +175,14 @@ class ProbedLoop(asyncio.SelectorEventLoop):
         self.last = 0.0
 
     def _run_once(self) -> None:
-        t, waited = time.perf_counter(), self.probe.waited
+        t, waited, cpu = time.perf_counter(), self.probe.waited, time.thread_time()
         super()._run_once()  # type: ignore[misc]
         busy = time.perf_counter() - t - (self.probe.waited - waited)
         _stall(busy + self.last)
         self.last = busy
         if busy > TURN_MAX[0]:
             TURN_MAX[0] = busy
+            TURN_MAX_CPU[0] = time.thread_time() - cpu
 
 
 class Probe:
@@ -460,6 +464,7 @@ async def stalls(arg: str) -> dict[str, Any]:
         "over_100ms": over,
         "worst_ms_at_s": [(round(late * 1000, 1), round(at, 1)) for late, at in WORST],
         "longest_turn_ms_so_far": round(TURN_MAX[0] * 1000, 1),
+        "longest_turn_cpu_ms": round(TURN_MAX_CPU[0] * 1000, 1),
     }
 
 

@@ -918,6 +918,9 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("whole run: longest single turn ms (first | new; --probe busy)",
          f"{r.get('loop_stalls_first_maintainer', {}).get('longest_turn_ms_so_far', '-')} | "
          f"{r.get('loop_stalls_new_maintainer', {}).get('longest_turn_ms_so_far', '-')}"),
+        ("whole run: ... of it the loop thread's CPU, ms (first | new)",
+         f"{r.get('loop_stalls_first_maintainer', {}).get('longest_turn_cpu_ms', '-')} | "
+         f"{r.get('loop_stalls_new_maintainer', {}).get('longest_turn_cpu_ms', '-')}"),
         ("whole run: generation-2 passes (tenure steps too), longest ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('n', '-')}, {round((r.get(k) or {}).get('max_s', 0) * 1000, 1)}"
                     for k in ("gc_full_first_maintainer", "gc_full_new_maintainer"))),
