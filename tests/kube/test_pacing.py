@@ -39,9 +39,8 @@ class Clock:
 
 def test_a_burst_is_cut_into_slices_in_order() -> None:
     """Three sources (as three watch streams), 40 units each, every unit about 2 ms of (fake) work, a slice of
-    five units:
-    no turn runs more than 5 units (the one that opens the window and those until 10 ms are spent), all 120
-    run, and each source's units run in its order."""
+    five units' work: no turn runs more than 5 units (the one that opens the window and those until the slice
+    is spent), all 120 run, and each source's units run in its order."""
     unit = 2**-9  # about 2 ms, exact in binary: the sums below are exact
     clock = Clock()
     pacer = Pacer(5 * unit, clock=clock)
