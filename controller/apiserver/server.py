@@ -1133,11 +1133,11 @@ def start_server(
         try:
             loop.run_forever()
         finally:
-            # A connection the shutdown closed whose close has not run yet (it takes a turn of the loop: a
-            # watch's, cancelled as the server stopped), or one it left open, is closed here, not left to the
-            # collector: its ResourceWarning surfaced in whichever test ran next.
+            # A connection the shutdown left open, or closed with data still to send to a client that no longer
+            # reads (a watch's: close() waits for the buffer to drain, for ever), is aborted here, not left to
+            # the collector: its ResourceWarning surfaced in whichever test ran next.
             for transport in list(getattr(loop, "_transports", {}).values()):
-                if transport is not None and not transport.is_closing():
+                if transport is not None:
                     transport.abort()
             for _ in range(3):
                 loop.run_until_complete(asyncio.sleep(0))
