@@ -21,6 +21,7 @@ from __future__ import annotations
 from controller.engine import controller
 from controller.engine.scheduler import fresh_operator_name, movable, room, scheduler_operator
 from controller.engine.world import Tick
+from controller.model.ordering import in_order
 from controller.model.records import Dispatcher, SchedulerStatus, Span
 from controller.model.resources import format_time
 from controller.model.states import OpType, SchedulerState, SpanState
@@ -100,7 +101,7 @@ def drain(tick: Tick) -> None:
     load = tick.load()
     pending = {name for op in tick.in_flight() for name in op.spans}
     on_draining, _ = _on(tick, draining)
-    for span in sorted(
+    for span in in_order(
         (s for s in on_draining if s.capture in draining and movable(tick, s) and s.name not in pending),
         key=lambda s: (s.capture, s.table_id, s.mode, s.key_range),
     ):
@@ -171,8 +172,8 @@ def balance(tick: Tick) -> int:
             load[s.capture] += 1
             if movable(tick, s):
                 takeable[s.capture].append(s)
-    for spans in takeable.values():
-        spans.sort(key=lambda s: (s.table_id, s.mode, s.key_range), reverse=True)
+    for capture, spans in takeable.items():
+        takeable[capture] = in_order(spans, key=lambda s: (s.table_id, s.mode, s.key_range), reverse=True)
     floor = sum(load.values()) // len(captures)
     left = room(tick, cfg.balance_max_moves)
     moved = 0

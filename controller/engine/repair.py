@@ -31,6 +31,7 @@ from controller.engine.operators.common import set_span
 from controller.engine.world import Tick, is_placement
 from controller.model import resources as conv
 from controller.model.keys import KeyError_, KeyRange, gaps, overlapping_pairs
+from controller.model.ordering import in_order
 from controller.model.records import Dispatcher, Span, SpanOperator, Table
 from controller.model.states import (
     DISPATCHER_FINALIZER,
@@ -90,7 +91,7 @@ def validate_new_spans(tick: Tick) -> None:
     if tick.changefeed.deleting:
         return  # torn down: a new span is accepted by no one, and the teardown's Removes take it as it is
     pool = tick.span_candidates(tick.index.by_state[None]) if tick.index is not None else tick.spans.values()
-    new = sorted(
+    new = in_order(
         (s for s in pool if s.state is None and not s.deleting and not tick.busy(s.name)),
         key=lambda s: (s.created, s.name),
     )
@@ -102,7 +103,7 @@ def validate_new_spans(tick: Tick) -> None:
     else:  # only the tables (and modes) of the new spans are asked about
         keys = {(s.table_id, s.mode) for s in new}
         others = tick.span_candidates(*(tick.index.spans_by_table.get(k, ()) for k in keys))
-    for s in sorted(others, key=lambda s: s.name):
+    for s in in_order(others, key=lambda s: s.name):
         # A span an operator owns is taken even before its status is written (a split child, or a
         # span re-created under the name an in-flight Add still targets).
         taken = s.state is not None or tick.busy(s.name)
@@ -166,10 +167,10 @@ def repair_spans(tick: Tick) -> None:
             lost_spans,
         )
         disp_pool = tick.dispatcher_candidates(tick.index.orphans)
-    for x in sorted(disp_pool, key=lambda d: (d.created, d.name)):
+    for x in in_order(disp_pool, key=lambda d: (d.created, d.name)):
         if x.name not in owned_d and x.span not in tick.spans and _usable(tick, x):
             orphans[(x.table_id, x.mode, x.key_range)].append(x)
-    for span in sorted(pool, key=lambda s: s.name):
+    for span in in_order(pool, key=lambda s: s.name):
         if tick.busy(span.name) or span.deleting or tick.is_touched(span) or span.state is None:
             continue
         d = tick.dispatchers.get(span.dispatcher) if span.dispatcher else None
@@ -247,7 +248,7 @@ def repair_dispatchers(tick: Tick) -> None:
     else:  # those no span claims, those being deleted, those on a capture that is not alive
         _, lost = tick.on_lost_captures()
         pool = tick.dispatcher_candidates(tick.index.unclaimed, tick.index.deleting_dispatchers, lost)
-    for d in sorted(pool, key=lambda d: d.name):
+    for d in in_order(pool, key=lambda d: d.name):
         if d.name in owned_d or tick.busy(d.span) or tick.is_touched(d):
             continue
         if d.deleting:
@@ -282,7 +283,7 @@ def _claimer(tick: Tick, d: Dispatcher) -> Span | None:
         pool: list[Span] = list(tick.spans.values())
     else:
         pool = tick.span_candidates(tick.index.spans_naming.get(d.name, ()))
-    for s in sorted(pool, key=lambda s: s.name):
+    for s in in_order(pool, key=lambda s: s.name):
         if s.dispatcher == d.name and s.state is SpanState.REPLICATING:
             return s
     return None
@@ -301,7 +302,7 @@ def coverage(tick: Tick) -> None:
         # Tables (and modes) whose spans may not partition their range, and those whose spans changed now.
         wanted = set(tick.index.coverage_problems()) | tick.coverage_changed()
         pool = tick.span_candidates(tick.index.stray, *(tick.index.spans_by_table.get(k, ()) for k in wanted))
-    for s in sorted(pool, key=lambda s: s.name):
+    for s in in_order(pool, key=lambda s: s.name):
         if s.deleting or s.state is SpanState.INVALID:
             continue
         table = tick.tables_by_id.get(s.table_id)

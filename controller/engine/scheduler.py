@@ -11,6 +11,7 @@ from __future__ import annotations
 from controller.engine import naming, placement
 from controller.engine.world import Tick
 from controller.model import resources as conv
+from controller.model.ordering import in_order
 from controller.model.records import Span, SpanOperator
 from controller.model.states import OpSource, OpType, SpanState
 
@@ -26,7 +27,7 @@ def basic(tick: Tick) -> None:
     pool = (
         tick.span_candidates(tick.index.by_state[SpanState.ABSENT]) if tick.index is not None else tick.spans.values()
     )
-    absent = sorted(
+    absent = in_order(
         (
             s
             for s in pool

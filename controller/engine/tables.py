@@ -16,6 +16,7 @@ from controller.engine.intents import AddFinalizer, RemoveFinalizer, WriteStatus
 from controller.engine.operators.common import owned_spans, record
 from controller.engine.world import Tick
 from controller.model import resources as conv
+from controller.model.ordering import in_order
 from controller.model.records import SpanOperator, Table
 from controller.model.states import TABLE_FINALIZER, Kind, Mode, OpPhase, OpSource, OpType
 
@@ -57,7 +58,7 @@ def _removing(tick: Tick, table: Table) -> None:
         keys = [(table.table_id, m) for m in Mode]
         span_pool = tick.span_candidates(*(tick.index.spans_by_table.get(k, ()) for k in keys))
         disp_pool = tick.dispatcher_candidates(*(tick.index.disp_by_table.get(k, ()) for k in keys))
-    spans = sorted(s.name for s in span_pool if s.table_id == table.table_id and not s.deleting)
+    spans = in_order((s.name for s in span_pool if s.table_id == table.table_id and not s.deleting), key=None)
     leftover = [d for d in disp_pool if d.table_id == table.table_id]
     if not spans and not leftover:
         if TABLE_FINALIZER in table.finalizers:

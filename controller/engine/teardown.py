@@ -36,6 +36,7 @@ from controller.engine.intents import (
 )
 from controller.engine.operators.common import record
 from controller.engine.world import Options, Tick
+from controller.model.ordering import in_order
 from controller.model.records import Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
 from controller.model.states import CHANGEFEED_FINALIZER, TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType
 
@@ -77,7 +78,7 @@ def run(tick: Tick) -> str:
     for table_id, names in sorted(by_table.items()):
         tables.remove_spans(
             tick,
-            sorted(names),
+            in_order(names, key=None),
             basis=f"{cf.uid}/{table_id}",
             why=f"changefeed {cf.name} deleted",
             cancel=("ChangefeedDeleted", message),

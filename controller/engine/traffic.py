@@ -35,6 +35,7 @@ from controller.engine.operators.split import MAX_PIECES
 from controller.engine.scheduler import fresh_operator_name, movable, room, scheduler_operator
 from controller.engine.world import Tick
 from controller.model.keys import KeyError_
+from controller.model.ordering import in_order
 from controller.model.records import Span, Table
 from controller.model.states import DispatcherState, Mode, OpType, SpanState
 
@@ -124,7 +125,7 @@ def _loads(tick: Tick, counters: Counters) -> dict[str, _Load]:
         pool: list[Span] = list(tick.spans.values())
     else:
         pool = tick.span_candidates(tick.index.hot, tick.index.cold, counters.hot, counters.cold)
-    for s in sorted(pool, key=lambda s: s.name):
+    for s in in_order(pool, key=lambda s: s.name):
         if s.state is not SpanState.REPLICATING or s.deleting or not s.dispatcher:
             continue
         d = tick.dispatchers.get(s.dispatcher)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from controller.engine.intents import Chain, Create, Delete, Event, FenceCapture, RemoveFinalizer, WriteStatus
 from controller.model import progress
 from controller.model.keys import KeyRange
+from controller.model.ordering import in_order
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
 from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
 
@@ -436,7 +437,7 @@ class Tick:
                 for d in self.world.dispatchers.values():
                     groups.setdefault((d.table_id, d.mode), []).append(d)
             for k, ds in groups.items():
-                ds.sort(key=lambda d: (d.key_range.start, d.name))
+                ds[:] = in_order(ds, key=lambda d: (d.key_range.start, d.name))
                 reach: list[bytes] = []
                 for d in ds:
                     reach.append(max(reach[-1], d.key_range.end) if reach else d.key_range.end)

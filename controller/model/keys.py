@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from controller.model.ordering import in_order
+
 TABLE_PREFIX = b"t"
 MAX_TABLE_ID = 2**63 - 2
 
@@ -135,7 +137,7 @@ def gaps(outer: KeyRange, parts: list[KeyRange]) -> list[KeyRange]:
     """The sub-ranges of ``outer`` that no range in ``parts`` covers, in key order."""
     holes: list[KeyRange] = []
     cursor = outer.start
-    for part in sorted(parts):
+    for part in in_order(parts, key=None):
         if part.end <= cursor or part.start >= outer.end:
             continue
         if part.start > cursor:
@@ -150,7 +152,7 @@ def gaps(outer: KeyRange, parts: list[KeyRange]) -> list[KeyRange]:
 
 def overlapping_pairs(parts: list[tuple[str, KeyRange]]) -> list[tuple[str, str]]:
     """Pairs of named ranges that overlap (sweep over the ranges sorted by start)."""
-    ordered = sorted(parts, key=lambda p: (p[1].start, p[1].end, p[0]))
+    ordered = in_order(parts, key=lambda p: (p[1].start, p[1].end, p[0]))
     pairs: list[tuple[str, str]] = []
     active: list[tuple[str, KeyRange]] = []
     for name, rng in ordered:
@@ -177,4 +179,3 @@ def regions_touched(table_regions: int, span: KeyRange, table: KeyRange) -> int:
     first = lo * table_regions // width
     end = -(-hi * table_regions // width)
     return end - first
-

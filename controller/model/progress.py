@@ -34,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from controller.model.ordering import in_order
 from controller.model.states import GROUP, Mode
 
 #: The annotation of a capture's Lease that carries its report (JSON, see ``resources.progress_to_json``).
@@ -94,7 +95,7 @@ class Running:
 def digest(uids: Iterable[str]) -> str:
     """A short, order-independent digest of a set of uids (64 bits of BLAKE2b over the sorted uids)."""
     h = hashlib.blake2b(digest_size=8)
-    for uid in sorted(uids):
+    for uid in in_order(uids, key=None):
         h.update(uid.encode())
         h.update(b"\n")
     return h.hexdigest()
