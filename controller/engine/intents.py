@@ -154,6 +154,11 @@ class Chain:
 
     writes: tuple[Write, ...]
     why: str = ""
+    #: False: once these writes land, the next decision would do nothing they call for (the Changefeed's
+    #: progress: checkpoint and counts), so their landing need not wake it; the next event or due time does.
+    #: A decision whose every chain says so is checked by the simulator: decided again on its landed writes,
+    #: it must write nothing (``controller.sim.maintainer``).
+    wake: bool = True
 
     def describe(self) -> str:
         return f"{self.why}: " + "; ".join(w.describe() for w in self.writes)

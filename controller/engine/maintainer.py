@@ -463,7 +463,13 @@ def _status(
     published = new.checkpoint_ts != cf.checkpoint_ts
     if not new.status_equal(cf):
         writes.insert(0, WriteStatus(new))
-    tick.emit("changefeed status", writes)
+    # Only the progress moved (what a changefeed at rest writes, once a second): no rule reads it back but the
+    # checkpoint as the floor of where new dispatchers start, and a lower floor is safe; its landing needs no
+    # decision (the next capture report, event or due time brings one).
+    progress_only = replace(
+        new, checkpoint_ts=cf.checkpoint_ts, span_counts=cf.span_counts, operators_in_flight=cf.operators_in_flight
+    ).status_equal(cf)
+    tick.emit("changefeed status", writes, wake=first or not progress_only)
     tick.emit("changefeed events", events)
     if tick.index is None:
         candidates = list(tick.world.tables.values())

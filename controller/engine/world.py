@@ -164,6 +164,7 @@ MUTANTS = frozenset(
         "capture-resume-check-trusts-an-old-renewal",  # resumes on a slow check though no renewal vouches now
         "outage-counts-as-silence",  # the maintainer counts time its view of Leases was broken as silence
         "progress-used-beyond-coverage",  # a capture's minimum used for Working dispatchers it did not cover
+        "quiet-chains-everywhere",  # every chain's landing is declared to need no decision of its own
         *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process
     }
 )
@@ -516,10 +517,10 @@ class Tick:
 
     # -- recording decisions --------------------------------------------------------------------
 
-    def emit(self, why: str, writes: Iterable[object]) -> None:
+    def emit(self, why: str, writes: Iterable[object], wake: bool = True) -> None:
         ws = tuple(writes)
         if ws:
-            self.chains.append(Chain(ws, why))  # type: ignore[arg-type]
+            self.chains.append(Chain(ws, why, wake=wake and not self.mutant("quiet-chains-everywhere")))  # type: ignore[arg-type]
 
     def slots_used(self) -> int:
         """Operators that may be Running, and placements in flight, once this decision's chains land (in any

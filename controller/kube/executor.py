@@ -154,7 +154,7 @@ class Executor:
                     if isinstance(w, I.FenceCapture):
                         await self._fence_once(w, fences)
                     else:
-                        await self._one(w, local)
+                        await self._one(w, local, chain.wake)
                 except WRITE_ERRORS as exc:
                     reason = failure_reason(exc) or type(exc).__name__
                     out.errors[reason] += 1
@@ -172,7 +172,7 @@ class Executor:
                     out.created += 1
         return True
 
-    async def _one(self, w: I.Write, local: dict[tuple[str, str], str]) -> None:
+    async def _one(self, w: I.Write, local: dict[tuple[str, str], str], wake: bool = True) -> None:
         ns = self.namespace
         if isinstance(w, I.Create):
             res = RESOURCES[w.obj.kind]
@@ -193,7 +193,7 @@ class Executor:
                     return
                 raise
             local[(w.obj.kind.value, w.obj.name)] = created["metadata"]["resourceVersion"]
-            await self._write_through(w.obj.kind.value, created)
+            await self._write_through(w.obj.kind.value, created, wake)
         elif isinstance(w, I.WriteStatus):
             ref = (w.obj.kind.value, w.obj.name)
             rv = local.get(ref, w.obj.resource_version)
@@ -204,7 +204,7 @@ class Executor:
                 patch["metadata"] = {"resourceVersion": rv}
             updated = await self.client.patch(RESOURCES[w.obj.kind], ns, w.obj.name, patch, sub="status")
             local[ref] = updated["metadata"]["resourceVersion"]
-            await self._write_through(w.obj.kind.value, updated)
+            await self._write_through(w.obj.kind.value, updated, wake)
         elif isinstance(w, I.Delete):
             try:
                 resp = await self.client.delete(RESOURCES[w.kind], ns, w.name, w.uid)
@@ -226,14 +226,15 @@ class Executor:
         elif isinstance(w, I.ConfirmNoneLeft):
             await self._confirm_none_left(w)
 
-    async def _write_through(self, kind: str, obj: JSON) -> None:
+    async def _write_through(self, kind: str, obj: JSON, wake: bool = True) -> None:
         """Offer a write's response to the informer in its turn (the pacer's): responses that arrive together
         are written through a slice at a time. Offered even if the chain is cancelled meanwhile (the write
-        landed)."""
+        landed). ``wake`` False (``Chain.wake``): the cache takes it without telling anyone, so no decision
+        runs for it (its watch event then brings nothing newer)."""
         try:
             await self.pacer.pace()
         finally:
-            self.informer.offer(kind, obj)
+            self.informer.offer(kind, obj, notify=wake)
 
     async def _confirm_none_left(self, w: I.ConfirmNoneLeft) -> None:
         """LIST each kind the teardown removes (no resourceVersion: a consistent read, in pages) until

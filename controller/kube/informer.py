@@ -548,7 +548,7 @@ class Cache(Protocol):
 
     store: Store
 
-    def offer(self, kind: str, obj: JSON) -> None: ...
+    def offer(self, kind: str, obj: JSON, notify: bool = True) -> None: ...
 
     def forget(self, kind: str, name: str, obj: JSON | None = None) -> None: ...
 
@@ -559,7 +559,7 @@ class StoreCache:
 
     store: Store
 
-    def offer(self, kind: str, obj: JSON) -> None:
+    def offer(self, kind: str, obj: JSON, notify: bool = True) -> None:
         self.store.put(kind, obj)
 
     def forget(self, kind: str, name: str, obj: JSON | None = None) -> None:
@@ -819,11 +819,13 @@ class Informer:
 
     # -- write-through ---------------------------------------------------------------------------
 
-    def offer(self, kind: str, obj: JSON) -> None:
+    def offer(self, kind: str, obj: JSON, notify: bool = True) -> None:
+        """``obj`` as a write returned it, into the store at once (or after the freeze). ``notify`` False: no
+        ``on_change`` for it (a write whose landing needs no decision: ``Chain.wake``)."""
         if self._frozen or self._thawing:
-            self._backlog.append(lambda: self._offer(kind, obj))
+            self._backlog.append(lambda: self._offer(kind, obj, notify))
         else:
-            self._offer(kind, obj)
+            self._offer(kind, obj, notify)
 
     def forget(self, kind: str, name: str, obj: JSON | None = None) -> None:
         if self._frozen or self._thawing:
@@ -831,8 +833,8 @@ class Informer:
         else:
             self._forget(kind, name, obj)
 
-    def _offer(self, kind: str, obj: JSON) -> None:
-        if self.store.put(kind, obj):
+    def _offer(self, kind: str, obj: JSON, notify: bool = True) -> None:
+        if self.store.put(kind, obj) and notify:
             self._notify(kind, obj["metadata"]["name"])
 
     def _forget(self, kind: str, name: str, obj: JSON | None) -> None:

@@ -181,6 +181,23 @@ class SimMaintainer:
         if out.killed:
             self.stop()
             ctx.trace.add(f"  {who} KILLED mid-decision")
+            return
+        self._check_quiet(decision, out)
+
+    def _check_quiet(self, decision: Decision, out: executor.Outcome) -> None:
+        """Production does not wake for the landing of chains that say ``wake=False`` (the runner sleeps until
+        the next event or due time). When every chain of a decision says so and all of them landed, the same
+        decision taken again at once on what they wrote must write nothing: else its landing called for a
+        decision that production would leave for later."""
+        if not decision.chains or any(c.wake for c in decision.chains) or out.failed_chains or out.stale_views:
+            return
+        again = decide(self.world(), self.memory, self.options)
+        if again.chains and not again.fenced:
+            self.ctx.fail(
+                f"quiet: {self.identity}'s writes were declared to need no decision, but one taken on them "
+                f"writes: {again.chains[0].describe()}"
+            )
+        self.ctx.bump("quiet checks")
 
     def _guard(self, w: I.Write) -> None:
         """The fencing rule, on the ground truth: a dispatcher's finalizer is released by a maintainer only

@@ -20,6 +20,7 @@ from controller.apiserver import ApiServerHandle
 from controller.engine.maintainer import Decision, Memory
 from controller.engine.world import Options, World
 from controller.kube.client import EVENTS, LEASES, RESOURCES, ApiError, Client, Config
+from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE
 from controller.maintainer import runner
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model.states import API_VERSION, Kind
@@ -356,5 +357,34 @@ def test_the_supervisor_turns_on_changes_not_twenty_times_a_second(server: ApiSe
                 await until(lambda: m.stats.decisions > decisions, "a decision on the new capture", timeout=5.0)
             finally:
                 await m.stop()
+
+    asyncio.run(main())
+
+
+def test_a_captures_renewal_wakes_its_changefeeds_not_the_supervisor(server: ApiServerHandle) -> None:
+    """A capture's Lease renews (and carries its progress report) every couple of seconds: that wakes the
+    changefeeds the report concerns and nothing else. A change every changefeed looks at (a new capture, a
+    Lease taken) still kicks the supervisor, which passes it on to every changefeed's loop."""
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            m = Maintainer(client, settings("unused"))
+            woken = m._wakeups.setdefault(CF, asyncio.Event())
+            m.informer.store.last_change = {CF}
+            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            assert woken.is_set()
+            assert not m._kick.is_set()
+            woken.clear()
+            m.informer.store.last_change = set()  # a plain renewal
+            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            assert not woken.is_set()
+            assert not m._kick.is_set()
+            m.informer.store.last_change = None  # every changefeed's decisions look at it
+            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            assert m._kick.is_set()
+            assert m.wakeup.is_set()
+            m._kick.clear()
+            m.informer.store.last_change = set()  # another replica's member Lease: the supervisor's business
+            m._changed(LEASE, "cfm-member-other")
+            assert m._kick.is_set()
 
     asyncio.run(main())

@@ -7,7 +7,8 @@ from dataclasses import replace
 from controller.engine import checkpoint
 from controller.engine import progress as engine_progress
 from controller.engine.index import Index
-from controller.engine.maintainer import CHECKPOINT_INTERVAL, decide
+from controller.engine.intents import Chain
+from controller.engine.maintainer import CHECKPOINT_INTERVAL, Decision, decide
 from controller.engine.world import Options, Tick
 from controller.model import progress
 from controller.model.progress import Progress, ProgressEntry, Running, build, digest, traffic_changed
@@ -235,3 +236,24 @@ def test_a_wall_clock_stepping_back_does_not_stall_the_checkpoint() -> None:
     decision = decide(world(table(1), *caps2, A, B, C, DA, DB, DC, cf=cf, now=NOW + 1), back)
     assert last_status(decision, Kind.CHANGEFEED, "cf").checkpoint_ts == 470
     assert decision.memory.checkpoint_at == NOW + 1
+
+
+def test_a_progress_only_status_write_does_not_wake_the_next_decision() -> None:
+    """At rest the Changefeed's checkpoint moves once a second; that write's landing needs no decision of its
+    own (``Chain.wake``). The first decision of a term, and any other status change, still wakes one."""
+
+    def status_chain(d: Decision) -> Chain:
+        return next(c for c in d.chains if c.why == "changefeed status")
+
+    caps = (reporting("c0", report(500, DA, DB)), reporting("c1", report(450, DC)))
+    first = decide(world(table(1), *caps, A, B, C, DA, DB, DC), memory(bootstrapped=False))
+    assert status_chain(first).wake  # the Bootstrapped condition: the term's first status
+    cf = last_status(first, Kind.CHANGEFEED, "cf")
+    caps2 = (reporting("c0", report(520, DA, DB)), reporting("c1", report(470, DC)))
+    later = decide(world(table(1), *caps2, A, B, C, DA, DB, DC, cf=cf, now=NOW + 2), first.memory)
+    assert last_status(later, Kind.CHANGEFEED, "cf").checkpoint_ts == 470
+    assert not status_chain(later).wake
+    # The scheduler's status changed too (a paused changefeed's): that wakes the next decision.
+    paused = replace(cf, paused=True)
+    moved = decide(world(table(1), *caps2, A, B, C, DA, DB, DC, cf=paused, now=NOW + 2), first.memory)
+    assert status_chain(moved).wake
