@@ -198,6 +198,7 @@ class Probe:
         self.thread_id = threading.get_ident()
         if stacks:
             threading.Thread(target=self.sample, name="stall-stacks", daemon=True).start()
+            _time_callbacks()
 
     def beat(self) -> None:
         now = time.perf_counter()
@@ -228,6 +229,45 @@ class Probe:
         if self.handle is not None:
             self.handle.cancel()
         self.stopped.set()
+
+
+def _time_callbacks() -> None:
+    """With --stall-stacks, also each callback of the loop: one that runs LONG_CALLBACK or more is counted in
+    ``STACKS`` as ``callback <ms> ms (<ms> cpu): <what>`` (a task: its coroutine, and where it stopped). A long
+    C call (a JSON decode, a collection) holds the GIL, so the sampler cannot see it; this can."""
+    run = asyncio.events.Handle._run
+
+    def timed(handle: asyncio.events.Handle) -> None:
+        began, cpu = time.perf_counter(), time.thread_time()
+        try:
+            run(handle)
+        finally:
+            took = time.perf_counter() - began
+            if took >= LONG_CALLBACK:
+                spent = time.thread_time() - cpu
+                STACKS[f"callback {took * 1000:.0f} ms ({spent * 1000:.0f} cpu): {_what(handle)}"] += 1
+
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+
+
+def _what(handle: asyncio.events.Handle) -> str:
+    callback = getattr(handle, "_callback", None)
+    task = getattr(callback, "__self__", None)
+    if isinstance(task, asyncio.Task):
+        coro: Any = task.get_coro()
+        name = getattr(coro, "__qualname__", repr(coro))
+        where = []
+        while coro is not None and len(where) < 4:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                where.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        return f"task {name} now at {' > '.join(where)}"
+    return repr(callback)[:160]
+
+
+#: With --stall-stacks: callbacks that ran this long or longer are counted, by what they were.
+LONG_CALLBACK = 0.02
 
 
 #: With --stall-stacks: the loop thread's stack, sampled every STACK_EVERY while the loop is more than

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -122,7 +122,16 @@ class Overlay(Mapping[str, V], Generic[V]):
                 yield name
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        # O(changes), not a pass over the base: ``list(overlay.values())`` asks it first (a length hint).
+        base, changed = self.base, self.changed
+        added = sum(1 for name, value in changed.items() if value is not None and name not in base)
+        gone = sum(1 for name, value in changed.items() if value is None and name in base)
+        return len(base) + added - gone
+
+    def values(self) -> ValuesView[V]:
+        """The values in ``__iter__``'s order, read from the base's items (a full decision's passes made a
+        lookup per name through ``__getitem__``: 16 passes of 100,000 a full decision, a quarter of its time)."""
+        return _OverlayValues(self)
 
     def __setitem__(self, name: str, value: V) -> None:
         self.changed[name] = value
@@ -132,6 +141,27 @@ class Overlay(Mapping[str, V], Generic[V]):
         if name in self:
             self.changed[name] = None
         return value
+
+
+class _OverlayValues(ValuesView[V], Generic[V]):
+    """``Overlay.values()``: as ``ValuesView`` (changes made while iterating show as they would through
+    ``__getitem__``), without a method call per name."""
+
+    _mapping: Overlay[V]
+
+    def __iter__(self) -> Iterator[V]:
+        overlay = self._mapping
+        base, changed = overlay.base, overlay.changed
+        for name, value in base.items():
+            if name in changed:
+                over = changed[name]  # the overlay's, over the base's
+                if over is not None:
+                    yield over
+            else:
+                yield value
+        for name, added in changed.items():
+            if added is not None and name not in base:
+                yield added
 
 
 #: Switches for the simulator's mutation check: each names a deliberate bug. Production passes none.

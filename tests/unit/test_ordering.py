@@ -1,4 +1,5 @@
-"""``in_order`` sorts exactly as ``sorted`` does, and a full decision never sorts more than a run in one call.
+"""``in_order`` sorts exactly as ``sorted`` does, and a full decision never sorts more than a run in one call;
+an ``Overlay``'s values and length are what its lookups give (the full decision's passes).
 
 Why it matters: the decision runs in a thread beside the event loop, and one C call (a sort) holds the GIL
 for as long as it runs; at 100,000 spans the full audit's sorts held the loop for about 90 ms (issue 25).
@@ -15,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.engine.maintainer import Options, decide
-from controller.engine.world import World
+from controller.engine.world import Overlay, World
 from controller.model import ordering
 from controller.model.ordering import in_order
 from controller.model.states import SpanState
@@ -34,6 +35,22 @@ def test_in_order_is_sorted_ties_and_reverse_included(items: list[tuple[int, int
 
     assert in_order(items, key=key, reverse=reverse, run=run) == sorted(items, key=key, reverse=reverse)
     assert in_order(iter(items), key=None, run=run) == sorted(items)
+
+
+@given(
+    items=st.lists(st.tuples(st.integers(0, 5), st.integers()), max_size=100),
+    run=st.integers(1, 10),
+    reverse=st.booleans(),
+)
+def test_in_order_of_what_is_in_order_already(items: list[tuple[int, int]], run: int, reverse: bool) -> None:
+    """Input already in key order (a cache listed by name): the runs are joined, not merged; ties across a run's
+    boundary keep their input order (the second field tells)."""
+
+    def key(x: tuple[int, int]) -> int:
+        return x[0]
+
+    ordered = sorted(items, key=key, reverse=reverse)
+    assert in_order(ordered, key=key, reverse=reverse, run=run) == sorted(ordered, key=key, reverse=reverse)
 
 
 def test_in_order_sorts_no_more_than_a_run_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,3 +95,32 @@ def test_a_full_decision_sorts_in_runs_and_decides_the_same(monkeypatch: pytest.
     in_runs = F.flat(decide(_big_world(), F.memory(), Options(audit_interval=0)), keep_bookkeeping=True)
     assert in_runs == whole
     assert max(sizes) <= 16, f"one sort call had {max(sizes)} items"
+
+
+@given(
+    base=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(), max_size=8),
+    ops=st.lists(st.tuples(st.sampled_from("abcdefghij"), st.one_of(st.none(), st.integers())), max_size=12),
+)
+def test_an_overlays_values_and_length_are_its_lookups(base: dict[str, int], ops: list[tuple[str, int | None]]) -> None:
+    """``Overlay.values()`` reads the base's items and ``len`` counts the changes only (a full decision's passes
+    over 100,000 records): both must be what a lookup of every name gives."""
+    overlay: Overlay[int] = Overlay(base)
+    for name, value in ops:
+        if value is None:
+            overlay.pop(name)
+        else:
+            overlay[name] = value
+    assert list(overlay.values()) == [overlay[name] for name in overlay]
+    assert len(overlay) == sum(1 for _ in overlay)
+    assert len(overlay.values()) == len(list(overlay.values()))
+
+
+def test_an_overlay_set_while_its_values_are_read_shows_the_new_value() -> None:
+    overlay: Overlay[int] = Overlay({"a": 1, "b": 2, "c": 3})
+    seen = []
+    for value in overlay.values():
+        seen.append(value)
+        if value == 1:
+            overlay["c"] = 30  # a later name, changed mid-pass: read through the overlay as __getitem__ would
+            overlay.pop("b")
+    assert seen == [1, 30]
