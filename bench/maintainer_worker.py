@@ -130,14 +130,21 @@ GC_FULL: dict[str, float] = {"n": 0, "max_s": 0.0, "total_s": 0.0}
 _gc_began = 0.0
 
 
+#: Seconds the loop's thread spent in collections of any generation (--stall-stacks: a long callback's share).
+GC_LOOP = [0.0]
+_LOOP_THREAD = threading.get_ident()
+
+
 def _gc_watch(phase: str, info: dict[str, int]) -> None:
     global _gc_began
-    if info.get("generation") != 2:
-        return
     if phase == "start":
         _gc_began = time.perf_counter()
         return
     took = time.perf_counter() - _gc_began
+    if threading.get_ident() == _LOOP_THREAD:
+        GC_LOOP[0] += took
+    if info.get("generation") != 2:
+        return
     GC_FULL["n"] += 1
     GC_FULL["total_s"] += took
     GC_FULL["max_s"] = max(GC_FULL["max_s"], took)
@@ -238,16 +245,49 @@ def _time_callbacks() -> None:
     run = asyncio.events.Handle._run
 
     def timed(handle: asyncio.events.Handle) -> None:
-        began, cpu = time.perf_counter(), time.thread_time()
+        began, cpu, collected = time.perf_counter(), time.thread_time(), GC_LOOP[0]
         try:
             run(handle)
         finally:
             took = time.perf_counter() - began
             if took >= LONG_CALLBACK:
-                spent = time.thread_time() - cpu
-                STACKS[f"callback {took * 1000:.0f} ms ({spent * 1000:.0f} cpu): {_what(handle)}"] += 1
+                spent, gc_s = time.thread_time() - cpu, GC_LOOP[0] - collected
+                what = f"{took * 1000:.0f} ms ({spent * 1000:.0f} cpu, {gc_s * 1000:.0f} gc)"
+                STACKS[f"callback {what}: {_what(handle)}"] += 1
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    # And the synchronous steps a long callback may be made of: each one of LONG_STEP or more is counted too.
+    from controller.kube import executor as executor_module
+    from controller.kube import informer as informer_module
+
+    for owner, attr in (
+        (informer_module.Informer, "_offer"),
+        (informer_module.Informer, "_put"),
+        (informer_module.Store, "list_page"),
+        (informer_module.Store, "end_listing"),
+        (runner.Maintainer, "_changed"),
+        (runner.Maintainer, "snapshot"),
+        (executor_module.Executor, "owner_reference"),
+    ):
+        setattr(owner, attr, _timed_step(getattr(owner, attr), f"{owner.__name__}.{attr}"))
+
+
+def _timed_step(fn: Any, name: str) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began, collected = time.perf_counter(), GC_LOOP[0]
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            took = time.perf_counter() - began
+            if took >= LONG_STEP:
+                kind = next((a for a in args[1:] if isinstance(a, str)), "")
+                STACKS[f"step {name}({kind}) {took * 1000:.0f} ms ({(GC_LOOP[0] - collected) * 1000:.0f} gc)"] += 1
+
+    return timed
+
+
+#: With --stall-stacks: synchronous steps (an offer, a LIST page) that ran this long or longer are counted.
+LONG_STEP = 0.01
 
 
 def _what(handle: asyncio.events.Handle) -> str:
