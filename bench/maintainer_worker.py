@@ -33,6 +33,7 @@ import pstats  # noqa: E402
 import resource  # noqa: E402
 import selectors  # noqa: E402
 import sys  # noqa: E402
+import signal  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
 from array import array  # noqa: E402
@@ -185,6 +186,7 @@ class ProbedLoop(asyncio.SelectorEventLoop):
         t, waited, cpu = time.perf_counter(), self.probe.waited, time.thread_time()
         super()._run_once()  # type: ignore[misc]
         busy = time.perf_counter() - t - (self.probe.waited - waited)
+        _turn_ended(busy)
         _stall(busy + self.last)
         self.last = busy
         if busy > TURN_MAX[0]:
@@ -246,16 +248,24 @@ def _time_callbacks() -> None:
 
     def timed(handle: asyncio.events.Handle) -> None:
         began, cpu, collected = time.perf_counter(), time.thread_time(), GC_LOOP[0]
+        CALLBACK_BEGAN[0] = began
         try:
             run(handle)
         finally:
+            CALLBACK_BEGAN[0] = 0.0
             took = time.perf_counter() - began
+            TURN[_kind(handle)] += took
+            TURN_N[0] += 1
             if took >= LONG_CALLBACK:
                 spent, gc_s = time.thread_time() - cpu, GC_LOOP[0] - collected
                 what = f"{took * 1000:.0f} ms ({spent * 1000:.0f} cpu, {gc_s * 1000:.0f} gc)"
                 STACKS[f"callback {what}: {_what(handle)}"] += 1
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    # Where a long callback spends its time: a profiling timer (process CPU) whose handler, in the loop's
+    # thread, counts the stack while the current callback has run LONG_CALLBACK or more.
+    signal.signal(signal.SIGPROF, _in_long_callback)
+    signal.setitimer(signal.ITIMER_PROF, 0.002, 0.002)
     # And the synchronous steps a long callback may be made of: each one of LONG_STEP or more is counted too.
     from controller.kube import executor as executor_module
     from controller.kube import informer as informer_module
@@ -288,6 +298,44 @@ def _timed_step(fn: Any, name: str) -> Any:
 
 #: With --stall-stacks: synchronous steps (an offer, a LIST page) that ran this long or longer are counted.
 LONG_STEP = 0.01
+
+
+#: When the loop's current callback began (0: none running).
+CALLBACK_BEGAN = [0.0]
+
+
+def _in_long_callback(signum: int, frame: Any) -> None:
+    began = CALLBACK_BEGAN[0]
+    if not began or time.perf_counter() - began < LONG_CALLBACK:
+        return
+    where = []
+    while frame is not None and len(where) < 7:
+        where.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {frame.f_code.co_name}")
+        frame = frame.f_back
+    STACKS["in a long callback: " + " <- ".join(where)] += 1
+
+
+#: With --stall-stacks: this turn's callbacks, seconds by kind (``_kind``), and how many ran.
+TURN: Counter[str] = Counter()
+TURN_N = [0]
+#: A turn this long or longer is counted in ``STACKS`` with what its time went to.
+LONG_TURN = 0.05
+
+
+def _kind(handle: asyncio.events.Handle) -> str:
+    callback = getattr(handle, "_callback", None)
+    task = getattr(callback, "__self__", None)
+    if isinstance(task, asyncio.Task):
+        return "task " + getattr(task.get_coro(), "__qualname__", "?")
+    return getattr(callback, "__qualname__", type(callback).__name__)
+
+
+def _turn_ended(busy: float) -> None:
+    if busy >= LONG_TURN and TURN:
+        top = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in TURN.most_common(4))
+        STACKS[f"turn {busy * 1000:.0f} ms, {TURN_N[0]} callbacks: {top}"] += 1
+    TURN.clear()
+    TURN_N[0] = 0
 
 
 def _what(handle: asyncio.events.Handle) -> str:
@@ -628,7 +676,7 @@ async def main(a: argparse.Namespace) -> None:
             elif cmd == "gc_leak":
                 await reply(gc_leak())
             elif cmd == "stall_stacks":
-                await reply(dict(STACKS.most_common(int(arg or 30))))
+                await reply(dict(STACKS.most_common(int(arg or 300))))
             elif cmd == "profile":
                 await reply(await profile(float(arg or 10)))
             else:

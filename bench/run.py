@@ -1092,7 +1092,12 @@ def main(argv: list[str] | None = None) -> int:
         "of its own) or heartbeat (a 10 ms callback's lateness: 100 wake-ups a second)",
     )
     p.add_argument(
-        "--stall-stacks", action="store_true", help="sample the maintainer's stack while its loop stalls (> 50 ms)"
+        "--stall-stacks",
+        action="store_true",
+        help="sample the maintainer's stack while its loop stalls (> 50 ms); also count each loop callback of 20 ms "
+        "or more (by task, with its CPU and collection time), each turn of 50 ms or more (its time by callback "
+        "kind), each informer write-through or event of 10 ms or more, and the loop's stack under a profiling "
+        "timer while a callback runs long (in --json, stall_stacks_*)",
     )
     p.add_argument("--json", help="write all figures to this file")
     p.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "cfm-bench-logs"))
