@@ -238,6 +238,7 @@ class Probe:
         if self.handle is not None:
             self.handle.cancel()
         self.stopped.set()
+        signal.setitimer(signal.ITIMER_PROF, 0)  # --stall-stacks' timer: a SIGPROF after exit kills the process
 
 
 def _time_callbacks() -> None:
@@ -275,7 +276,6 @@ def _time_callbacks() -> None:
         (informer_module.Informer, "_put"),
         (informer_module.Store, "list_page"),
         (informer_module.Store, "end_listing"),
-        (runner.Maintainer, "_changed"),
         (runner.Maintainer, "snapshot"),
         (executor_module.Executor, "owner_reference"),
     ):
