@@ -688,8 +688,28 @@ class Captures:
         """The frontier of the table incarnation ``run`` delivers for (bound when it started, or when first
         found: a dispatcher started before its table had one)."""
         if run.fr is None:
-            run.fr = self.frontier(run.d.table_id, run.d.mode)
+            fr = self.frontier(run.d.table_id, run.d.mode)
+            if fr is not None:
+                self._bind(run, fr)
         return run.fr
+
+    def bind_frontier(self, table_id: int, mode: Mode, fr: Frontier) -> None:
+        """A frontier was just created for ``(table_id, mode)``: every run of it that started without one is
+        bound to it now, before a check compares the changefeed's checkpoint with it."""
+        for name in sorted(self.all):
+            for _, run in sorted(self.all[name].runs.items()):
+                if run.fr is None and run.d.table_id == table_id and run.d.mode is mode:
+                    self._bind(run, fr)
+
+    def _bind(self, run: Run, fr: Frontier) -> None:
+        """Bind ``run``, which started while its table had no frontier, to ``fr``: it has delivered its keys
+        from its start up to its checkpoint meanwhile, and that counts when it began no later than ``fr``
+        on those keys (seed 2129177: a dispatcher of a deleted table advanced unbound to 1253, was adopted by
+        the duplicate that took the ID, and its report was judged against the new frontier, still at 1000)."""
+        run.fr = fr
+        self.ctx.bump("run bound late")
+        if run.d.start_ts <= fr.low(run.d.key_range):
+            fr.raise_to(run.d.key_range, run.cp)
 
     def frontier(self, table_id: int, mode: Mode) -> Frontier | None:
         return self.ctx.frontier.get((table_id, mode))

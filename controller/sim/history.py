@@ -480,9 +480,9 @@ class Sim:
             key=lambda t: (t.created, t.name),
         )
         self.ctx.frontier_table[key] = owners[0].uid if owners else ""
-        self.ctx.frontier[key] = Frontier.of(
-            KeyRange.of_table(span.table_id), max(start, cf.checkpoint_ts, cf.start_ts)
-        )
+        fr = Frontier.of(KeyRange.of_table(span.table_id), max(start, cf.checkpoint_ts, cf.start_ts))
+        self.ctx.frontier[key] = fr
+        self.captures.bind_frontier(span.table_id, span.mode, fr)
 
     def _check_outcome(self, op: SpanOperator) -> None:
         """The phase and reason an operator ended with are the right ones for what it did.

@@ -182,7 +182,39 @@ class SimMaintainer:
             self.stop()
             ctx.trace.add(f"  {who} KILLED mid-decision")
             return
+        self._check_recorded(decision)
         self._check_quiet(decision, out)
+
+    def _check_recorded(self, decision: Decision) -> None:
+        """Record before effect, on the ground truth: a dispatcher the leader's decision created is named by
+        a record once the decision has landed, its span's (status, or the placement annotation of a span
+        created placed) or an operator's target. Else the next process, reading only records, finds a
+        running dispatcher nothing claims and closes it: a placement lost to a restart (the mutant
+        ``placement-created-unrecorded`` was caught only by a fault of the gap check before this one).
+        Exempt: a span gone or being deleted (a person deleted it while this view still had it), and a span
+        a zombie wrote (its stale placement and the successor's race; the overlap repair resolves them)."""
+        if self.zombie:
+            return
+        store = self.ctx.api.store
+        targets = {
+            t.dispatcher for o in store[Kind.OPERATOR].values() if isinstance(o, SpanOperator) for t in o.targets
+        }
+        for chain in decision.chains:
+            for w in chain.writes:
+                if not (isinstance(w, Create) and isinstance(w.obj, Dispatcher)):
+                    continue
+                d = store[Kind.DISPATCHER].get(w.obj.name)
+                if not isinstance(d, Dispatcher) or d.uid == "" or d.name in targets:
+                    continue
+                span = store[Kind.SPAN].get(d.span)
+                if not isinstance(span, Span) or span.deleting or span.name in self.ctx.zombie_span_writes:
+                    continue
+                if span.with_recorded_placement().dispatcher != d.name:
+                    self.ctx.fail(
+                        f"record before effect: {self.identity} created {d.name} ([{chain.why}]) but no record "
+                        f"names it (span {span.name}: state {span.state}, dispatcher {span.dispatcher!r})"
+                    )
+                    return
 
     def _check_quiet(self, decision: Decision, out: executor.Outcome) -> None:
         """Production does not wake for the landing of chains that say ``wake=False`` (the runner sleeps until

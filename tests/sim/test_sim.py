@@ -236,11 +236,21 @@ def test_a_release_from_a_view_older_than_the_dispatcher_is_fenced_again() -> No
     assert old.violation.startswith("fencing:"), old.violation
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open bug found by the 50,000-history run of 2026-12-03 (also on 4300ead): a capture reports a minimum "
-    "above what it delivered for a dispatcher of a deleted table (invariant 'no gap'); fix it, then drop the mark",
-)
-def test_a_capture_never_reports_past_what_it_delivered_seed_2129177() -> None:
+def test_a_dispatcher_that_ran_while_its_table_had_no_frontier_is_judged_by_what_it_delivered_seed_2129177() -> None:
+    """Found by the 50,000-history run of 2026-12-03, a fault of the checker, not of the maintainer: Table t3
+    was deleted and its duplicate took ID 3; a dispatcher of t3's span started while ID 3 had no frontier (the
+    old one dropped with t3's incarnation, the new one not created yet), delivered its keys from 1000 to 1253
+    unbound, then was judged against the new frontier, which nothing had raised, at 1000. Bound late, its
+    delivery since its start counts; the history is clean, and it does bind late."""
     r = run_history(2129177)
     assert r.ok, r.violation
+    assert r.counts.get("run bound late", 0) >= 1
+
+
+def test_a_dispatcher_created_without_its_record_is_caught_at_once() -> None:
+    """Record before effect, checked on the store after each decision: the mutant creates a span placed but
+    without its placement annotation, and its dispatcher is named by no record. It was caught only by a
+    fault of the gap check (seed 2129177's) before the check existed."""
+    r = run_history(0, frozenset({"placement-created-unrecorded"}))
+    assert not r.ok
+    assert r.violation.startswith("record before effect:"), r.violation
