@@ -147,8 +147,9 @@ class Store:
     objects: dict[str, dict[str, JSON]] = field(default_factory=dict)
     tombstones: dict[str, dict[str, int]] = field(default_factory=dict)
     records: dict[str, dict[str, Record]] = field(default_factory=dict)
-    #: name -> (resourceVersion, message) of an object that could not be converted.
-    invalid: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
+    #: name -> (resourceVersion, message, changefeed) of an object that could not be converted; the changefeed
+    #: its ``spec.changefeed`` or label names ("" if neither), so that a shard's are dropped with it.
+    invalid: dict[str, dict[str, tuple[int, str, str]]] = field(default_factory=dict)
     #: The health of our view of Leases (driven by the informer's Lease stream), on the monotonic clock.
     lease_view: ViewClock = field(default_factory=lambda: ViewClock(fresh=LEASE_FRESH))
     #: Per Lease: when its renewTime last changed, on ``lease_view``.
@@ -326,7 +327,7 @@ class Store:
         try:
             rec: Record | None = self._compact(conv.from_resource(obj))
         except conv.InvalidResource as exc:
-            self.invalid.setdefault(kind, {})[name] = (rv, str(exc))
+            self.invalid.setdefault(kind, {})[name] = (rv, str(exc), _spec_changefeed(obj) or label_of(obj))
             rec = None
         if rec is not None and self.shards is not None and kind in SHARDED:
             # Not a changefeed this replica leads (any more): not kept.
@@ -417,7 +418,15 @@ class Store:
                 if old is not None:
                     self._route(old, None)
             self._drop_tombstones(kind, changefeed)
+            self._drop_invalid(kind, changefeed)
         self.last_change = {changefeed}
+
+    def _drop_invalid(self, kind: str, changefeed: str, keep: Collection[str] = ()) -> None:
+        """Forget the objects of ``kind`` that could not be converted and name ``changefeed`` (all of them for
+        ""), but those in ``keep``."""
+        bad = self.invalid.get(kind, {})
+        for name in [n for n, (_, _, cf) in bad.items() if (not changefeed or cf == changefeed) and n not in keep]:
+            del bad[name]
 
     def list_page(self, kind: str, items: list[JSON], listing: Listing) -> None:
         """One page of a LIST. Items are dropped from ``items`` as they are converted (the caller's list)."""
@@ -455,9 +464,8 @@ class Store:
         for name in [n for n in candidates if n not in listing.names and not 0 < rv < _rv_of(records[n])]:
             old = self.records[kind].pop(name)
             touched |= self._route(old, None)
-        if not listing.changefeed:  # an invalid object has no changefeed to tell which shard it is of
-            for name in [n for n in self.invalid.get(kind, {}) if n not in listing.names]:
-                del self.invalid[kind][name]
+        # A shard's LIST answers for the invalid objects that name its changefeed; a whole LIST for every one.
+        self._drop_invalid(kind, listing.changefeed, keep=listing.names)
         self.last_change = touched
 
     def record(self, kind: Kind, name: str) -> Record | None:
@@ -471,7 +479,7 @@ class Store:
         try:
             return self._capture(obj, self._bucket(LEASE).get(conv.lease_name(name)))
         except conv.InvalidResource as exc:
-            self.invalid.setdefault(kind.value, {})[name] = (_rv(obj), str(exc))
+            self.invalid.setdefault(kind.value, {})[name] = (_rv(obj), str(exc), "")
             return None
 
     def _capture(self, obj: JSON, lease: JSON | None, memo: bool = True) -> Capture:

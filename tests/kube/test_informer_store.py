@@ -211,3 +211,38 @@ def test_a_paged_list_never_puts_back_an_older_version_or_drops_a_newer_object()
     assert s.records["Span"]["b"].resource_version == "12"
     s.replace_all("Span", [_span("a", 20)])  # one whole LIST at rv 20: b and c are gone
     assert sorted(s.records["Span"]) == ["a"]
+
+
+def _bad_span(name: str, changefeed: str, rv: int) -> dict[str, Any]:
+    """A Span that cannot be converted (its key range is not hex), labelled and specced with ``changefeed``."""
+    return {
+        "apiVersion": "cdc.maintainer.dev/v1alpha1",
+        "kind": "Span",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"u-{name}",
+            "resourceVersion": str(rv),
+            "labels": {"cdc.maintainer.dev/changefeed": changefeed},
+        },
+        "spec": {"changefeed": changefeed, "tableId": 1, "startKey": "zz", "endKey": "zz", "mode": "default"},
+    }
+
+
+def test_a_shards_invalid_objects_go_with_the_shard() -> None:
+    """A sharded cache drops a changefeed's records when it gives the changefeed up; the objects of that
+    changefeed that could not be converted went on being held (and their resourceVersions consulted) for good.
+    They go with the shard now, and a shard's LIST forgets those of its changefeed it no longer names."""
+    s = Store(shards={"a", "b"})
+    assert s.put("Span", _bad_span("a-1", "a", 5))
+    assert s.put("Span", _bad_span("a-2", "a", 6))
+    assert s.put("Span", _bad_span("b-1", "b", 7))
+    assert set(s.invalid["Span"]) == {"a-1", "a-2", "b-1"}
+    s.untrack("a")
+    assert set(s.invalid["Span"]) == {"b-1"}
+    s.track("a")
+    assert s.put("Span", _bad_span("a-1", "a", 8))
+    listing = s.begin_listing("Span", "b")
+    s.list_page("Span", [], listing)
+    s.end_listing("Span", listing, 9)
+    assert set(s.invalid["Span"]) == {"a-1"}  # b's LIST did not name b-1; a's are not its to judge
