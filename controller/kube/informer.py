@@ -90,6 +90,10 @@ LIST_PATIENCE = 5.0
 MAX_INTERNED = 10_000
 #: Lease names that are captures' (``capture-<name>``); the maintainers' own are ``cfm-<changefeed>``.
 CAPTURE_LEASE_PREFIX = conv.lease_name("")
+#: The renewTime of the stand-in for a capture Lease never seen (``Store._missing_lease``): what counts is when it
+#: was first missed, on our clock.
+_EPOCH = "1970-01-01T00:00:00.000000Z"
+_ABSENT = ("absent",)
 
 
 def _report(lease: JSON | None) -> tuple[ProgressEntry, ...] | None:
@@ -163,6 +167,12 @@ class Store:
     _tomb_cf: dict[str, dict[str, str]] = field(default_factory=dict)
     #: Capture records as converted with their Lease (memo; ``renew_time`` is put on our clock on reads).
     _captures: dict[str, Capture] = field(default_factory=dict)
+    #: Per capture Lease that vanished while it named its capture (deleted by hand): the last object seen of
+    #: it. Its silence is kept: the capture counts as holding it until a lease duration passes unrenewed
+    #: (``_missing_lease``).
+    _vanished: dict[str, JSON] = field(default_factory=dict)
+    #: Capture Leases seen released (holder emptied) and then gone: nothing of their captures runs.
+    _let_go: set[str] = field(default_factory=set)
     #: Label and finalizer tuples shared by the records that carry equal ones (``_compact``).
     _tuples: dict[tuple[object, ...], tuple[object, ...]] = field(default_factory=dict)
 
@@ -273,6 +283,9 @@ class Store:
             self._put_record(kind, name, rv, obj)
             return True
         if kind == LEASE:
+            if self._vanished.pop(name, None) is not None:
+                self.silence.forget(name)  # a new Lease (the capture's next process): seen for the first time
+            self._let_go.discard(name)
             concerned = self._observe_lease(obj, time.monotonic())
             self._bucket(kind)[name] = obj
             capture = name[len(CAPTURE_LEASE_PREFIX) :] if name.startswith(CAPTURE_LEASE_PREFIX) else ""
@@ -344,7 +357,7 @@ class Store:
         current = self._current_rv(kind, name)
         if current is not None and current > rv:
             return
-        self._bucket(kind).pop(name, None)
+        raw = self._bucket(kind).pop(name, None)
         old = self.records.get(kind, {}).pop(name, None)
         self.invalid.get(kind, {}).pop(name, None)
         self.tombstones.setdefault(kind, {})[name] = rv
@@ -355,13 +368,56 @@ class Store:
         if kind in RECORD_ONLY:
             self.last_change = self._route(old, None)
         elif kind == LEASE:
-            self.silence.forget(name)
+            self._lease_gone(name, raw)
             capture = name[len(CAPTURE_LEASE_PREFIX) :] if name.startswith(CAPTURE_LEASE_PREFIX) else ""
             self._captures.pop(capture, None)
             self.last_change = None if capture else set()
         else:
             self._captures.pop(name, None)
+            if kind == Kind.CAPTURE.value:  # a Capture gone: nothing of it is judged by its Lease's absence any more
+                lease = conv.lease_name(name)
+                if lease not in self._bucket(LEASE):
+                    self._vanished.pop(lease, None)
+                    self._let_go.discard(lease)
+                    self.silence.forget(lease)
             self.last_change = None
+
+    def _lease_gone(self, name: str, last: JSON | None) -> None:
+        """Lease ``name`` is gone (deleted, or not named by a LIST). A capture's that still named its capture
+        (deleted by hand while the capture runs) is remembered with its silence: that capture may deliver until
+        its renew deadline, and its dispatchers may be released only once it could not have renewed for a lease
+        duration, as for a Lease that lapsed. One it had released (its holder emptied at a graceful stop) is
+        forgotten: that capture stopped everything first."""
+        if last is None:
+            return  # already gone (a second removal): as it was
+        capture = name.removeprefix(CAPTURE_LEASE_PREFIX)
+        if name.startswith(CAPTURE_LEASE_PREFIX) and capture:
+            if (last.get("spec") or {}).get("holderIdentity") == capture:
+                self._vanished[name] = last
+                return
+            self._let_go.add(name)
+        self.silence.forget(name)
+
+    def _missing_lease(self, capture: str) -> JSON | None:
+        """What stands for capture ``capture``'s Lease when there is none: the last one seen if it vanished while
+        it named the capture, else (a Lease never seen: a maintainer started after it was deleted) one renewed
+        when the capture was first seen without it, of the default duration. None when the Lease was released."""
+        name = conv.lease_name(capture)
+        last = self._vanished.get(name)
+        if last is not None:
+            return last
+        if name in self._let_go:
+            return None  # seen released, then gone: nothing of it runs
+        self.silence.observe(name, _ABSENT, time.monotonic())
+        self._vanished[name] = last = {
+            "metadata": {"name": name},
+            "spec": {
+                "holderIdentity": capture,
+                "leaseDurationSeconds": int(Capture(name=capture).lease_duration),
+                "renewTime": _EPOCH,
+            },
+        }
+        return last
 
     def replace_all(self, kind: str, items: list[JSON]) -> None:
         """What a LIST says is all there is of ``kind`` (in one page; see ``begin_listing``)."""
@@ -447,11 +503,15 @@ class Store:
         snapshot (write-throughs that landed between its pages; 0: none are kept)."""
         if kind not in RECORD_ONLY:
             items = listing.held
+            before = self.objects.get(kind, {})
             self.objects[kind] = {o["metadata"]["name"]: o for o in items}
             if kind == LEASE:
                 now = time.monotonic()
-                for gone in set(self.silence.seen) - set(self.objects[kind]):
-                    self.silence.forget(gone)
+                for gone in set(self.silence.seen) - set(self.objects[kind]) - set(self._vanished):
+                    self._lease_gone(gone, before.get(gone))
+                for name in set(self._vanished) & set(self.objects[kind]):
+                    del self._vanished[name]
+                self._let_go -= set(self.objects[kind])
                 for o in items:
                     self._observe_lease(o, now)
             self._captures.clear()
@@ -477,10 +537,22 @@ class Store:
         if obj is None:
             return None
         try:
-            return self._capture(obj, self._bucket(LEASE).get(conv.lease_name(name)))
+            return self._capture_with_lease(obj)
         except conv.InvalidResource as exc:
             self.invalid.setdefault(kind.value, {})[name] = (_rv(obj), str(exc), "")
             return None
+
+    def _capture_with_lease(self, obj: JSON) -> Capture:
+        """The Capture ``obj`` with its Lease; without one, with what stands for it (``_missing_lease``), as a
+        capture being deleted: never scheduled on, its dispatchers released only once that Lease ran out."""
+        name = obj["metadata"]["name"]
+        lease = self._bucket(LEASE).get(conv.lease_name(name))
+        if lease is not None:
+            return self._capture(obj, lease)
+        stand_in = self._missing_lease(name)
+        if stand_in is None:
+            return self._capture(obj, None)
+        return self._capture(obj, stand_in, memo=False).evolve(deleting=True)
 
     def _capture(self, obj: JSON, lease: JSON | None, memo: bool = True) -> Capture:
         """The Capture with its Lease, ``renew_time`` on our clock: now minus its silence as we count it.

@@ -246,3 +246,68 @@ def test_a_shards_invalid_objects_go_with_the_shard() -> None:
     s.list_page("Span", [], listing)
     s.end_listing("Span", listing, 9)
     assert set(s.invalid["Span"]) == {"a-1"}  # b's LIST did not name b-1; a's are not its to judge
+
+
+def _now_stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+
+
+def test_a_capture_lease_deleted_by_hand_counts_as_held_until_it_would_have_run_out() -> None:
+    """A person deletes a running capture's Lease. The capture delivers until its next renewal finds it gone
+    (or its renew deadline); the maintainer took the missing Lease for one released and let the capture's
+    dispatchers go at once, so their spans could be placed elsewhere while it still ran them. The last Lease
+    seen now stands for it: the capture is not alive (never scheduled on) but not taken either, and it is
+    expired (its dispatchers may be released after a fence) only once a lease duration passed unrenewed."""
+    s = Store()
+    s.put("Capture", CAPTURE)
+    s.put(LEASE, lease(6, _now_stamp()))
+    s.remove(LEASE, "capture-c0", 7)
+    rec = s.record(Kind.CAPTURE, "c0")
+    assert isinstance(rec, Capture)
+    now = time.time()
+    assert not rec.alive(now) and rec.deleting
+    assert not rec.lease_taken and not rec.expired(now)
+    s.remove(LEASE, "capture-c0", 8)  # a second removal (the watch's DELETED after a forget) changes nothing
+    age(s, "capture-c0", 11.0)
+    rec = s.record(Kind.CAPTURE, "c0")
+    assert isinstance(rec, Capture) and not rec.lease_taken and rec.expired(time.time())
+    # The capture's next process makes a new Lease: the stand-in goes.
+    s.put(LEASE, lease(9, _now_stamp()))
+    rec = s.record(Kind.CAPTURE, "c0")
+    assert isinstance(rec, Capture) and rec.alive(time.time()) and not rec.deleting
+
+
+def test_a_capture_lease_released_then_deleted_is_taken_at_once() -> None:
+    """A graceful stop empties the holder after stopping every dispatcher: nothing to wait for."""
+    s = Store()
+    s.put("Capture", CAPTURE)
+    released = lease(6, _now_stamp())
+    released["spec"]["holderIdentity"] = ""
+    s.put(LEASE, released)
+    s.remove(LEASE, "capture-c0", 7)
+    rec = s.record(Kind.CAPTURE, "c0")
+    assert isinstance(rec, Capture) and rec.lease_taken and not rec.alive(time.time())
+
+
+def test_a_capture_lease_missing_from_a_relist_or_never_seen_is_waited_for() -> None:
+    """The same when the Lease is missing from a relist (the DELETED event was missed), and for a maintainer
+    that started after the deletion: the capture counts as renewed when it was first seen without a Lease,
+    for the default duration."""
+    s = Store()
+    s.put("Capture", CAPTURE)
+    s.put(LEASE, lease(6, _now_stamp()))
+    s.replace_all(LEASE, [])
+    rec = s.record(Kind.CAPTURE, "c0")
+    assert isinstance(rec, Capture) and not rec.lease_taken and not rec.expired(time.time())
+
+    fresh = Store()
+    fresh.put("Capture", CAPTURE)
+    rec = fresh.record(Kind.CAPTURE, "c0")
+    assert isinstance(rec, Capture) and rec.deleting and not rec.lease_taken
+    assert not rec.expired(time.time())
+    age(fresh, "capture-c0", rec.lease_duration + 1)
+    rec = fresh.record(Kind.CAPTURE, "c0")
+    assert isinstance(rec, Capture) and rec.expired(time.time())
+    # The Capture goes: nothing of it is remembered.
+    fresh.remove("Capture", "c0", 9)
+    assert "capture-c0" not in fresh.silence.seen
