@@ -265,16 +265,22 @@ def test_a_capture_lease_deleted_by_hand_counts_as_held_until_it_would_have_run_
     rec = s.record(Kind.CAPTURE, "c0")
     assert isinstance(rec, Capture)
     now = time.time()
-    assert not rec.alive(now) and rec.deleting
-    assert not rec.lease_taken and not rec.expired(now)
+    assert not rec.alive(now)
+    assert rec.deleting
+    assert not rec.lease_taken
+    assert not rec.expired(now)
     s.remove(LEASE, "capture-c0", 8)  # a second removal (the watch's DELETED after a forget) changes nothing
     age(s, "capture-c0", 11.0)
     rec = s.record(Kind.CAPTURE, "c0")
-    assert isinstance(rec, Capture) and not rec.lease_taken and rec.expired(time.time())
+    assert isinstance(rec, Capture)
+    assert not rec.lease_taken
+    assert rec.expired(time.time())
     # The capture's next process makes a new Lease: the stand-in goes.
     s.put(LEASE, lease(9, _now_stamp()))
     rec = s.record(Kind.CAPTURE, "c0")
-    assert isinstance(rec, Capture) and rec.alive(time.time()) and not rec.deleting
+    assert isinstance(rec, Capture)
+    assert rec.alive(time.time())
+    assert not rec.deleting
 
 
 def test_a_capture_lease_released_then_deleted_is_taken_at_once() -> None:
@@ -286,7 +292,9 @@ def test_a_capture_lease_released_then_deleted_is_taken_at_once() -> None:
     s.put(LEASE, released)
     s.remove(LEASE, "capture-c0", 7)
     rec = s.record(Kind.CAPTURE, "c0")
-    assert isinstance(rec, Capture) and rec.lease_taken and not rec.alive(time.time())
+    assert isinstance(rec, Capture)
+    assert rec.lease_taken
+    assert not rec.alive(time.time())
 
 
 def test_a_capture_lease_missing_from_a_relist_or_never_seen_is_waited_for() -> None:
@@ -298,16 +306,21 @@ def test_a_capture_lease_missing_from_a_relist_or_never_seen_is_waited_for() -> 
     s.put(LEASE, lease(6, _now_stamp()))
     s.replace_all(LEASE, [])
     rec = s.record(Kind.CAPTURE, "c0")
-    assert isinstance(rec, Capture) and not rec.lease_taken and not rec.expired(time.time())
+    assert isinstance(rec, Capture)
+    assert not rec.lease_taken
+    assert not rec.expired(time.time())
 
     fresh = Store()
     fresh.put("Capture", CAPTURE)
     rec = fresh.record(Kind.CAPTURE, "c0")
-    assert isinstance(rec, Capture) and rec.deleting and not rec.lease_taken
+    assert isinstance(rec, Capture)
+    assert rec.deleting
+    assert not rec.lease_taken
     assert not rec.expired(time.time())
     age(fresh, "capture-c0", rec.lease_duration + 1)
     rec = fresh.record(Kind.CAPTURE, "c0")
-    assert isinstance(rec, Capture) and rec.expired(time.time())
+    assert isinstance(rec, Capture)
+    assert rec.expired(time.time())
     # The Capture goes: nothing of it is remembered.
     fresh.remove("Capture", "c0", 9)
     assert "capture-c0" not in fresh.silence.seen
