@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from controller.engine import shards, teardown
-from controller.engine.maintainer import Decision, Memory, decide, observed
+from controller.engine.maintainer import CHECKPOINT_INTERVAL, Decision, Memory, decide, observed
 from controller.engine.world import AUDIT_INTERVAL, Options, World
 from controller.kube import namespace, tenure
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, sleep_or
@@ -186,6 +186,8 @@ class Maintainer:
         )
         self.loops: dict[str, asyncio.Task[None]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
+        #: Per changefeed: the wake-up a capture's progress report waits for (``_progress_wake``).
+        self._progress_timers: dict[str, asyncio.TimerHandle] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self.started = time.monotonic()
         #: Changefeeds whose loop has had an answer from the API to a bid for its Lease (won or not),
@@ -475,6 +477,9 @@ class Maintainer:
             self._labelling.cancel()
         for t in self.loops.values():
             t.cancel()
+        for timer in self._progress_timers.values():
+            timer.cancel()
+        self._progress_timers.clear()
         await asyncio.gather(*self.loops.values(), return_exceptions=True)
         if self._membership is not None:
             self._membership.cancel()
@@ -496,13 +501,36 @@ class Maintainer:
         if concerned is None:  # a capture: every changefeed's decisions look at the captures
             self.wakeup.set()
         else:
+            report = kind == LEASE and name.startswith(CAPTURE_LEASE_PREFIX)
             for cf in concerned:
                 ev = self._wakeups.get(cf)
-                if ev is not None:
+                if ev is not None and report:
+                    self._progress_wake(cf, ev)
+                elif ev is not None:
                     ev.set()
                 elif kind == Kind.CHANGEFEED.value:
                     self.wakeup.set()  # a new changefeed: the supervisor starts its loop
         self.metrics.on_change(kind, name)
+
+    def _progress_wake(self, cf: str, ev: asyncio.Event) -> None:
+        """A capture's progress report changed for ``cf`` (a capture's liveness or a Lease taken is not this:
+        ``last_change`` is None then). Reports feed nothing but the checkpoint (engine/progress.py), and a new
+        checkpoint is written at most once per ``CHECKPOINT_INTERVAL``: until then a decision would hold it
+        back and write nothing for it. So the changefeed wakes once that interval since its last checkpoint
+        write is over, for every report that came meanwhile (three captures report 1.5 times a second at rest:
+        a decision each, most of them writing nothing), at once if it is over already."""
+        memory = self.memories.get(cf)
+        delay = memory.checkpoint_at + CHECKPOINT_INTERVAL - time.time() if memory is not None else 0.0
+        if delay <= 0:
+            ev.set()
+        elif cf not in self._progress_timers:
+            self._progress_timers[cf] = asyncio.get_running_loop().call_later(delay, self._progress_due, cf)
+
+    def _progress_due(self, cf: str) -> None:
+        self._progress_timers.pop(cf, None)
+        ev = self._wakeups.get(cf)
+        if ev is not None:
+            ev.set()
 
     def healthy(self) -> tuple[bool, str]:
         if self._supervisor is not None and self._supervisor.done():

@@ -388,3 +388,36 @@ def test_a_captures_renewal_wakes_its_changefeeds_not_the_supervisor(server: Api
             assert m._kick.is_set()
 
     asyncio.run(main())
+
+
+def test_a_progress_report_wakes_its_changefeed_when_a_checkpoint_may_be_written(server: ApiServerHandle) -> None:
+    """Reports feed only the checkpoint, written at most once per CHECKPOINT_INTERVAL. A report that comes
+    within that interval of the last checkpoint write wakes the changefeed when it is over (once, for all the
+    reports that came meanwhile); one after it, at once. Three captures report 1.5 times a second at rest, and
+    each woke a decision that mostly wrote nothing (issue 25: 3.5 decisions a second at rest)."""
+
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            m = Maintainer(client, settings("unused"))
+            woken = m._wakeups.setdefault(CF, asyncio.Event())
+            m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time())
+            m.informer.store.last_change = {CF}
+            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c1")
+            assert not woken.is_set()
+            assert list(m._progress_timers) == [CF]  # one wake-up for both reports
+            due = m._progress_timers[CF].when() - asyncio.get_running_loop().time()
+            assert 0.5 * runner.CHECKPOINT_INTERVAL < due <= runner.CHECKPOINT_INTERVAL
+            await asyncio.wait_for(woken.wait(), 5)
+            assert not m._progress_timers
+            woken.clear()
+            m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time() - 2 * runner.CHECKPOINT_INTERVAL)
+            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            assert woken.is_set()
+            woken.clear()
+            m.informer.store.last_change = {CF}  # anything else of the changefeed still wakes it at once
+            m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time())
+            m._changed(Kind.SPAN.value, "s1")
+            assert woken.is_set()
+
+    asyncio.run(main())
