@@ -29,6 +29,7 @@ import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import pstats  # noqa: E402
 import resource  # noqa: E402
 import selectors  # noqa: E402
@@ -241,6 +242,35 @@ class Probe:
         signal.setitimer(signal.ITIMER_PROF, 0)  # --stall-stacks' timer: a SIGPROF after exit kills the process
 
 
+#: (perf_counter, the machine's steal time in ms) every STEAL_EVERY s, from /proc/stat (--stall-stacks).
+STEAL: list[tuple[float, float]] = []
+STEAL_EVERY = 0.01
+
+
+def _steal_reader() -> None:
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    while True:
+        try:
+            with open("/proc/stat") as f:
+                fields = f.readline().split()
+            STEAL.append((time.perf_counter(), int(fields[8]) * tick_ms))
+            if len(STEAL) > 20_000:
+                del STEAL[:10_000]
+        except (OSError, IndexError, ValueError):
+            return
+        time.sleep(STEAL_EVERY)
+
+
+def _steal_between(began: float, ended: float) -> str:
+    """The machine's steal time (all CPUs, in ms) from the last sample before ``began`` to the latest one (taken
+    while the callback ran, the reader thread getting the GIL at switch intervals): "?" without one."""
+    samples = STEAL[-200:]
+    before = [v for t, v in samples if t <= began]
+    if not before or samples[-1][0] <= began:
+        return "?"
+    return f"{samples[-1][1] - before[-1]:.0f}"
+
+
 def _time_callbacks() -> None:
     """With --stall-stacks, also each callback of the loop: one that runs LONG_CALLBACK or more is counted in
     ``STACKS`` as ``callback <ms> ms (<ms> cpu): <what>`` (a task: its coroutine, and where it stopped). A long
@@ -249,6 +279,7 @@ def _time_callbacks() -> None:
 
     def timed(handle: asyncio.events.Handle) -> None:
         began, cpu, collected = time.perf_counter(), time.thread_time(), GC_LOOP[0]
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
         CALLBACK_BEGAN[0] = began
         try:
             run(handle)
@@ -259,10 +290,21 @@ def _time_callbacks() -> None:
             TURN_N[0] += 1
             if took >= LONG_CALLBACK:
                 spent, gc_s = time.thread_time() - cpu, GC_LOOP[0] - collected
-                what = f"{took * 1000:.0f} ms ({spent * 1000:.0f} cpu, {gc_s * 1000:.0f} gc)"
+                now = resource.getrusage(resource.RUSAGE_THREAD)
+                # Where the thread's CPU went (user, system: page faults are system time), the faults, the times
+                # it was preempted, and the machine's steal time meanwhile (a vCPU the host ran something else
+                # on: this VM may count it as the running thread's CPU).
+                what = (
+                    f"{took * 1000:.0f} ms ({spent * 1000:.0f} cpu, {gc_s * 1000:.0f} gc; "
+                    f"user {(now.ru_utime - usage.ru_utime) * 1000:.0f} "
+                    f"sys {(now.ru_stime - usage.ru_stime) * 1000:.0f} "
+                    f"minflt {now.ru_minflt - usage.ru_minflt} preempted {now.ru_nivcsw - usage.ru_nivcsw} "
+                    f"steal {_steal_between(began, time.perf_counter())} ms)"
+                )
                 STACKS[f"callback {what}: {_what(handle)}"] += 1
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    threading.Thread(target=_steal_reader, name="steal", daemon=True).start()
     # Where a long callback spends its time: a profiling timer (process CPU) whose handler, in the loop's
     # thread, counts the stack while the current callback has run LONG_CALLBACK or more.
     signal.signal(signal.SIGPROF, _in_long_callback)
