@@ -340,7 +340,8 @@ class Store:
         try:
             rec: Record | None = self._compact(conv.from_resource(obj))
         except conv.InvalidResource as exc:
-            self.invalid.setdefault(kind, {})[name] = (rv, str(exc), _spec_changefeed(obj) or label_of(obj))
+            # The label first: a shard's LIST and watch select by it.
+            self.invalid.setdefault(kind, {})[name] = (rv, str(exc), label_of(obj) or _spec_changefeed(obj))
             rec = None
         if rec is not None and self.shards is not None and kind in SHARDED:
             # Not a changefeed this replica leads (any more): not kept.
@@ -374,12 +375,6 @@ class Store:
             self.last_change = None if capture else set()
         else:
             self._captures.pop(name, None)
-            if kind == Kind.CAPTURE.value:  # a Capture gone: nothing of it is judged by its Lease's absence any more
-                lease = conv.lease_name(name)
-                if lease not in self._bucket(LEASE):
-                    self._vanished.pop(lease, None)
-                    self._let_go.discard(lease)
-                    self.silence.forget(lease)
             self.last_change = None
 
     def _lease_gone(self, name: str, last: JSON | None) -> None:
@@ -587,6 +582,22 @@ class Store:
                 out[name] = self._capture(stub, lease, memo=False).evolve(deleting=True)
             except conv.InvalidResource:
                 continue
+        # A capture whose Capture object and Lease are both gone, the Lease while it named the capture (deleted by
+        # hand in either order): its process may still run until its renew deadline, so what stood for its Lease
+        # still says when its dispatchers may go. Forgotten ten lease durations after it ran out.
+        for lease_name, last in list(self._vanished.items()):
+            name = lease_name.removeprefix(CAPTURE_LEASE_PREFIX)
+            if name in out or name in self._bucket(Kind.CAPTURE.value):
+                continue
+            try:
+                rec = self._capture({"kind": "Capture", "metadata": {"name": name}}, last, memo=False)
+            except conv.InvalidResource:
+                continue
+            if rec.renew_time is None or time.time() > rec.renew_time + 11 * rec.lease_duration:
+                del self._vanished[lease_name]
+                self.silence.forget(lease_name)
+                continue
+            out[name] = rec.evolve(deleting=True)
         return out
 
     def all(self, kind: Kind) -> dict[str, Record]:

@@ -521,7 +521,7 @@ class Maintainer:
         a decision each, most of them writing nothing), at once if it is over already."""
         memory = self.memories.get(cf)
         delay = memory.checkpoint_at + CHECKPOINT_INTERVAL - time.time() if memory is not None else 0.0
-        if delay <= 0:
+        if not 0 < delay <= CHECKPOINT_INTERVAL:  # over, or the wall clock stepped back: the engine writes then
             ev.set()
         elif cf not in self._progress_timers:
             self._progress_timers[cf] = asyncio.get_running_loop().call_later(delay, self._progress_due, cf)

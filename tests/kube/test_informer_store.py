@@ -321,6 +321,43 @@ def test_a_capture_lease_missing_from_a_relist_or_never_seen_is_waited_for() -> 
     rec = fresh.record(Kind.CAPTURE, "c0")
     assert isinstance(rec, Capture)
     assert rec.expired(time.time())
-    # The Capture goes: nothing of it is remembered.
+    # The Capture goes: what stood for its Lease is forgotten once it has long run out.
     fresh.remove("Capture", "c0", 9)
+    assert "c0" in fresh.captures()
+    age(fresh, "capture-c0", 11 * rec.lease_duration + 1)
+    assert "c0" not in fresh.captures()
     assert "capture-c0" not in fresh.silence.seen
+
+
+def test_a_capture_whose_object_and_lease_are_both_deleted_is_still_waited_for() -> None:
+    """The Capture object deleted (its process still running and closing its dispatchers), then its Lease, or
+    the other way round: the stand-in for the Lease still says when its dispatchers may go. Without it the
+    capture vanished from the view, which counts as fenced, and its dispatchers went at once."""
+    for order in (("Capture", LEASE), (LEASE, "Capture")):
+        s = Store()
+        s.put("Capture", CAPTURE)
+        s.put(LEASE, lease(6, _now_stamp()))
+        for kind in order:
+            s.remove(kind, "capture-c0" if kind == LEASE else "c0", 7)
+        rec = s.captures().get("c0")
+        assert isinstance(rec, Capture), order
+        assert rec.deleting
+        assert not rec.lease_taken
+        assert not rec.expired(time.time())
+        age(s, "capture-c0", 11.0)
+        rec = s.captures()["c0"]
+        assert rec.expired(time.time())
+        age(s, "capture-c0", 11 * 10.0 + 1)  # long run out: forgotten
+        assert "c0" not in s.captures()
+        assert "capture-c0" not in s.silence.seen
+
+
+def test_an_invalid_object_belongs_to_the_shard_its_label_names() -> None:
+    """A shard's LIST and watch select by the changefeed label: an invalid object labelled a but naming b in its
+    spec is a's, and goes with a's shard."""
+    s = Store(shards={"a", "b"})
+    bad = _bad_span("x", "a", 5)
+    bad["spec"]["changefeed"] = "b"
+    assert s.put("Span", bad)
+    s.untrack("a")
+    assert "x" not in s.invalid["Span"]

@@ -415,6 +415,12 @@ def test_a_progress_report_wakes_its_changefeed_when_a_checkpoint_may_be_written
             m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
             assert woken.is_set()
             woken.clear()
+            # The wall clock stepped back an hour since the last write: not an hour's wait (the engine writes then).
+            m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time() + 3600)
+            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            assert woken.is_set()
+            assert not m._progress_timers
+            woken.clear()
             m.informer.store.last_change = {CF}  # anything else of the changefeed still wakes it at once
             m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time())
             m._changed(Kind.SPAN.value, "s1")
