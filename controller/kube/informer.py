@@ -152,7 +152,8 @@ class Store:
     tombstones: dict[str, dict[str, int]] = field(default_factory=dict)
     records: dict[str, dict[str, Record]] = field(default_factory=dict)
     #: name -> (resourceVersion, message, changefeed) of an object that could not be converted; the changefeed
-    #: its ``spec.changefeed`` or label names ("" if neither), so that a shard's are dropped with it.
+    #: its label (what a shard selects by) or else its ``spec.changefeed`` names ("" if neither), so that a
+    #: shard's are dropped with it.
     invalid: dict[str, dict[str, tuple[int, str, str]]] = field(default_factory=dict)
     #: The health of our view of Leases (driven by the informer's Lease stream), on the monotonic clock.
     lease_view: ViewClock = field(default_factory=lambda: ViewClock(fresh=LEASE_FRESH))
