@@ -44,7 +44,7 @@ from typing import Any  # noqa: E402
 
 import controller.maintainer.runner as runner  # noqa: E402
 from controller.engine import shards  # noqa: E402
-from controller.kube import tenure  # noqa: E402
+from controller.kube import heap, tenure  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
 from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
 from controller.model.states import Kind  # noqa: E402
@@ -596,6 +596,14 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
             "total_s": round(m.tenure.total_s, 3),
         },
         "pacer_yields": m.informer.pacer.yields,
+        "heap_reserve": None
+        if m.heap is None
+        else {
+            "refills": m.heap.refills,
+            "written_mib": round(m.heap.written / heap.MiB, 1),
+            "refill_s": round(m.heap.refill_s, 3),
+            "top_mib": round(m.heap.top / heap.MiB, 1),
+        },
     }
 
 
@@ -684,6 +692,7 @@ async def main(a: argparse.Namespace) -> None:
         cache=a.cache,
         expected_replicas=a.expected_replicas,
         gc_tenure=a.gc_tenure,
+        heap_reserve=a.heap_reserve * heap.MiB,
         audit_interval=a.audit_interval,
     )
     m = TimedMaintainer(client, settings)
@@ -741,10 +750,13 @@ if __name__ == "__main__":
     p.add_argument("--expected-replicas", type=int, default=1)
     p.add_argument("--log-level", default="WARNING")
     p.add_argument("--gc-tenure", type=float, default=tenure.PERIOD)
+    p.add_argument("--heap-reserve", type=int, default=heap.CEILING // heap.MiB, help="MiB (0: off)")
     p.add_argument("--audit-interval", type=float, default=runner.Settings.audit_interval)
     p.add_argument("--probe", choices=("busy", "heartbeat"), default="busy", help="how stalls are measured")
     p.add_argument("--stall-stacks", action="store_true", help="sample the loop's stack while it stalls")
     args = p.parse_args()
+    if args.heap_reserve:
+        heap.configure()  # as the maintainer's main does, before any thread allocates
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     if args.probe == "busy":
         with asyncio.Runner(loop_factory=ProbedLoop) as run:

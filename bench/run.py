@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controller.apiserver import bench as api_bench  # noqa: E402
-from controller.kube import tenure  # noqa: E402
+from controller.kube import heap, tenure  # noqa: E402
 from controller.kube.client import RESOURCES, ApiError, Client, Config  # noqa: E402
 from controller.model import resources as conv  # noqa: E402
 from controller.model.keys import KeyRange  # noqa: E402
@@ -90,7 +90,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def worker_flags(a: argparse.Namespace) -> list[str]:
-    flags = ["--gc-tenure", str(a.gc_tenure), "--probe", a.probe, "--audit-interval", str(a.audit_interval)]
+    flags = ["--gc-tenure", str(a.gc_tenure), "--heap-reserve", str(a.heap_reserve), "--probe", a.probe, "--audit-interval", str(a.audit_interval)]
     return [*flags, *(["--stall-stacks"] if a.stall_stacks else [])]
 
 
@@ -691,6 +691,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
         out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
     out["tenure_first_maintainer"] = old.get("tenure")
+    out["heap_reserve_first_maintainer"] = old.get("heap_reserve")
     out["pacer_yields_first_maintainer"] = old.get("pacer_yields")
     out["audits_first_maintainer_ms"] = (await worker.ask("decisions 0")).get("audits")
     out["gc_leak_first_maintainer"] = await worker.ask("gc_leak", timeout=120)
@@ -747,6 +748,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
         out["stall_stacks_new_maintainer"] = await new.ask("stall_stacks")
     out["gc_full_new_maintainer"] = end.get("gc_full")
     out["tenure_new_maintainer"] = end.get("tenure")
+    out["heap_reserve_new_maintainer"] = end.get("heap_reserve")
     out["pacer_yields_new_maintainer"] = end.get("pacer_yields")
     out["new_maintainer_requests_total"] = end["requests"]
 
@@ -859,6 +861,7 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         if a.stall_stacks:
             out["stall_stacks_first_maintainer"] = await system.worker.ask("stall_stacks")
         out["tenure_first_maintainer"] = stats.get("tenure")
+        out["heap_reserve_first_maintainer"] = stats.get("heap_reserve")
         out["pacer_yields_first_maintainer"] = stats.get("pacer_yields")
         out["gc_full_first_maintainer"] = stats.get("gc_full")
         out["maintainer_requests_total"] = stats["requests"]
@@ -927,6 +930,10 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("whole run: tenure steps, longest ms (first | new maintainer)",
          " | ".join(f"{(r.get(k) or {}).get('steps', '-')}, {round((r.get(k) or {}).get('longest_s', 0) * 1000, 1)}"
                     for k in ("tenure_first_maintainer", "tenure_new_maintainer"))),
+        ("whole run: heap reserve refills, MiB written, s, top MiB at the end (first | new maintainer)",
+         " | ".join(f"{(r.get(k) or {}).get('refills', '-')}, {(r.get(k) or {}).get('written_mib', '-')}, "
+                    f"{(r.get(k) or {}).get('refill_s', '-')}, {(r.get(k) or {}).get('top_mib', '-')}"
+                    for k in ("heap_reserve_first_maintainer", "heap_reserve_new_maintainer"))),
         ("whole run: paced units that waited for a later turn (first | new maintainer)",
          f"{r.get('pacer_yields_first_maintainer', '-')} | {r.get('pacer_yields_new_maintainer', '-')}"),
         ("end: frozen objects; cycles that died frozen (gc_leak)",
@@ -1080,6 +1087,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=tenure.PERIOD,
         help=f"the maintainer's --gc-tenure (0: off; default {tenure.PERIOD:g}, as the maintainer's)",
+    )
+    p.add_argument(
+        "--heap-reserve",
+        type=int,
+        default=heap.CEILING // heap.MiB,
+        help=f"the maintainer's --heap-reserve, MiB (0: off; default {heap.CEILING // heap.MiB}, as the maintainer's)",
     )
     p.add_argument(
         "--audit-interval", type=float, default=300.0, help="the maintainer's full audits, s apart (default 300)"

@@ -13,7 +13,7 @@ import prometheus_client
 
 from controller import logs
 from controller.engine.world import AUDIT_INTERVAL
-from controller.kube import tenure
+from controller.kube import heap, tenure
 from controller.kube.probes import parse_endpoint
 from controller.maintainer import operator
 from controller.maintainer.runner import Settings, default_identity
@@ -116,6 +116,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "so that a pass never holds the event loop for long however many records are cached (0: off; "
         f"default {tenure.PERIOD:g})",
     )
+    p.add_argument(
+        "--heap-reserve",
+        type=int,
+        default=heap.CEILING // heap.MiB,
+        metavar="MIB",
+        help="at most this many MiB of free heap kept paged in by a thread of its own (a quarter of the heap in "
+        "use, at least 4), so that a table that grows in the event loop does not stall it in page faults; glibc "
+        f"only (0: off; default {heap.CEILING // heap.MiB})",
+    )
     logs.add_arguments(p)
     p.add_argument("--verbose", action="store_true", help="the same as --log-level DEBUG")
     a = p.parse_args(argv)
@@ -123,6 +132,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         a.log_level = "DEBUG"
     if a.gc_tenure < 0:
         p.error(f"--gc-tenure {a.gc_tenure:g}: must be 0 (off) or a positive number of seconds")
+    if a.heap_reserve != 0 and a.heap_reserve < heap.FLOOR // heap.MiB:
+        p.error(f"--heap-reserve {a.heap_reserve}: must be 0 (off) or at least {heap.FLOOR // heap.MiB} (MiB)")
     if not 0 <= a.metrics_port <= 65535:
         p.error(f"--metrics-port {a.metrics_port}: not a port (0 disables the endpoint)")
     if a.metrics_port and a.liveness and liveness_port(a.liveness) == a.metrics_port:
@@ -151,6 +162,8 @@ def liveness_port(url: str) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     operator.setup_logging(a.log_level, a.log_format)
+    if a.heap_reserve:
+        heap.configure()  # glibc's allocator settings, before any thread allocates
     settings = Settings(
         namespace=a.namespace,
         identity=a.identity or default_identity(),
@@ -164,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         cache=a.cache,
         expected_replicas=max(1, a.expected_replicas),
         gc_tenure=a.gc_tenure,
+        heap_reserve=a.heap_reserve * heap.MiB,
         metrics_port=a.metrics_port,
         metrics_address=a.metrics_address,
     )

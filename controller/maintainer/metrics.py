@@ -151,6 +151,19 @@ class StateCollector(Collector):
             )
             longest.add_metric([], m.tenure.longest_s)
             yield longest
+        if m.heap is not None:
+            refills = CounterMetricFamily(
+                PREFIX + "heap_reserve_refills",
+                "Refills of the heap reserve (--heap-reserve): free memory paged in by a thread of its own.",
+            )
+            refills.add_metric([], float(m.heap.refills))
+            yield refills
+            top = GaugeMetricFamily(
+                PREFIX + "heap_reserve_bytes",
+                "Free memory at the top of the heap at the reserve's last check (what a growing table is carved from).",
+            )
+            top.add_metric([], float(m.heap.top))
+            yield top
 
         leader = GaugeMetricFamily(
             PREFIX + "leader",

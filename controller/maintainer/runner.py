@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from controller.engine import shards, teardown
 from controller.engine.maintainer import CHECKPOINT_INTERVAL, Decision, Memory, decide, observed
 from controller.engine.world import AUDIT_INTERVAL, Options, World
-from controller.kube import namespace, tenure
+from controller.kube import heap, namespace, tenure
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, sleep_or
 from controller.kube.executor import Executor
 from controller.kube.informer import (
@@ -97,6 +97,10 @@ class Settings:
     #: full passes, so that they stay short however many records the replica holds); 0: off, the default of
     #: the class (a library user's process, a test's); the command line's default is tenure.PERIOD (0.5 s).
     gc_tenure: float = 0.0
+    #: The heap reserve's ceiling, bytes (controller.kube.heap: memory paged in ahead of time by a thread of its
+    #: own, so that a table growing in the event loop does not take thousands of page faults); 0: off, the
+    #: default of the class; the command line's default is heap.CEILING (32 MiB).
+    heap_reserve: int = 0
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
     metrics_address: str = "0.0.0.0"
 
@@ -221,11 +225,16 @@ class Maintainer:
         self._label_refused: set[tuple[str, str, str]] = set()
         self._label_at = -math.inf
         self.tenure = tenure.Tenure(settings.gc_tenure) if settings.gc_tenure > 0 else None
+        #: Set once its thread has started (None: off, or not glibc).
+        self.heap: heap.HeapReserve | None = None
         #: Set on every informer notification and when a changefeed's loop ends: the supervisor's next turn.
         self._kick = asyncio.Event()
         self._tenure: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self.settings.heap_reserve > 0:
+            reserve = heap.HeapReserve(self.settings.heap_reserve)
+            self.heap = reserve if reserve.start() else None
         if self.tenure is not None:
             self._tenure = asyncio.create_task(self.tenure.run(), name="tenure")
         await self.informer.start()
@@ -491,6 +500,8 @@ class Maintainer:
         if self._tenure is not None:
             self._tenure.cancel()
             await asyncio.gather(self._tenure, return_exceptions=True)
+        if self.heap is not None:
+            self.heap.stop()
 
     def _changed(self, kind: str, name: str) -> None:
         concerned = self.informer.store.last_change

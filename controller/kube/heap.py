@@ -1,0 +1,224 @@
+"""Heap reserve: memory the event loop will need is paged in by another thread, ahead of time.
+
+At 100,000 spans the maintainer's last long stalls (issue 25) were not Python's: they were the kernel's, in
+page faults. A dict or a set keyed by span name grows its table in one step (at 87,381 entries a dict goes from
+2^17 to 2^19 slots: a fresh 10 MB), and several such maps (the informer's records, the index, the trackers)
+cross the same size on the same insert. glibc serves a block that large with fresh pages (mmap, or brk past
+what the process ever touched), and the first write to each 4 KiB page faults: 3,756 faults, 75 ms of system
+time and no user time, in one informer write-through on this machine (20-34 us a fault under load, about 3 us
+alone). That time is the event loop's: no Lease renewal, watch event or decision runs meanwhile.
+
+:class:`HeapReserve` keeps a reserve of free memory at the top of glibc's main heap that has already been
+written to, so such a table is carved out of resident pages and its growth costs a copy, not thousands of
+faults. A thread of its own checks the heap every ``period`` seconds (``mallinfo2``) and, when the free memory
+at the top (``keepcost``) is below three quarters of the reserve wanted, allocates a block that extends it, writes it
+(``memset``) and frees it. Both calls go through ctypes, which releases the GIL, so the faults are taken on the
+other core while the loop runs. The reserve wanted is a quarter of the heap in use, between FLOOR and the
+``ceiling`` (``--heap-reserve``): the next table to grow is about as large as the largest one now, and those
+grow with the heap.
+
+For this to work, three of glibc's settings change (:func:`configure`, once, before any thread allocates):
+- one arena (``M_ARENA_MAX``): every thread allocates from the main heap, which the reserve refills (a
+  thread's own arena would take its blocks from memory the reserve never touched). Python's threads allocate
+  holding the GIL, so they hardly ever wait on the arena's lock;
+- blocks up to MMAP_THRESHOLD come from the heap, not from mmap (``M_MMAP_THRESHOLD``; glibc's own starts
+  at 128 KiB and moves up only as blocks are freed): an mmap is fresh memory whatever the reserve holds;
+- the top of the heap is given back to the system only past TRIM_THRESHOLD (``M_TRIM_THRESHOLD``), so the
+  reserve is not returned as soon as it is freed.
+
+What it costs: the reserve is resident (at most ``ceiling``, 32 MiB by default: 0.33 KiB a span at 100,000
+spans), and a refill's faults are CPU time of the other core. It does nothing where the C library is not glibc
+(``available()`` is false: musl, macOS) or with ``--heap-reserve 0``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+#: The reserve is at least this (when it is on) ...
+FLOOR = 4 * MiB
+#: ... and at most the ``ceiling``, by default this (``--heap-reserve`` in MiB; 0: off).
+CEILING = 32 * MiB
+#: The share of the heap in use kept in reserve.
+FRACTION = 0.25
+#: Blocks up to this size come from the heap (glibc's largest allowed M_MMAP_THRESHOLD on 64 bits).
+MMAP_THRESHOLD = 32 * MiB
+#: The top of the heap is trimmed only past this.
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
+#: Seconds between checks.
+PERIOD = 0.25
+#: A refill is done in blocks below the mmap threshold (glibc's chunk header and page rounding).
+BLOCK = MMAP_THRESHOLD - MiB
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+class _Glibc:
+    """The calls used, bound once (None where the C library is not glibc 2.33 or later)."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        version = getattr(libc, "gnu_get_libc_version", None)
+        if version is None or not hasattr(libc, "mallinfo2") or not hasattr(libc, "mallopt"):
+            raise OSError("not glibc 2.33 or later")
+        self.mallopt = libc.mallopt
+        self.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        self.mallopt.restype = ctypes.c_int
+        self.mallinfo2 = libc.mallinfo2
+        self.mallinfo2.argtypes = []
+        self.mallinfo2.restype = _MallInfo2
+        self.malloc = libc.malloc
+        self.malloc.argtypes = [ctypes.c_size_t]
+        self.malloc.restype = ctypes.c_void_p
+        self.free = libc.free
+        self.free.argtypes = [ctypes.c_void_p]
+        self.free.restype = None
+
+
+_glibc: _Glibc | None = None
+_configured = False
+_lock = threading.Lock()
+
+
+def _libc() -> _Glibc | None:
+    global _glibc
+    if _glibc is None:
+        try:
+            _glibc = _Glibc()
+        except (OSError, AttributeError):
+            return None
+    return _glibc
+
+
+def available() -> bool:
+    """Whether the C library is glibc with the calls the reserve needs."""
+    return _libc() is not None
+
+
+def configure() -> bool:
+    """Set glibc's allocator for the reserve (idempotent). Call before threads start; false where unavailable."""
+    global _configured
+    libc = _libc()
+    if libc is None:
+        return False
+    with _lock:
+        if not _configured:
+            ok = (
+                libc.mallopt(_M_ARENA_MAX, 1)
+                and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+            )
+            if not ok:
+                log.warning("glibc refused the heap reserve's settings (mallopt): the reserve is off")
+                return False
+            _configured = True
+    return True
+
+
+def wanted(in_use: int, ceiling: int) -> int:
+    """The reserve wanted for a heap with ``in_use`` bytes allocated."""
+    return min(ceiling, max(FLOOR, int(in_use * FRACTION)))
+
+
+class HeapReserve:
+    """The refilling thread (:meth:`start`, :meth:`stop`) and its figures for the metrics and the bench."""
+
+    def __init__(self, ceiling: int = CEILING, period: float = PERIOD) -> None:
+        if ceiling < FLOOR:
+            raise ValueError(f"the heap reserve's ceiling must be at least {FLOOR // MiB} MiB")
+        if period <= 0:
+            raise ValueError("the heap reserve's period must be positive")
+        self.ceiling = ceiling
+        self.period = period
+        self.refills = 0
+        #: Bytes written by refills (resident already or faulted in by them).
+        self.written = 0
+        self.refill_s = 0.0
+        #: The free memory at the top of the heap at the last check.
+        self.top = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> bool:
+        """Start the thread; false (and nothing started) where the reserve is unavailable."""
+        if not configure():
+            log.info("heap reserve unavailable (the C library is not glibc 2.33 or later)")
+            return False
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="heap-reserve", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.refill()
+            except Exception:  # an optimisation: never the end of the process
+                log.exception("heap reserve refill failed")
+
+    def refill(self) -> int:
+        """Top the reserve up if it is below three quarters of what is wanted; the bytes written (0: nothing to do)."""
+        libc = _libc()
+        if libc is None:
+            return 0
+        info = libc.mallinfo2()
+        self.top = info.keepcost
+        want = wanted(info.uordblks, self.ceiling)
+        if info.keepcost >= want * 3 // 4:
+            return 0
+        began = time.perf_counter()
+        # A block of (top + what is missing) is carved from the top of the heap, which it extends: only the part
+        # past the old top is fresh. Blocks stay below the mmap threshold, so none is an mmap.
+        need = want + info.keepcost
+        blocks: list[int] = []
+        written = 0
+        try:
+            while written < need:
+                size = min(BLOCK, need - written)
+                block = libc.malloc(size)
+                if not block:
+                    break
+                blocks.append(block)
+                ctypes.memset(block, 0, size)  # releases the GIL: the faults are this thread's
+                written += size
+        finally:
+            for block in blocks:
+                libc.free(block)
+        self.refills += 1
+        self.written += written
+        self.refill_s += time.perf_counter() - began
+        self.top = libc.mallinfo2().keepcost
+        return written
