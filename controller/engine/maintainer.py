@@ -262,10 +262,11 @@ def _next_due(
             if op.phase.terminal and not op.deleting:
                 keep = keep_user if op.source is OpSource.USER else keep_other
                 due.append(max(op.finished_at, op.created) + keep)
-    # A capture's Lease runs out (on the maintainer's clock): its spans are placed again.
-    for name in tick.alive:
-        c = tick.world.captures[name]
-        if c.renew_time is not None:
+    # A capture's Lease runs out (on the maintainer's clock): a live one's spans are placed again; one being
+    # deleted (its Capture object, or its Lease deleted by hand: the informer's stand-in) has its dispatchers
+    # released then. A Lease that names nobody has run out for good.
+    for c in tick.world.captures.values():
+        if c.renew_time is not None and not c.lease_taken:
             due.append(c.renew_time + c.lease_duration)
     # What is due already either ran now or waits for something only an event ends (a balance round
     # waits for operators to finish, spans to be placed): the event wakes the caller.

@@ -15,7 +15,9 @@ real cluster when ``CFM_TEST_KUBECONFIG`` names a kubeconfig (see conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from controller.model.keys import KeyRange, table_key
 from controller.model.records import SpanOperator
 from controller.model.states import DispatcherState, OpPhase, OpType, SpanState, Stage
 from tests.integration.harness import (
+    CAPTURE_LEASE,
     CHANGEFEED,
     MAINTAINER_LEASE,
     Api,
@@ -331,6 +334,58 @@ def test_sigterm_releases_the_lease_for_a_fast_takeover(api: Api, system: System
     with watch.explained(final):
         assert op(final, "op-move").phase is OpPhase.SUCCEEDED
         assert final.spans[mover.name].capture == target
+    no_gap(watch)
+
+
+def test_a_live_captures_lease_deleted_by_hand_frees_its_dispatchers_only_once_it_ran_out(
+    api: Api, system: System
+) -> None:
+    """``kubectl delete lease capture-c0`` while c0 runs: c0 may deliver until its next renewal finds the Lease
+    gone, so its dispatchers are released (and its spans placed again) only once it could not have renewed for
+    a lease duration, as for a Lease that lapsed. c0 is stopped (SIGSTOP) before the delete, so it cannot fence
+    itself early: for most of a lease duration after the delete its dispatchers must stay where they are
+    (before the informer's stand-in for a vanished Lease, they were released at once). Then the spans go to
+    the other captures; c0, continued, finds its Lease deleted and fences itself."""
+    watch, snap = boot(api, system, "m1")
+    victim = next(c for c in CAPTURES if any(d.capture == c for d in snap.dispatchers.values()))
+    held_before = sorted(d.name for d in snap.dispatchers.values() if d.capture == victim)
+    spans_before = len(snap.spans)
+    os.killpg(system.procs[victim].popen.pid, signal.SIGSTOP)
+    try:
+        api.delete("leases", f"capture-{victim}")
+        watch.until(lambda s: victim not in s.captures or not s.alive(victim), "the Lease deleted", 10)
+
+        spans = {snap.dispatchers[d].span for d in held_before}
+
+        def kept(s: Snap) -> object:
+            # Asked to close (deleted), but never released (the finalizer stays), and nothing else runs its spans.
+            mine = sorted(d.name for d in s.dispatchers.values() if d.capture == victim)
+            if mine != held_before:
+                return f"{victim} holds {mine}, held {held_before}"
+            elsewhere = [d.name for d in s.dispatchers.values() if d.span in spans and d.capture != victim]
+            return not elsewhere or f"placed elsewhere: {elsewhere}"
+
+        # c0 renewed at most 0.5 s before it stopped: nothing of it may go for the next 2.5 s at least.
+        watch.stays(kept, f"{victim}'s dispatchers kept while its Lease could still be renewed", CAPTURE_LEASE - 1.5)
+
+        def moved(s: Snap) -> object:
+            left = [d.name for d in s.dispatchers.values() if d.capture == victim]
+            if left:
+                return f"{victim} still holds {left}"
+            return all_settled(s)
+
+        final = watch.until(moved, f"{victim}'s spans placed on the others", SETTLE)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(system.procs[victim].popen.pid, signal.SIGCONT)
+    rc = system.signal(victim, signal.SIGCONT)  # already continued: wait for it to fence itself and exit
+    with watch.explained(final):
+        assert rc == 3, f"{victim} exited with {rc}"
+        assert len(final.spans) == spans_before
+        assert all(sp.capture != victim for sp in final.spans.values())
+        fenced = [line for line in system.gone[victim].tail(200).splitlines() if "fenced itself" in line]
+        assert fenced, f"{victim} did not fence itself"
+        assert "deleted" in fenced[0]
     no_gap(watch)
 
 

@@ -20,6 +20,7 @@ from controller.engine.maintainer import Decision, decide
 from controller.model.records import Capture, Dispatcher
 from controller.model.states import DISPATCHER_FINALIZER
 from tests.unit.fixtures import (
+    NOW,
     Kind,
     SpanState,
     Store,
@@ -110,6 +111,18 @@ def test_a_capture_not_alive_with_a_current_lease_closes_its_own_dispatchers() -
     assert ("delete", "Dispatcher", "da") in got
     assert ("unfinalize", "Dispatcher", "da") not in got
     assert not [w for w in writes(dec) if isinstance(w, I.FenceCapture)]
+
+
+def test_the_next_decision_is_due_when_a_capture_being_deleted_runs_out() -> None:
+    """A capture being deleted (or whose Lease was deleted by hand: the informer's stand-in) has its dispatchers
+    released once its Lease has run out; nothing else may wake the maintainer then, so the decision says when."""
+    leaving = replace(capture("c0"), deleting=True, renew_time=NOW - 10.0)  # runs out at NOW + 5
+    dec = decide(world(table(1), leaving, capture("c1"), A, B, DA, DB), memory())
+    assert dec.next_due == NOW + 5.0
+    later = decide(world(table(1), leaving, capture("c1"), A, B, DA, DB, now=NOW + 5.0), memory())
+    assert ("unfinalize", "Dispatcher", "da") in flat(later)  # what that decision does
+    gone = replace(leaving, lease_taken=True)  # a Lease that names nobody has run out for good
+    assert decide(world(table(1), gone, capture("c1"), A, B, DB), memory()).next_due == NOW + 15.0
 
 
 def test_a_capture_that_renews_before_the_fence_lands_keeps_its_dispatchers() -> None:
