@@ -54,6 +54,8 @@ MMAP_THRESHOLD = 32 * MiB
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
 #: Seconds between checks.
 PERIOD = 0.25
+#: The checks back off up to 2**BACKOFF periods (4 s) while refills do not reach the top (``HeapReserve.refill``).
+BACKOFF = 4
 #: A refill is done in blocks below the mmap threshold (glibc's chunk header and page rounding).
 BLOCK = MMAP_THRESHOLD - MiB
 
@@ -163,6 +165,8 @@ class HeapReserve:
         self.refill_s = 0.0
         #: The free memory at the top of the heap at the last check.
         self.top = 0
+        #: Refills in a row that left the top short (``wait``).
+        self.futile = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -183,14 +187,22 @@ class HeapReserve:
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
+        while not self._stop.wait(self.wait()):
             try:
                 self.refill()
             except Exception:  # an optimisation: never the end of the process
                 log.exception("heap reserve refill failed")
 
+    def wait(self) -> float:
+        """Seconds until the next check: the period, doubled for each refill in a row that left the top short."""
+        return self.period * (1 << min(self.futile, BACKOFF))
+
     def refill(self) -> int:
-        """Top the reserve up if it is below three quarters of what is wanted; the bytes written (0: nothing to do)."""
+        """Top the reserve up if it is below three quarters of what is wanted; the bytes written (0: nothing to do).
+
+        glibc serves the block from a free chunk large enough when there is one (a table freed by its growth, a
+        full audit's lists) rather than from the top: that memory is resident already and the top does not grow.
+        Such a refill is futile, and the checks back off (``wait``) until one reaches the top again."""
         libc = _libc()
         if libc is None:
             return 0
@@ -198,6 +210,7 @@ class HeapReserve:
         self.top = info.keepcost
         want = wanted(info.uordblks, self.ceiling)
         if info.keepcost >= want * 3 // 4:
+            self.futile = 0
             return 0
         began = time.perf_counter()
         # A block of (top + what is missing) is carved from the top of the heap, which it extends: only the part
@@ -221,4 +234,5 @@ class HeapReserve:
         self.written += written
         self.refill_s += time.perf_counter() - began
         self.top = libc.mallinfo2().keepcost
+        self.futile = self.futile + 1 if self.top < want * 3 // 4 else 0
         return written

@@ -6,6 +6,7 @@ Page faults are counted, not timed: a count does not wobble on a shared machine.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,49 @@ def test_the_reserve_wanted_is_a_quarter_of_the_heap_between_the_floor_and_the_c
     assert heap.wanted(64 * heap.MiB, heap.CEILING) == 16 * heap.MiB
     assert heap.wanted(1 << 40, heap.CEILING) == heap.CEILING
     assert heap.wanted(1 << 40, 8 * heap.MiB) == 8 * heap.MiB
+
+
+class FakeGlibc:
+    """mallinfo2, malloc and free over Python buffers: a heap whose top grows by what is freed (``to_top``), or
+    not (the blocks came from free chunks elsewhere)."""
+
+    def __init__(self, top: int, to_top: bool) -> None:
+        self.info = heap._MallInfo2()
+        self.info.keepcost = top
+        self.info.uordblks = 16 * heap.MiB  # wants the floor, 4 MiB
+        self.to_top = to_top
+        self.blocks: dict[int, ctypes.Array[ctypes.c_char]] = {}
+
+    def mallinfo2(self) -> heap._MallInfo2:
+        return self.info
+
+    def malloc(self, size: int) -> int:
+        block = ctypes.create_string_buffer(size)
+        self.blocks[ctypes.addressof(block)] = block
+        return ctypes.addressof(block)
+
+    def free(self, address: int) -> None:
+        block = self.blocks.pop(address)
+        if self.to_top:
+            self.info.keepcost = max(self.info.keepcost, ctypes.sizeof(block))
+
+
+def test_refills_that_do_not_reach_the_top_back_off_and_one_that_does_resets(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeGlibc(top=0, to_top=False)
+    monkeypatch.setattr(heap, "_libc", lambda: fake)
+    r = heap.HeapReserve(period=0.25)
+    assert r.wait() == 0.25
+    waits = []
+    for _ in range(6):
+        assert r.refill() == heap.FLOOR  # written, but the top did not grow: futile
+        waits.append(r.wait())
+    assert waits == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert not fake.blocks  # every block freed
+    fake.to_top = True
+    assert r.refill() == heap.FLOOR
+    assert (r.top, r.futile, r.wait()) == (heap.FLOOR, 0, 0.25)
+    assert r.refill() == 0  # full
+    assert r.refills == 7
 
 
 def test_its_settings_are_checked() -> None:
