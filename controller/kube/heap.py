@@ -13,7 +13,8 @@ written to, so such a table is carved out of resident pages and its growth costs
 faults. A thread of its own checks the heap every ``period`` seconds (``mallinfo2``) and, when the free memory
 at the top (``keepcost``) is below three quarters of the reserve wanted, allocates a block that extends it, writes it
 (``memset``) and frees it. Both calls go through ctypes, which releases the GIL, so the faults are taken on the
-other core while the loop runs. The reserve wanted is a quarter of the heap in use, between FLOOR and the
+other core while the loop runs. (A block glibc serves from a free chunk below the top is written once, then only
+probed while the top stays short: see ``refill``.) The reserve wanted is a quarter of the heap in use, between FLOOR and the
 ``ceiling`` (``--heap-reserve``): the next table to grow is about as large as the largest one now, and those
 grow with the heap.
 
@@ -54,8 +55,6 @@ MMAP_THRESHOLD = 32 * MiB
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
 #: Seconds between checks.
 PERIOD = 0.25
-#: The checks back off up to 2**BACKOFF periods (4 s) while refills do not reach the top (``HeapReserve.refill``).
-BACKOFF = 4
 #: A refill is done in blocks below the mmap threshold (glibc's chunk header and page rounding).
 BLOCK = MMAP_THRESHOLD - MiB
 
@@ -102,6 +101,9 @@ class _Glibc:
         self.free = libc.free
         self.free.argtypes = [ctypes.c_void_p]
         self.free.restype = None
+        self.sbrk = libc.sbrk  # the end of the main heap: its top chunk ends there
+        self.sbrk.argtypes = [ctypes.c_ssize_t]
+        self.sbrk.restype = ctypes.c_void_p
 
 
 _glibc: _Glibc | None = None
@@ -165,7 +167,7 @@ class HeapReserve:
         self.refill_s = 0.0
         #: The free memory at the top of the heap at the last check.
         self.top = 0
-        #: Refills in a row that left the top short (``wait``).
+        #: Checks in a row whose blocks came from below the top, which stayed short (``refill``).
         self.futile = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -187,22 +189,21 @@ class HeapReserve:
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.wait()):
+        while not self._stop.wait(self.period):
             try:
                 self.refill()
             except Exception:  # an optimisation: never the end of the process
                 log.exception("heap reserve refill failed")
 
-    def wait(self) -> float:
-        """Seconds until the next check: the period, doubled for each refill in a row that left the top short."""
-        return self.period * (1 << min(self.futile, BACKOFF))
-
     def refill(self) -> int:
         """Top the reserve up if it is below three quarters of what is wanted; the bytes written (0: nothing to do).
 
-        glibc serves the block from a free chunk large enough when there is one (a table freed by its growth, a
-        full audit's lists) rather than from the top: that memory is resident already and the top does not grow.
-        Such a refill is futile, and the checks back off (``wait``) until one reaches the top again."""
+        glibc serves a block from a free chunk large enough when there is one (a table freed by its growth, a full
+        audit's lists) rather than from the top. Such a chunk is resident memory a growing table can be carved
+        from as well, but the top does not grow, and the next check would write it again (at rest too: one run
+        wrote 2 GB in 247 refills). A block from below the top is written only by the first refill that finds it
+        (pages of it may never have been touched); while the top stays short, later checks only allocate and free
+        it (``futile``) until a block comes from the top again."""
         libc = _libc()
         if libc is None:
             return 0
@@ -215,24 +216,28 @@ class HeapReserve:
         began = time.perf_counter()
         # A block of (top + what is missing) is carved from the top of the heap, which it extends: only the part
         # past the old top is fresh. Blocks stay below the mmap threshold, so none is an mmap.
+        top_start = (libc.sbrk(0) or 0) - info.keepcost
         need = want + info.keepcost
         blocks: list[int] = []
-        written = 0
+        allocated = written = 0
         try:
-            while written < need:
-                size = min(BLOCK, need - written)
+            while allocated < need:
+                size = min(BLOCK, need - allocated)
                 block = libc.malloc(size)
                 if not block:
                     break
                 blocks.append(block)
-                ctypes.memset(block, 0, size)  # releases the GIL: the faults are this thread's
-                written += size
+                allocated += size
+                if block + size > top_start or not self.futile:
+                    ctypes.memset(block, 0, size)  # releases the GIL: the faults are this thread's
+                    written += size
         finally:
             for block in blocks:
                 libc.free(block)
-        self.refills += 1
-        self.written += written
-        self.refill_s += time.perf_counter() - began
         self.top = libc.mallinfo2().keepcost
         self.futile = self.futile + 1 if self.top < want * 3 // 4 else 0
+        if written:
+            self.refills += 1
+            self.written += written
+            self.refill_s += time.perf_counter() - began
         return written

@@ -67,18 +67,23 @@ def test_the_reserve_wanted_is_a_quarter_of_the_heap_between_the_floor_and_the_c
 
 
 class FakeGlibc:
-    """mallinfo2, malloc and free over Python buffers: a heap whose top grows by what is freed (``to_top``), or
-    not (the blocks came from free chunks elsewhere)."""
+    """mallinfo2, malloc, free and sbrk over Python buffers: a heap whose blocks come from its top, which grows by
+    what is freed (``from_top``), or from a free chunk below it (the top stays as it is)."""
 
-    def __init__(self, top: int, to_top: bool) -> None:
+    def __init__(self, top: int, from_top: bool) -> None:
         self.info = heap._MallInfo2()
         self.info.keepcost = top
         self.info.uordblks = 16 * heap.MiB  # wants the floor, 4 MiB
-        self.to_top = to_top
+        self.from_top = from_top
         self.blocks: dict[int, ctypes.Array[ctypes.c_char]] = {}
 
     def mallinfo2(self) -> heap._MallInfo2:
         return self.info
+
+    def sbrk(self, increment: int) -> int:
+        assert increment == 0
+        # The top chunk ends here: above every block (they come from below it) or below them (from it).
+        return (1 << 62) if not self.from_top else self.info.keepcost
 
     def malloc(self, size: int) -> int:
         block = ctypes.create_string_buffer(size)
@@ -87,26 +92,25 @@ class FakeGlibc:
 
     def free(self, address: int) -> None:
         block = self.blocks.pop(address)
-        if self.to_top:
+        if self.from_top:
             self.info.keepcost = max(self.info.keepcost, ctypes.sizeof(block))
 
 
-def test_refills_that_do_not_reach_the_top_back_off_and_one_that_does_resets(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeGlibc(top=0, to_top=False)
+def test_a_free_chunk_below_the_top_is_written_once_then_only_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeGlibc(top=0, from_top=False)
     monkeypatch.setattr(heap, "_libc", lambda: fake)
-    r = heap.HeapReserve(period=0.25)
-    assert r.wait() == 0.25
-    waits = []
-    for _ in range(6):
-        assert r.refill() == heap.FLOOR  # written, but the top did not grow: futile
-        waits.append(r.wait())
-    assert waits == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    r = heap.HeapReserve()
+    assert r.refill() == heap.FLOOR  # from a free chunk below the top: written (some of it may be untouched)
+    assert (r.futile, r.refills) == (1, 1)
+    for _ in range(5):
+        assert r.refill() == 0  # the same chunk again: allocated and freed, not written
+    assert (r.futile, r.refills, r.written) == (6, 1, heap.FLOOR)
     assert not fake.blocks  # every block freed
-    fake.to_top = True
+    fake.from_top = True  # the chunk was used up: the block comes from the top, which grows
     assert r.refill() == heap.FLOOR
-    assert (r.top, r.futile, r.wait()) == (heap.FLOOR, 0, 0.25)
+    assert (r.top, r.futile, r.refills) == (heap.FLOOR, 0, 2)
     assert r.refill() == 0  # full
-    assert r.refills == 7
+    assert r.refills == 2
 
 
 def test_its_settings_are_checked() -> None:
