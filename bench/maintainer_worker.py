@@ -603,6 +603,8 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
             "written_mib": round(m.heap.written / heap.MiB, 1),
             "refill_s": round(m.heap.refill_s, 3),
             "top_mib": round(m.heap.top / heap.MiB, 1),
+            "longest_check_ms": round(m.heap.longest_check_s * 1000, 2),
+            "off": m.heap.off,
         },
     }
 
@@ -756,7 +758,7 @@ if __name__ == "__main__":
     p.add_argument("--stall-stacks", action="store_true", help="sample the loop's stack while it stalls")
     args = p.parse_args()
     if args.heap_reserve:
-        heap.configure()  # as the maintainer's main does, before any thread allocates
+        heap.configure(args.heap_reserve * heap.MiB)  # as the maintainer's main does, before any thread allocates
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     if args.probe == "busy":
         with asyncio.Runner(loop_factory=ProbedLoop) as run:

@@ -930,9 +930,10 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("whole run: tenure steps, longest ms (first | new maintainer)",
          " | ".join(f"{(r.get(k) or {}).get('steps', '-')}, {round((r.get(k) or {}).get('longest_s', 0) * 1000, 1)}"
                     for k in ("tenure_first_maintainer", "tenure_new_maintainer"))),
-        ("whole run: heap reserve refills, MiB written, s, top MiB at the end (first | new maintainer)",
+        ("whole run: heap reserve refills, MiB written, s, top MiB at the end, longest mallinfo2 ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('refills', '-')}, {(r.get(k) or {}).get('written_mib', '-')}, "
-                    f"{(r.get(k) or {}).get('refill_s', '-')}, {(r.get(k) or {}).get('top_mib', '-')}"
+                    f"{(r.get(k) or {}).get('refill_s', '-')}, {(r.get(k) or {}).get('top_mib', '-')}, "
+                    f"{(r.get(k) or {}).get('longest_check_ms', '-')}{' OFF' if (r.get(k) or {}).get('off') else ''}"
                     for k in ("heap_reserve_first_maintainer", "heap_reserve_new_maintainer"))),
         ("whole run: paced units that waited for a later turn (first | new maintainer)",
          f"{r.get('pacer_yields_first_maintainer', '-')} | {r.get('pacer_yields_new_maintainer', '-')}"),

@@ -1,20 +1,21 @@
 """Heap reserve: memory the event loop will need is paged in by another thread, ahead of time.
 
 At 100,000 spans the maintainer's last long stalls (issue 25) were not Python's: they were the kernel's, in
-page faults. A dict or a set keyed by span name grows its table in one step (at 87,381 entries a dict goes from
-2^17 to 2^19 slots: a fresh 10 MB), and several such maps (the informer's records, the index, the trackers)
-cross the same size on the same insert. glibc serves a block that large with fresh pages (mmap, or brk past
-what the process ever touched), and the first write to each 4 KiB page faults: 3,756 faults, 75 ms of system
-time and no user time, in one informer write-through on this machine (20-34 us a fault under load, about 3 us
-alone). That time is the event loop's: no Lease renewal, watch event or decision runs meanwhile.
+page faults. A dict or a set keyed by span name grows its table in one step (past 87,381 entries a dict's table
+doubles to 2^18 slots, about 4 MB with string keys), and several such maps (the informer's records, the index,
+the trackers) cross the same size on the same insert. glibc serves a block that large with fresh pages (mmap, or
+brk past what the process ever touched), and the first write to each 4 KiB page faults: 3,756 faults (15 MB),
+75 ms of system time and no user time, in one informer write-through on this machine (20-34 us a fault under
+load, about 3 us alone). That time is the event loop's: no Lease renewal, watch event or decision runs meanwhile.
 
 :class:`HeapReserve` keeps a reserve of free memory at the top of glibc's main heap that has already been
 written to, so such a table is carved out of resident pages and its growth costs a copy, not thousands of
-faults. A thread of its own checks the heap every ``period`` seconds (``mallinfo2``) and, when the free memory
-at the top (``keepcost``) is below three quarters of the reserve wanted, allocates a block that extends it, writes it
-(``memset``) and frees it. Both calls go through ctypes, which releases the GIL, so the faults are taken on the
-other core while the loop runs. (A block glibc serves from a free chunk below the top is written once, then only
-probed while the top stays short: see ``refill``.) The reserve wanted is a quarter of the heap in use, between FLOOR and the
+faults. A thread of its own checks the heap every ``period`` seconds (``mallinfo2``; less often when that is slow)
+and, when the free memory at the top (``keepcost``) is below three quarters of the reserve wanted, allocates a
+block of that size (the old top, then past it), writes it (``memset``) and frees it, so the top is then about the
+reserve wanted. Both calls go through ctypes, which releases the GIL, so the faults are taken on the other core
+while the loop runs. (A block glibc serves from a free chunk below the top is written once, then only probed while
+the top stays short: see ``refill``.) The reserve wanted is a quarter of the heap in use, between FLOOR and the
 ``ceiling`` (``--heap-reserve``): the next table to grow is about as large as the largest one now, and those
 grow with the heap.
 
@@ -24,8 +25,9 @@ For this to work, three of glibc's settings change (:func:`configure`, once, bef
   holding the GIL, so they hardly ever wait on the arena's lock;
 - blocks up to MMAP_THRESHOLD come from the heap, not from mmap (``M_MMAP_THRESHOLD``; glibc's own starts
   at 128 KiB and moves up only as blocks are freed): an mmap is fresh memory whatever the reserve holds;
-- the top of the heap is given back to the system only past TRIM_THRESHOLD (``M_TRIM_THRESHOLD``), so the
-  reserve is not returned as soon as it is freed.
+- the top of the heap is given back to the system only past twice the ceiling plus a block (at least
+  TRIM_THRESHOLD; ``M_TRIM_THRESHOLD``), so the reserve is not returned as soon as it is freed. Memory freed
+  meanwhile stays with the process up to that much (and blocks up to 32 MiB are no longer unmapped when freed).
 
 What it costs: the reserve is resident (at most ``ceiling``, 32 MiB by default: 0.33 KiB a span at 100,000
 spans), and a refill's faults are CPU time of the other core. It does nothing where the C library is not glibc
@@ -47,14 +49,18 @@ MiB = 1 << 20
 FLOOR = 4 * MiB
 #: ... and at most the ``ceiling``, by default this (``--heap-reserve`` in MiB; 0: off).
 CEILING = 32 * MiB
+#: The largest ceiling allowed.
+MAX_CEILING = 1024 * MiB
 #: The share of the heap in use kept in reserve.
 FRACTION = 0.25
 #: Blocks up to this size come from the heap (glibc's largest allowed M_MMAP_THRESHOLD on 64 bits).
 MMAP_THRESHOLD = 32 * MiB
 #: The top of the heap is trimmed only past this.
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
-#: Seconds between checks.
+#: Seconds between checks (at least; see ``HeapReserve.wait``).
 PERIOD = 0.25
+#: Reading the heap (``mallinfo2``) takes at most 1/DUTY of the time.
+DUTY = 200
 #: A refill is done in blocks below the mmap threshold (glibc's chunk header and page rounding).
 BLOCK = MMAP_THRESHOLD - MiB
 
@@ -126,8 +132,15 @@ def available() -> bool:
     return _libc() is not None
 
 
-def configure() -> bool:
-    """Set glibc's allocator for the reserve (idempotent). Call before threads start; false where unavailable."""
+def trim_threshold(ceiling: int) -> int:
+    """The free memory at the top of the heap kept before trimming, for a reserve of at most ``ceiling``."""
+    return max(TRIM_THRESHOLD, 2 * ceiling + BLOCK)
+
+
+def configure(ceiling: int = CEILING) -> bool:
+    """Set glibc's allocator for a reserve of at most ``ceiling`` (the first call decides; later ones do nothing).
+    Call before any other thread allocates (:meth:`HeapReserve.refill` turns the reserve off if one did: its
+    thread's blocks would not come from the main heap). False where unavailable."""
     global _configured
     libc = _libc()
     if libc is None:
@@ -137,7 +150,7 @@ def configure() -> bool:
             ok = (
                 libc.mallopt(_M_ARENA_MAX, 1)
                 and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+                and libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold(ceiling))
             )
             if not ok:
                 log.warning("glibc refused the heap reserve's settings (mallopt): the reserve is off")
@@ -155,8 +168,8 @@ class HeapReserve:
     """The refilling thread (:meth:`start`, :meth:`stop`) and its figures for the metrics and the bench."""
 
     def __init__(self, ceiling: int = CEILING, period: float = PERIOD) -> None:
-        if ceiling < FLOOR:
-            raise ValueError(f"the heap reserve's ceiling must be at least {FLOOR // MiB} MiB")
+        if not FLOOR <= ceiling <= MAX_CEILING:
+            raise ValueError(f"the heap reserve's ceiling must be {FLOOR // MiB} to {MAX_CEILING // MiB} MiB")
         if period <= 0:
             raise ValueError("the heap reserve's period must be positive")
         self.ceiling = ceiling
@@ -169,13 +182,18 @@ class HeapReserve:
         self.top = 0
         #: Checks in a row whose blocks came from below the top, which stayed short (``refill``).
         self.futile = 0
+        #: Seconds the last ``mallinfo2`` took, and the longest so far (``wait``).
+        self.check_s = 0.0
+        self.longest_check_s = 0.0
+        #: Why the reserve turned itself off ("": on).
+        self.off = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> bool:
         """Start the thread; false (and nothing started) where the reserve is unavailable."""
-        if not configure():
-            log.info("heap reserve unavailable (the C library is not glibc 2.33 or later)")
+        if not configure(self.ceiling):
+            log.info("heap reserve unavailable (the C library is not glibc 2.33 or later, or mallopt refused)")
             return False
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="heap-reserve", daemon=True)
@@ -189,11 +207,24 @@ class HeapReserve:
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
+        while not self.off and not self._stop.wait(self.wait()):
             try:
                 self.refill()
             except Exception:  # an optimisation: never the end of the process
                 log.exception("heap reserve refill failed")
+
+    def wait(self) -> float:
+        """Seconds until the next check: the period, or longer when reading the heap is slow. ``mallinfo2`` walks
+        every free chunk holding the heap's lock, which every thread's allocations wait for: it is kept to at most
+        1/DUTY of the time."""
+        return max(self.period, self.check_s * DUTY)
+
+    def _info(self, libc: _Glibc) -> _MallInfo2:
+        began = time.perf_counter()
+        info: _MallInfo2 = libc.mallinfo2()
+        self.check_s = time.perf_counter() - began
+        self.longest_check_s = max(self.longest_check_s, self.check_s)
+        return info
 
     def refill(self) -> int:
         """Top the reserve up if it is below three quarters of what is wanted; the bytes written (0: nothing to do).
@@ -203,38 +234,45 @@ class HeapReserve:
         from as well, but the top does not grow, and the next check would write it again (at rest too: one run
         wrote 2 GB in 247 refills). A block from below the top is written only by the first refill that finds it
         (pages of it may never have been touched); while the top stays short, later checks only allocate and free
-        it (``futile``) until a block comes from the top again."""
+        it (``futile``) until a block comes from the top again.
+
+        A block above the end of the main heap is not the main heap's: a thread allocated before
+        :func:`configure` and this thread shares its arena, whose memory the loop's tables never come from. The
+        reserve then turns itself off (``off`` says why)."""
         libc = _libc()
-        if libc is None:
+        if libc is None or self.off:
             return 0
-        info = libc.mallinfo2()
+        info = self._info(libc)
         self.top = info.keepcost
         want = wanted(info.uordblks, self.ceiling)
         if info.keepcost >= want * 3 // 4:
             self.futile = 0
             return 0
         began = time.perf_counter()
-        # A block of (top + what is missing) is carved from the top of the heap, which it extends: only the part
-        # past the old top is fresh. Blocks stay below the mmap threshold, so none is an mmap.
+        # A block of ``want`` is carved from the top of the heap (the old top first, then past it: that part is
+        # fresh) and freed, so the top is then about ``want``. Blocks stay below the mmap threshold: none is an mmap.
         top_start = (libc.sbrk(0) or 0) - info.keepcost
-        need = want + info.keepcost
         blocks: list[int] = []
         allocated = written = 0
         try:
-            while allocated < need:
-                size = min(BLOCK, need - allocated)
+            while allocated < want:
+                size = min(BLOCK, want - allocated)
                 block = libc.malloc(size)
                 if not block:
                     break
                 blocks.append(block)
                 allocated += size
+                if block + size > (libc.sbrk(0) or 0):
+                    self.off = "its thread does not allocate from the main heap (a thread allocated before configure())"
+                    log.warning("heap reserve off: %s", self.off)
+                    return 0
                 if block + size > top_start or not self.futile:
                     ctypes.memset(block, 0, size)  # releases the GIL: the faults are this thread's
                     written += size
         finally:
             for block in blocks:
                 libc.free(block)
-        self.top = libc.mallinfo2().keepcost
+        self.top = self._info(libc).keepcost
         self.futile = self.futile + 1 if self.top < want * 3 // 4 else 0
         if written:
             self.refills += 1

@@ -132,8 +132,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         a.log_level = "DEBUG"
     if a.gc_tenure < 0:
         p.error(f"--gc-tenure {a.gc_tenure:g}: must be 0 (off) or a positive number of seconds")
-    if a.heap_reserve != 0 and a.heap_reserve < heap.FLOOR // heap.MiB:
-        p.error(f"--heap-reserve {a.heap_reserve}: must be 0 (off) or at least {heap.FLOOR // heap.MiB} (MiB)")
+    if a.heap_reserve != 0 and not heap.FLOOR // heap.MiB <= a.heap_reserve <= heap.MAX_CEILING // heap.MiB:
+        p.error(
+            f"--heap-reserve {a.heap_reserve}: must be 0 (off) or {heap.FLOOR // heap.MiB} to "
+            f"{heap.MAX_CEILING // heap.MiB} (MiB)"
+        )
     if not 0 <= a.metrics_port <= 65535:
         p.error(f"--metrics-port {a.metrics_port}: not a port (0 disables the endpoint)")
     if a.metrics_port and a.liveness and liveness_port(a.liveness) == a.metrics_port:
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     operator.setup_logging(a.log_level, a.log_format)
     if a.heap_reserve:
-        heap.configure()  # glibc's allocator settings, before any thread allocates
+        heap.configure(a.heap_reserve * heap.MiB)  # glibc's allocator settings, before any thread allocates
     settings = Settings(
         namespace=a.namespace,
         identity=a.identity or default_identity(),

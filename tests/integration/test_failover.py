@@ -350,6 +350,7 @@ def test_a_live_captures_lease_deleted_by_hand_frees_its_dispatchers_only_once_i
     victim = next(c for c in CAPTURES if any(d.capture == c for d in snap.dispatchers.values()))
     held_before = sorted(d.name for d in snap.dispatchers.values() if d.capture == victim)
     spans_before = len(snap.spans)
+    stopped = time.monotonic()
     os.killpg(system.procs[victim].popen.pid, signal.SIGSTOP)
     try:
         api.delete("leases", f"capture-{victim}")
@@ -365,8 +366,12 @@ def test_a_live_captures_lease_deleted_by_hand_frees_its_dispatchers_only_once_i
             elsewhere = [d.name for d in s.dispatchers.values() if d.span in spans and d.capture != victim]
             return not elsewhere or f"placed elsewhere: {elsewhere}"
 
-        # c0 renewed at most 0.5 s before it stopped: nothing of it may go for the next 2.5 s at least.
-        watch.stays(kept, f"{victim}'s dispatchers kept while its Lease could still be renewed", CAPTURE_LEASE - 1.5)
+        # c0 renewed at most 0.5 s (its renew interval) before it stopped, so its Lease runs out no sooner than
+        # 3.5 s after: nothing of it may go until 2 s after it stopped (a poll takes a moment, and the stays loop
+        # polls once more after its deadline).
+        until = stopped + CAPTURE_LEASE - 2.0
+        what = f"{victim}'s dispatchers kept while its Lease could still be renewed"
+        watch.stays(kept, what, until - time.monotonic())
 
         def moved(s: Snap) -> object:
             left = [d.name for d in s.dispatchers.values() if d.capture == victim]
