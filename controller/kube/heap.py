@@ -12,12 +12,12 @@ load, about 3 us alone). That time is the event loop's: no Lease renewal, watch 
 written to, so such a table is carved out of resident pages and its growth costs a copy, not thousands of
 faults. A thread of its own checks the heap every ``period`` seconds (``mallinfo2``; less often when that is slow)
 and, when the free memory at the top (``keepcost``) is below three quarters of the reserve wanted, allocates a
-block of that size (the old top, then past it), writes it (``memset``) and frees it, so the top is then about the
-reserve wanted. Both calls go through ctypes, which releases the GIL, so the faults are taken on the other core
-while the loop runs. (A block glibc serves from a free chunk below the top is written once, then only probed while
-the top stays short: see ``refill``.) The reserve wanted is a quarter of the heap in use, between FLOOR and the
-``ceiling`` (``--heap-reserve``): the next table to grow is about as large as the largest one now, and those
-grow with the heap.
+block of the old top plus that (the old top, then past it), writes it (``memset``) and frees it, so the top is
+then 1 to 1.75 times the reserve wanted. Both calls go through ctypes, which releases the GIL, so the faults are
+taken on the other core while the loop runs. (A block glibc serves from a free chunk below the top is written
+once, then only probed while the top stays short: see ``refill``.) The reserve wanted is a quarter of the heap
+in use, between FLOOR and the ``ceiling`` (``--heap-reserve``): the next table to grow is about as large as the
+largest one now, and those grow with the heap.
 
 For this to work, three of glibc's settings change (:func:`configure`, once, before any thread allocates):
 - one arena (``M_ARENA_MAX``): every thread allocates from the main heap, which the reserve refills (a
@@ -29,8 +29,9 @@ For this to work, three of glibc's settings change (:func:`configure`, once, bef
   TRIM_THRESHOLD; ``M_TRIM_THRESHOLD``), so the reserve is not returned as soon as it is freed. Memory freed
   meanwhile stays with the process up to that much (and blocks up to 32 MiB are no longer unmapped when freed).
 
-What it costs: the reserve is resident (at most ``ceiling``, 32 MiB by default: 0.33 KiB a span at 100,000
-spans), and a refill's faults are CPU time of the other core. It does nothing where the C library is not glibc
+What it costs: the reserve is resident (a quarter of the heap, at most ``ceiling``, 32 MiB by default; the top
+after a refill at most 1.75 times that: up to 0.56 KiB a span at 100,000 spans), and a refill's faults are CPU time
+of the other core. It does nothing where the C library is not glibc
 (``available()`` is false: musl, macOS) or with ``--heap-reserve 0``.
 """
 
@@ -59,8 +60,10 @@ MMAP_THRESHOLD = 32 * MiB
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
 #: Seconds between checks (at least; see ``HeapReserve.wait``).
 PERIOD = 0.25
-#: Reading the heap (``mallinfo2``) takes at most 1/DUTY of the time.
-DUTY = 200
+#: Reading the heap (``mallinfo2``) takes at most 1/DUTY of the time, unless that would space the checks more
+#: than MAX_WAIT apart.
+DUTY = 20
+MAX_WAIT = 1.0
 #: A refill is done in blocks below the mmap threshold (glibc's chunk header and page rounding).
 BLOCK = MMAP_THRESHOLD - MiB
 
@@ -216,8 +219,9 @@ class HeapReserve:
     def wait(self) -> float:
         """Seconds until the next check: the period, or longer when reading the heap is slow. ``mallinfo2`` walks
         every free chunk holding the heap's lock, which every thread's allocations wait for: it is kept to at most
-        1/DUTY of the time."""
-        return max(self.period, self.check_s * DUTY)
+        1/DUTY of the time, but the checks are never more than MAX_WAIT apart (at 100,000 spans one call took up
+        to 27 ms while spans were placed, and a reserve checked every 5 s ran dry: a stall of 127.5 ms)."""
+        return max(self.period, min(MAX_WAIT, self.check_s * DUTY))
 
     def _info(self, libc: _Glibc) -> _MallInfo2:
         began = time.perf_counter()
@@ -249,14 +253,17 @@ class HeapReserve:
             self.futile = 0
             return 0
         began = time.perf_counter()
-        # A block of ``want`` is carved from the top of the heap (the old top first, then past it: that part is
-        # fresh) and freed, so the top is then about ``want``. Blocks stay below the mmap threshold: none is an mmap.
+        # A block of the old top plus ``want`` is carved from the top of the heap, which it extends: only the part
+        # past the old top is fresh, and the top is then up to 1.75 times ``want`` (asking for ``want`` alone left
+        # it at 0.75-1 times: the reserve ran short when several tables grew at once, a stall of 127.5 ms). The
+        # trim threshold is above that. Blocks stay below the mmap threshold: none is an mmap.
+        need = want + info.keepcost
         top_start = (libc.sbrk(0) or 0) - info.keepcost
         blocks: list[int] = []
         allocated = written = 0
         try:
-            while allocated < want:
-                size = min(BLOCK, want - allocated)
+            while allocated < need:
+                size = min(BLOCK, need - allocated)
                 block = libc.malloc(size)
                 if not block:
                     break

@@ -121,9 +121,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=heap.CEILING // heap.MiB,
         metavar="MIB",
-        help="at most this many MiB of free heap kept paged in by a thread of its own (a quarter of the heap in "
-        "use, at least 4), so that a table that grows in the event loop does not stall it in page faults; glibc "
-        f"only (0: off; default {heap.CEILING // heap.MiB})",
+        help="free heap kept paged in by a thread of its own, so that a table that grows in the event loop does "
+        "not stall it in page faults: a quarter of the heap in use, at least 4 and at most this many MiB (up to "
+        f"1.75 times that just after a refill); glibc only (0: off; 4 to 1024; default {heap.CEILING // heap.MiB})",
     )
     logs.add_arguments(p)
     p.add_argument("--verbose", action="store_true", help="the same as --log-level DEBUG")

@@ -126,21 +126,23 @@ def test_a_free_chunk_below_the_top_is_written_once_then_only_probed(monkeypatch
     assert (r.futile, r.refills, r.written) == (6, 1, heap.FLOOR)
     assert not fake.blocks  # every block freed
     fake.where = "top"  # the chunk was used up: the block comes from the top, which grows
-    assert r.refill() == heap.FLOOR  # what is wanted, not more: the top is then the reserve
+    assert r.refill() == heap.FLOOR  # the top was empty: what is wanted
     assert (r.top, r.futile, r.refills) == (heap.FLOOR, 0, 2)
     assert r.refill() == 0  # full
     assert r.refills == 2
     assert not r.off
 
 
-def test_a_refill_writes_what_is_wanted_whatever_is_left_at_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The block is carved from the old top first: asking for the reserve plus the top would leave the top at up to
-    1.75 times the reserve, and past the trim threshold for a large ceiling (glibc gives it back at once)."""
+def test_a_refill_adds_what_is_wanted_to_what_is_left_at_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block takes the old top and then extends the heap by what is wanted: the top is then 1 to 1.75 times the
+    reserve wanted (below the trim threshold, which is at least twice the ceiling: see configure)."""
     fake = FakeGlibc(top=2 * heap.MiB, where="top")  # below three quarters of the 4 MiB wanted
     monkeypatch.setattr(heap, "_libc", lambda: fake)
     r = heap.HeapReserve()
-    assert r.refill() == heap.FLOOR
-    assert r.top == heap.FLOOR
+    assert r.refill() == heap.FLOOR + 2 * heap.MiB
+    assert r.top == heap.FLOOR + 2 * heap.MiB
+    assert r.top <= 1.75 * heap.FLOOR
+    assert heap.trim_threshold(heap.MAX_CEILING) > 1.75 * heap.MAX_CEILING
 
 
 def test_a_reserve_whose_blocks_are_not_the_main_heaps_turns_itself_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,8 +160,10 @@ def test_a_reserve_whose_blocks_are_not_the_main_heaps_turns_itself_off(monkeypa
 def test_the_heap_is_read_less_often_when_reading_it_is_slow() -> None:
     r = heap.HeapReserve(period=0.25)
     assert r.wait() == 0.25
-    r.check_s = 0.01  # mallinfo2 walked many free chunks, holding the heap's lock
-    assert r.wait() == 0.01 * heap.DUTY
+    r.check_s = 0.02  # mallinfo2 walked many free chunks, holding the heap's lock
+    assert r.wait() == pytest.approx(0.02 * heap.DUTY)
+    r.check_s = 0.5  # never so far apart that the reserve runs dry while tables grow
+    assert r.wait() == heap.MAX_WAIT
 
 
 def test_its_settings_are_checked() -> None:
