@@ -56,7 +56,7 @@ MAX_CEILING = 1024 * MiB
 FRACTION = 0.25
 #: Blocks up to this size come from the heap (glibc's largest allowed M_MMAP_THRESHOLD on 64 bits).
 MMAP_THRESHOLD = 32 * MiB
-#: The top of the heap is trimmed only past this.
+#: The top of the heap is trimmed only past this at least (``trim_threshold`` follows the ceiling).
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
 #: Seconds between checks (at least; see ``HeapReserve.wait``).
 PERIOD = 0.25
@@ -91,7 +91,7 @@ class _MallInfo2(ctypes.Structure):
 
 
 class _Glibc:
-    """The calls used, bound once (None where the C library is not glibc 2.33 or later)."""
+    """The calls used, bound once (OSError where the C library is not glibc 2.33 or later: ``_libc`` is None)."""
 
     def __init__(self) -> None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None)

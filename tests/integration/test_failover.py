@@ -343,9 +343,9 @@ def test_a_live_captures_lease_deleted_by_hand_frees_its_dispatchers_only_once_i
     """``kubectl delete lease capture-c0`` while c0 runs: c0 may deliver until its next renewal finds the Lease
     gone, so its dispatchers are released (and its spans placed again) only once it could not have renewed for
     a lease duration, as for a Lease that lapsed. c0 is stopped (SIGSTOP) before the delete, so it cannot fence
-    itself early: for most of a lease duration after the delete its dispatchers must stay where they are
-    (before the informer's stand-in for a vanished Lease, they were released at once). Then the spans go to
-    the other captures; c0, continued, finds its Lease deleted and fences itself."""
+    itself early: until 2 s after it stopped (its Lease runs out 3.5 s after at the soonest) its dispatchers
+    must stay where they are (before the informer's stand-in for a vanished Lease, they were released at once).
+    Then the spans go to the other captures; c0, continued, finds its Lease deleted and fences itself."""
     watch, snap = boot(api, system, "m1")
     victim = next(c for c in CAPTURES if any(d.capture == c for d in snap.dispatchers.values()))
     held_before = sorted(d.name for d in snap.dispatchers.values() if d.capture == victim)
