@@ -210,15 +210,15 @@ class Executor:
                 resp = await self.client.delete(RESOURCES[w.kind], ns, w.name, w.uid)
             except ApiError as exc:
                 if exc.not_found:
-                    self.informer.forget(w.kind.value, w.name)
+                    self.informer.gone(w.kind.value, w.name, w.uid)
                     return
                 # 409: another incarnation has the name (uid precondition). The chain stops, as the simulator's
                 # executor stops it: its next writes (a finalizer's release) name that object too.
                 raise
             if resp.get("kind") == RESOURCES[w.kind].kind and resp.get("metadata", {}).get("deletionTimestamp"):
                 self.informer.offer(w.kind.value, resp)
-            else:
-                self.informer.forget(w.kind.value, w.name)
+            else:  # a Status: gone (its answer carries no resourceVersion)
+                self.informer.gone(w.kind.value, w.name, w.uid or str(resp.get("details", {}).get("uid") or ""))
         elif isinstance(w, I.AddFinalizer | I.RemoveFinalizer):
             await self._finalizer(w, local)
         elif isinstance(w, I.Event):
@@ -326,11 +326,11 @@ class Executor:
             updated = await self.client.patch(RESOURCES[w.kind], self.namespace, w.name, patch)
         except ApiError as exc:
             if exc.not_found and isinstance(w, I.RemoveFinalizer):
-                self.informer.forget(w.kind.value, w.name)
+                self.informer.gone(w.kind.value, w.name, current.uid)
                 return
             raise
         if updated.get("metadata", {}).get("deletionTimestamp") and not want:
-            self.informer.forget(w.kind.value, w.name, updated)
+            self.informer.gone(w.kind.value, w.name, str(updated["metadata"].get("uid") or ""))
         else:
             local[(w.kind.value, w.name)] = updated["metadata"]["resourceVersion"]
             self.informer.offer(w.kind.value, updated)

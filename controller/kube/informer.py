@@ -63,6 +63,10 @@ def _rv(obj: JSON) -> int:
         return 0
 
 
+def _uid(obj: JSON | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "")
+
+
 def _rv_of(rec: Record) -> int:
     try:
         return int(rec.resource_version or 0)
@@ -88,6 +92,8 @@ UNASSIGNED = SHARDED
 LIST_PATIENCE = 5.0
 #: At most this many distinct label and finalizer tuples are shared (``Store._compact``).
 MAX_INTERNED = 10_000
+#: At most this many buried uids are kept per kind (``Store.dead``; normally a few: each goes with its DELETED).
+MAX_DEAD = 100_000
 #: Lease names that are captures' (``capture-<name>``); the maintainers' own are ``cfm-<changefeed>``.
 CAPTURE_LEASE_PREFIX = conv.lease_name("")
 #: The renewTime of the stand-in for a capture Lease never seen (``Store._missing_lease``): what counts is when it
@@ -129,6 +135,8 @@ class Listing:
     changefeed: str = ""
     #: The raw objects of a kind kept raw (Leases, Captures), replaced whole at the end.
     held: list[JSON] = field(default_factory=list)
+    #: The buried uids (``Store.dead``) when it began: a LIST begun after a delete cannot show what it deleted.
+    dead: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,6 +158,11 @@ class Store:
 
     objects: dict[str, dict[str, JSON]] = field(default_factory=dict)
     tombstones: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per kind: name -> (uid, changefeed) of an incarnation our own Delete found gone (``gone``) whose DELETED the
+    #: watch has not brought yet. Nothing of that uid enters again: uids are never reused, so an event or a LIST page
+    #: that still shows it is older than the delete, whatever its resourceVersion (a Delete's answer often carries
+    #: none). Dropped by the watch's DELETED of that uid, or by a LIST begun after it was recorded.
+    dead: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
     records: dict[str, dict[str, Record]] = field(default_factory=dict)
     #: name -> (resourceVersion, message, changefeed) of an object that could not be converted; the changefeed
     #: its label (what a shard selects by) or else its ``spec.changefeed`` names ("" if neither), so that a
@@ -220,6 +233,22 @@ class Store:
         self.silence.observe(name, renew, now)
         return concerned
 
+    def _is_dead(self, kind: str, obj: JSON) -> bool:
+        """``obj`` is an incarnation our own Delete found gone (``gone``)."""
+        dead = self.dead.get(kind)
+        if not dead:
+            return False
+        meta = obj.get("metadata") or {}
+        entry = dead.get(meta.get("name", ""))
+        return entry is not None and entry[0] == meta.get("uid")
+
+    def _current_uid(self, kind: str, name: str) -> str:
+        if kind in RECORD_ONLY:
+            rec = self.records.get(kind, {}).get(name)
+            return rec.uid if rec is not None else ""
+        obj = self._bucket(kind).get(name)
+        return str((obj.get("metadata") or {}).get("uid") or "") if obj is not None else ""
+
     def _bucket(self, kind: str) -> dict[str, JSON]:
         return self.objects.setdefault(kind, {})
 
@@ -277,7 +306,7 @@ class Store:
         self.last_change = set()
         if current is not None and current >= rv:
             return False
-        if self.tombstones.get(kind, {}).get(name, -1) >= rv:
+        if self.tombstones.get(kind, {}).get(name, -1) >= rv or self._is_dead(kind, obj):
             return False
         self.tombstones.get(kind, {}).pop(name, None)
         if kind in RECORD_ONLY:
@@ -354,11 +383,42 @@ class Store:
             self.records.setdefault(kind, {})[name] = rec
         self.last_change = self._route(old, rec)
 
-    def remove(self, kind: str, name: str, rv: int) -> None:
+    def remove(self, kind: str, name: str, rv: int, uid: str = "") -> None:
+        """``name`` was deleted at ``rv`` (a watch's DELETED, of incarnation ``uid`` if known): unless what is cached is
+        newer."""
         self.last_change = set()
+        dead = self.dead.get(kind, {})
+        if uid and dead.get(name, ("",))[0] == uid:
+            del dead[name]  # the watch has passed our delete of it
         current = self._current_rv(kind, name)
         if current is not None and current > rv:
             return
+        self._drop(kind, name, rv)
+
+    def gone(self, kind: str, name: str, uid: str = "") -> None:
+        """Our own Delete of ``name`` (incarnation ``uid``; "" for whatever has the name) succeeded, or found it gone.
+        The cached object goes now, unless it is another incarnation than the one deleted, and its uid is buried
+        (``dead``): a watch event or a LIST page from before the delete never brings it back."""
+        self.last_change = set()
+        cached = self._current_uid(kind, name)
+        if uid and cached and cached != uid:
+            self._bury(kind, name, uid, "")  # a newer incarnation is cached: it stays
+            return
+        changefeed = self._changefeed_of(self.records.get(kind, {}).get(name)) or ""
+        current = self._current_rv(kind, name)
+        if uid or cached:
+            self._bury(kind, name, uid or cached, changefeed)
+        if current is not None:
+            self._drop(kind, name, current)
+
+    def _bury(self, kind: str, name: str, uid: str, changefeed: str) -> None:
+        dead = self.dead.setdefault(kind, {})
+        dead.pop(name, None)
+        dead[name] = (uid, changefeed)
+        while len(dead) > MAX_DEAD:  # the oldest first (insertion order)
+            del dead[next(iter(dead))]
+
+    def _drop(self, kind: str, name: str, rv: int) -> None:
         raw = self._bucket(kind).pop(name, None)
         old = self.records.get(kind, {}).pop(name, None)
         self.invalid.get(kind, {}).pop(name, None)
@@ -431,7 +491,14 @@ class Store:
             self._tomb_cf.pop(kind, None)
         else:
             self._drop_tombstones(kind, changefeed)
-        return Listing(changefeed=changefeed)
+        return Listing(changefeed=changefeed, dead=dict(self.dead.get(kind, {})))
+
+    def _end_burials(self, kind: str, listing: Listing) -> None:
+        """The buried uids a LIST begun after them answers for (``Listing.dead``) are no longer needed."""
+        dead = self.dead.get(kind, {})
+        for name, entry in listing.dead.items():
+            if dead.get(name) == entry and (not listing.changefeed or entry[1] in (listing.changefeed, "")):
+                del dead[name]
 
     def _drop_tombstones(self, kind: str, changefeed: str) -> None:
         owners = self._tomb_cf.get(kind, {})
@@ -489,7 +556,9 @@ class Store:
             name = obj["metadata"]["name"]
             listing.names.add(name)
             rv, current = _rv(obj), self._current_rv(kind, name)
-            if current is None or current <= rv:  # not over a newer write-through that landed between pages
+            if self._is_dead(kind, obj):
+                listing.names.discard(name)  # a page older than our delete of it
+            elif current is None or current <= rv:  # not over a newer write-through that landed between pages
                 self._put_record(kind, name, rv, obj)
                 listing.touched |= self.last_change or set()
             items[i] = {"metadata": {"name": name}}  # the raw object is no longer needed
@@ -498,7 +567,8 @@ class Store:
         """The LIST (a snapshot at ``rv``) is read: what it did not name goes, except records newer than the
         snapshot (write-throughs that landed between its pages; 0: none are kept)."""
         if kind not in RECORD_ONLY:
-            items = listing.held
+            items = [o for o in listing.held if not self._is_dead(kind, o)]
+            self._end_burials(kind, listing)
             before = self.objects.get(kind, {})
             self.objects[kind] = {o["metadata"]["name"]: o for o in items}
             if kind == LEASE:
@@ -522,6 +592,7 @@ class Store:
             touched |= self._route(old, None)
         # A shard's LIST answers for the invalid objects that name its changefeed; a whole LIST for every one.
         self._drop_invalid(kind, listing.changefeed, keep=listing.names)
+        self._end_burials(kind, listing)
         self.last_change = touched
 
     def record(self, kind: Kind, name: str) -> Record | None:
@@ -644,6 +715,8 @@ class Cache(Protocol):
 
     def forget(self, kind: str, name: str, obj: JSON | None = None) -> None: ...
 
+    def gone(self, kind: str, name: str, uid: str = "") -> None: ...
+
 
 @dataclass
 class StoreCache:
@@ -655,7 +728,10 @@ class StoreCache:
         self.store.put(kind, obj)
 
     def forget(self, kind: str, name: str, obj: JSON | None = None) -> None:
-        self.store.remove(kind, name, _rv(obj) if obj else 0)
+        self.store.remove(kind, name, _rv(obj) if obj else 0, _uid(obj))
+
+    def gone(self, kind: str, name: str, uid: str = "") -> None:
+        self.store.gone(kind, name, uid)
 
 
 @dataclass(frozen=True)
@@ -920,17 +996,30 @@ class Informer:
             self._offer(kind, obj, notify)
 
     def forget(self, kind: str, name: str, obj: JSON | None = None) -> None:
+        """``name`` deleted, as the watch (or a write's answer ``obj``, the object's last state) says."""
         if self._frozen or self._thawing:
             self._backlog.append(lambda: self._forget(kind, name, obj))
         else:
             self._forget(kind, name, obj)
+
+    def gone(self, kind: str, name: str, uid: str = "") -> None:
+        """Our own Delete of ``name`` (incarnation ``uid``) succeeded or found it gone: out of the view at once
+        (``Store.gone``)."""
+        if self._frozen or self._thawing:
+            self._backlog.append(lambda: self._gone(kind, name, uid))
+        else:
+            self._gone(kind, name, uid)
+
+    def _gone(self, kind: str, name: str, uid: str) -> None:
+        self.store.gone(kind, name, uid)
+        self._notify(kind, name)
 
     def _offer(self, kind: str, obj: JSON, notify: bool = True) -> None:
         if self.store.put(kind, obj) and notify:
             self._notify(kind, obj["metadata"]["name"])
 
     def _forget(self, kind: str, name: str, obj: JSON | None) -> None:
-        self.store.remove(kind, name, _rv(obj) if obj else 0)
+        self.store.remove(kind, name, _rv(obj) if obj else 0, _uid(obj))
         self._notify(kind, name)
 
     def _notify(self, kind: str, name: str) -> None:
@@ -1003,7 +1092,7 @@ class Informer:
     def _deleted(self, stream: Stream, obj: JSON) -> None:
         name = obj["metadata"]["name"]
         if stream.assigned is not None:
-            self.unassigned.remove(stream.kind, name, _rv(obj))
+            self.unassigned.remove(stream.kind, name, _rv(obj), _uid(obj))
             self.unassigned_changed = True
         elif not stream.changefeed or _spec_changefeed(obj) == stream.changefeed:
             self.forget(stream.kind, name, obj)  # deleted, or no longer labelled with its changefeed

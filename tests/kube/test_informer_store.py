@@ -361,3 +361,50 @@ def test_an_invalid_object_belongs_to_the_shard_its_label_names() -> None:
     assert s.put("Span", bad)
     s.untrack("a")
     assert "x" not in s.invalid["Span"]
+
+
+def test_our_delete_takes_the_object_out_of_the_view_at_once_and_nothing_older_brings_it_back() -> None:
+    """Issue 36: a Delete of ours answered 200 (a Status, no resourceVersion) or 404 took nothing out of the view
+    (``remove(rv=0)`` returned early over the cached version), so a deleted Split parent stayed in it until the
+    watch said DELETED, and a repair acted on it. ``gone`` removes it now; its uid is buried, so neither a stale
+    watch event (any resourceVersion) nor a page of a LIST begun before the delete puts it back."""
+    s = Store()
+    assert s.put("Span", _span("parent", 5))
+    listing = s.begin_listing("Span")  # a relist under way, its snapshot from before the delete
+    s.gone("Span", "parent", "u-parent")
+    assert "parent" not in s.records["Span"]
+    assert s.last_change == {"cf"}
+    assert not s.put("Span", _span("parent", 7, state="Absent"))  # a write older than the delete, delivered late
+    s.list_page("Span", [_span("parent", 6)], listing)
+    s.end_listing("Span", listing, 6)
+    assert "parent" not in s.records.get("Span", {})
+    # The DELETED event of that uid ends the burial; a new incarnation of the name enters as usual.
+    s.remove("Span", "parent", 9, "u-parent")
+    assert s.dead["Span"] == {}
+    new = _span("parent", 11)
+    new["metadata"]["uid"] = "u-parent-2"
+    assert s.put("Span", new)
+
+
+def test_a_list_begun_after_our_delete_ends_its_burial() -> None:
+    s = Store()
+    assert s.put("Span", _span("a", 5))
+    s.gone("Span", "a", "u-a")
+    assert "a" in s.dead["Span"]
+    s.replace_all("Span", [])  # a LIST begun after the delete cannot show it
+    assert s.dead["Span"] == {}
+
+
+def test_our_delete_of_an_old_incarnation_keeps_the_newer_one_cached() -> None:
+    s = Store()
+    newer = _span("a", 8)
+    newer["metadata"]["uid"] = "u-a-2"
+    assert s.put("Span", newer)
+    s.gone("Span", "a", "u-a")  # a Delete preconditioned on the first incarnation, answered 404
+    assert s.records["Span"]["a"].uid == "u-a-2"
+    old = _span("a", 9)  # the first incarnation's late event (uid u-a): buried
+    assert not s.put("Span", old)
+    # A Delete with no uid that found the name gone: whatever is cached goes.
+    s.gone("Span", "a")
+    assert "a" not in s.records["Span"]
+    assert not s.put("Span", {**newer, "metadata": {**newer["metadata"], "resourceVersion": "10"}})
