@@ -47,7 +47,7 @@ from controller.engine.index import span_counts
 from controller.engine.intents import Chain, WriteStatus
 from controller.engine.world import Options, Tick, World
 from controller.model.records import Changefeed, Condition, SchedulerStatus, SpanCounts
-from controller.model.states import OpSource, SchedulerState, SpanState
+from controller.model.states import Kind, OpSource, SchedulerState, SpanState
 
 BOOTSTRAPPED = "Bootstrapped"
 #: At rest the checkpoint moves only when a capture's report arrives (one per capture per renew interval),
@@ -278,7 +278,10 @@ def _teardown(tick: Tick, memory: Memory) -> Decision:
     """The Changefeed is being deleted: only the teardown runs (see engine/teardown.py), plus the safety
     net for dispatchers no span claims; the status says what is left."""
     controller.advance_running(tick)
-    left = teardown.run(tick)
+    if tick.view_current(*Kind):
+        left = teardown.run(tick)
+    else:  # it removes everything the view shows: not before the view is known current
+        left = f"waiting for the view of {', '.join(sorted(k.value for k in tick.world.stale))} to be listed again"
     repair.run(tick)
     cf = tick.changefeed
     cond = Condition(

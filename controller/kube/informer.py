@@ -819,6 +819,8 @@ class Informer:
         self.on_change = on_change
         self.synced = asyncio.Event()
         self._listed: set[str] = set()
+        #: The streams of record kinds whose watch broke since their last LIST (``in_doubt``): they relist.
+        self._doubt: set[str] = set()
         self.last_seen: dict[str, float] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._list_gate = asyncio.Lock()
@@ -856,6 +858,7 @@ class Informer:
         if task is not None:
             task.cancel()
         self._listed.discard(key)
+        self._doubt.discard(key)
         self.last_seen.pop(key, None)
 
     async def start(self) -> None:
@@ -872,6 +875,26 @@ class Informer:
         """Until each of ``kinds`` has been listed once (``synced`` waits for all of them)."""
         for kind in kinds:
             await self._listed_events[kind].wait()
+
+    def in_doubt(self, changefeed: str) -> frozenset[Kind]:
+        """The kinds of ``changefeed``'s records whose view is in doubt (``World.stale``): their stream has not been
+        listed yet, or its watch broke and it has not been listed again. A watch resumed after a break replays
+        what it missed, but nothing says when it has caught up; a real API server answers a watch resumed after its
+        restart with 410, and each kind relists on its own schedule. Until then the view may still hold what was
+        deleted meanwhile (by another maintainer term, by hand), and no rule that removes anything may read it."""
+        doubt: set[Kind] = set()
+        for value in RECORD_ONLY:
+            key = f"{value}/{changefeed}" if self.sharded and value in SHARDED else value
+            if key in self._doubt or key not in self._listed:
+                doubt.add(Kind(value))
+        return frozenset(doubt)
+
+    def _in_doubt(self, stream: Stream) -> bool:
+        """``stream``'s watch broke: a stream of records relists (``in_doubt``); Leases and Captures resume."""
+        if stream.kind not in RECORD_ONLY:
+            return False
+        self._doubt.add(stream.key)
+        return True
 
     def unlisted(self) -> list[str]:
         """The streams not listed yet (sorted): the maintainer decides nothing before they all are."""
@@ -1157,6 +1180,7 @@ class Informer:
                         if held:
                             self._list_gate.release()
                     self._listed.add(stream.key)
+                    self._doubt.discard(stream.key)
                     listed = self._listed_events.get(stream.key)
                     if listed is not None:
                         listed.set()
@@ -1181,9 +1205,10 @@ class Informer:
                     obj = ev.get("object") or {}
                     if typ == "ERROR":
                         code = obj.get("code")
-                        log.info("watch %s ended with %s; relisting", stream.key, code)
                         self._broken(stream)
-                        rv = "" if code == 410 else rv
+                        relist = self._in_doubt(stream) or code == 410
+                        log.info("watch %s ended with %s; %s", stream.key, code, "relisting" if relist else "resuming")
+                        rv = "" if relist else rv
                         if code != 410:
                             await asyncio.sleep(backoff)
                         break
@@ -1203,6 +1228,8 @@ class Informer:
                 raise
             except ApiError as exc:
                 self._broken(stream)
+                if self._in_doubt(stream):
+                    rv = ""
                 if exc.status == 410:
                     rv = ""
                     continue
@@ -1210,8 +1237,10 @@ class Informer:
                 self._failed(stream, failures, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
-            except Exception as exc:  # connection reset, server restart, an idle stream: resume from rv
+            except Exception as exc:  # connection reset, server restart, an idle stream: relist (records) or resume
                 self._broken(stream)
+                if self._in_doubt(stream):
+                    rv = ""
                 failures += 1
                 self._failed(stream, failures, exc, backoff)
                 await asyncio.sleep(backoff)

@@ -650,6 +650,7 @@ class Maintainer:
             operators=index.operators,
             captures=store.captures(),
             index=index,
+            stale=self.informer.in_doubt(name),
         )
 
     async def _changefeed(self, name: str) -> None:

@@ -5,9 +5,15 @@ Every test names the simulator seed that first showed the bug (``python -m contr
 
 from __future__ import annotations
 
-from controller.engine.maintainer import decide
-from controller.model.records import SchedulerConfig
+import dataclasses
+
+from controller.engine import intents as I
+from controller.engine.maintainer import Decision, decide
+from controller.engine.world import World
+from controller.model.records import Record, SchedulerConfig, SpanOperator
+from controller.model.states import Kind
 from tests.unit.fixtures import (
+    NOW,
     DispatcherState,
     OpPhase,
     OpType,
@@ -16,13 +22,17 @@ from tests.unit.fixtures import (
     Target,
     capture,
     changefeed,
+    created,
     dispatcher,
     memory,
     operator,
+    pieces,
     span,
+    statuses,
     table,
     trange,
     world,
+    writes,
 )
 
 
@@ -258,3 +268,75 @@ def test_a_hole_whose_name_an_invalid_span_holds_is_filled_and_holds_the_checkpo
     # This decision still saw the hole: the checkpoint stays at 300 rather than following span r to 900.
     assert [c.checkpoint_ts for c in statuses(dec, Kind.CHANGEFEED, "cf")] in ([], [300])
     assert KeyRange(left.start, right.end) == trange(1)
+
+
+def _split_done_world(parent_in_view: bool, stale: frozenset[Kind], dispatcher_in_view: bool = True) -> World:
+    """Issue 36, as on the real cluster: a Split of ``p`` into ``c1``/``c2`` Succeeded at AddSpans; the parent (and
+    its dispatcher) was deleted, but the Span view, its watch broken across an API restart and not relisted yet,
+    still holds it."""
+    halves = pieces(1, 2)
+    c1 = span("c1", key_range=halves[0], capture="c0", dispatcher="d1", created=NOW - 10)
+    c2 = span("c2", key_range=halves[1], capture="c1", dispatcher="d2", created=NOW - 10)
+    parent = span("p", capture="c0", dispatcher="dp", created=NOW - 100)
+    done = operator(
+        "sp",
+        OpType.SPLIT,
+        ("p",),
+        OpPhase.SUCCEEDED,
+        Stage.ADD_SPANS,
+        targets=(
+            Target(span="c1", key_range=halves[0], capture="c0", dispatcher="d1", start_ts=100, done=True),
+            Target(span="c2", key_range=halves[1], capture="c1", dispatcher="d2", start_ts=100, done=True),
+        ),
+        finished_at=NOW - 5,
+    )
+    records: list[Record] = [changefeed(), table(1), capture("c0"), capture("c1"), c1, c2, done]
+    records += [dispatcher("d1", c1, "c0"), dispatcher("d2", c2, "c1")]
+    if parent_in_view:
+        records.append(parent)
+        if dispatcher_in_view:
+            records.append(dispatcher("dp", parent, "c0"))
+    return dataclasses.replace(world(*records), stale=stale)
+
+
+def _removals(dec: Decision) -> list[str]:
+    removes = [o.name for o in created(dec, Kind.OPERATOR) if isinstance(o, SpanOperator) and o.type is OpType.REMOVE]
+    deletes = [f"{w.kind.value}/{w.name}" for w in writes(dec) if isinstance(w, I.Delete)]
+    return removes + deletes
+
+
+def test_a_finished_split_is_not_undone_by_a_repair_on_a_span_view_still_showing_its_parent():
+    """Issue 36 (a real cluster, an API restart with a Split in flight): decisions ran for 1.8 s on a Span view that
+    still held the Split's deleted parent, and the rule "overlap no operator explains" removed the newer spans, the
+    children; after the relist the hole got a new span under the parent's name. A view in doubt (``World.stale``)
+    now removes nothing; once relisted (the parent gone from it), nothing is removed either."""
+    lagging = decide(_split_done_world(parent_in_view=True, stale=frozenset({Kind.SPAN})), memory())
+    assert _removals(lagging) == []
+    assert created(lagging, Kind.SPAN) == []
+    # The same view taken as current is what removed the children (the failure, and what the mutant
+    # destructive-on-stale-view brings back).
+    trusted = decide(_split_done_world(parent_in_view=True, stale=frozenset()), memory())
+    assert any(o.startswith("remove-") for o in _removals(trusted))
+    # The relist: the parent is gone from the view, which is current again.
+    relisted = decide(_split_done_world(parent_in_view=False, stale=frozenset()), memory())
+    assert _removals(relisted) == []
+    assert created(relisted, Kind.SPAN) == []
+
+
+def test_a_dispatcher_view_in_doubt_neither_closes_unclaimed_dispatchers_nor_forgets_missing_ones():
+    """The orphan rule and "Replicating whose dispatcher is gone" wait for a current Dispatcher view too: the parent's
+    dispatcher, still in a Dispatcher view in doubt after its span was deleted, is not closed; a child whose
+    dispatcher the view lacks stays Replicating."""
+    w = _split_done_world(parent_in_view=False, stale=frozenset({Kind.DISPATCHER, Kind.SPAN}))
+    with_orphan = dataclasses.replace(
+        w, dispatchers={**w.dispatchers, "dp": dispatcher("dp", span("p", capture="c0", dispatcher="dp"), "c0")}
+    )
+    assert _removals(decide(with_orphan, memory())) == []
+    lacking = dataclasses.replace(w, dispatchers={n: d for n, d in w.dispatchers.items() if n != "d2"})
+    dec = decide(lacking, memory())
+    assert statuses(dec, Kind.SPAN, "c2") == []
+    # Current again: the orphan is closed, the span without its dispatcher goes Absent.
+    assert "Dispatcher/dp" in _removals(decide(dataclasses.replace(with_orphan, stale=frozenset()), memory()))
+    after = statuses(decide(dataclasses.replace(lacking, stale=frozenset()), memory()), Kind.SPAN, "c2")
+    assert after
+    assert after[-1].state is SpanState.ABSENT
