@@ -11,6 +11,7 @@ does not serve get the plain-text ``404 page not found``, bodies are decoded wit
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -329,6 +330,7 @@ class ApiServer:
         self.committed = asyncio.Event()
         store.listeners.append(lambda _event: self.committed.set())
         self.commits = Committer(config.cost) if config.cost is not None else None
+        self.serving: Serving | None = None  # set by start_server (restarts through /_admin/restart)
 
     async def _commit(self, opts: WriteOptions) -> None:
         """Wait for the storage's commit of this write (only with a cost model; a dry run commits nothing)."""
@@ -976,15 +978,92 @@ class ApiServer:
             return _json({"ok": True})
         if rest == ["close-watches"] and request.method == "POST":
             return _json({"closed": self.store.close_watches()})
+        if rest == ["restart"] and request.method == "POST" and self.serving is not None:
+            raw = await request.read()
+            body = json.loads(raw) if raw.strip() else {}
+            outage = float(body.get("outageSeconds", 0))
+            self.serving.restart_later(outage)
+            return _json({"restarting": True, "outageSeconds": outage})
         if rest == ["stats"]:
             return _json(
                 {
                     "resourceVersion": self.store.rv,
                     "history": len(self.store.history),
                     "watchers": sum(len(w) for w in self.store.watchers.values()),
+                    "watchCacheStart": self.store.cache_start,
+                    "restarts": self.serving.restarts if self.serving is not None else 0,
                 }
             )
         raise PageNotFound()
+
+
+class Serving:
+    """The listening side of a running :class:`ApiServer`: its aiohttp runner and site, on a fixed host and port.
+
+    :meth:`restart` is a restart of kube-apiserver that keeps etcd: the server stops serving (every watch ends,
+    every connection is dropped, new ones are refused), stays down ``outage`` seconds, then serves again on the
+    same host and port with the same objects and resourceVersion counter, its watch cache starting again at the
+    current resourceVersion (:meth:`Store.restart_watch_cache`), so a watch resumed from before gets 410."""
+
+    def __init__(self, server: ApiServer, host: str, port: int) -> None:
+        self.server = server
+        self.host = host
+        self.port = port
+        self.restarts = 0
+        self._runner: web.AppRunner | None = None
+        self._lock = asyncio.Lock()
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def open(self) -> None:
+        # handler_cancellation: a watch whose client went away is cancelled at once, so its watcher is dropped.
+        runner = web.AppRunner(
+            self.server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        sockets = cast(asyncio.Server, site._server).sockets
+        self.port = sockets[0].getsockname()[1]  # the port bound the first time is kept for every restart
+        self.server.address = f"{self.host}:{self.port}"
+        self.server.stopping.clear()
+        self._runner = runner
+
+    async def _close(self) -> None:
+        self.server.stopping.set()
+        self.server.store.close_watches()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def stop(self) -> None:
+        for task in list(self._pending):
+            task.cancel()
+        async with self._lock:
+            await self._close()
+
+    async def restart(self, outage: float = 0.0) -> None:
+        async with self._lock:
+            await self._close()
+            await asyncio.sleep(max(0.0, outage))
+            self.server.store.restart_watch_cache()
+            await self.open()
+            self.restarts += 1
+        logger.info("embedded API server restarted after %.1fs, watch cache from %s", outage, self.server.store.rv)
+
+    def restart_later(self, outage: float) -> None:
+        """A restart in a moment (asked for by a request, whose answer goes out first)."""
+
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            await self.restart(outage)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
 
 def load_crds(store: Store, crd_dir: str | Path | None) -> int:
@@ -1040,6 +1119,7 @@ class ApiServerHandle:
     _thread: threading.Thread
     _stop: Callable[[], Coroutine[Any, Any, None]]
     _tmpdir: str | None = None
+    _restart: Callable[[float], Coroutine[Any, Any, None]] | None = None
     _stopped: bool = field(default=False)
     #: The storage's commits (None without a cost model): how many ran, for how many writes.
     commits: Committer | None = None
@@ -1057,6 +1137,19 @@ class ApiServerHandle:
 
     def close_watches(self) -> int:
         return self.call(self.store.close_watches)
+
+    def restart(self, outage_seconds: float = 0.0, *, wait: bool = True) -> concurrent.futures.Future[None]:
+        """Restart the server in place, as kube-apiserver restarts over the same etcd (:meth:`Serving.restart`):
+        every connection and watch is dropped, nothing is served for ``outage_seconds``, then the same URL serves
+        the same objects and resourceVersions, and a watch resumed from a resourceVersion older than the restart
+        gets ``ERROR 410 Expired``. Blocks until it serves again unless ``wait`` is false; the returned future
+        is done then (``await asyncio.wrap_future(handle.restart(2, wait=False))`` from a coroutine)."""
+        if self._restart is None or self._stopped:
+            raise RuntimeError("the embedded API server is not running")
+        future = asyncio.run_coroutine_threadsafe(self._restart(outage_seconds), self._loop)
+        if wait:
+            future.result(timeout=outage_seconds + 30)
+        return future
 
     def stop(self) -> None:
         if self._stopped:
@@ -1102,23 +1195,11 @@ def start_server(
         load_crds(store, crd_dir)
         Controllers(store, asyncio.get_running_loop())
         server = ApiServer(store, config, rbac)
-        # handler_cancellation: a watch whose client went away is cancelled at once, so its watcher is dropped.
-        runner = web.AppRunner(
-            server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
+        serving = server.serving = Serving(server, host, port)
+        await serving.open()
+        result.update(
+            store=store, port=serving.port, stop=serving.stop, restart=serving.restart, commits=server.commits
         )
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
-        sockets = cast(asyncio.Server, site._server).sockets
-        bound = sockets[0].getsockname()[1]
-        server.address = f"{host}:{bound}"
-
-        async def stop() -> None:
-            server.stopping.set()
-            store.close_watches()
-            await runner.cleanup()
-
-        result.update(store=store, port=bound, stop=stop, commits=server.commits)
 
     def run() -> None:
         asyncio.set_event_loop(loop)
@@ -1156,4 +1237,6 @@ def start_server(
         kubeconfig_path = Path(tmpdir) / "kubeconfig"
     path = Path(kubeconfig_path)
     path.write_text(yaml.safe_dump(kubeconfig(url)))
-    return ApiServerHandle(url, path, result["store"], loop, thread, result["stop"], tmpdir, commits=result["commits"])
+    return ApiServerHandle(
+        url, path, result["store"], loop, thread, result["stop"], tmpdir, result["restart"], commits=result["commits"]
+    )

@@ -8,7 +8,10 @@ dict and a new ``metadata`` dict), so an object can be shared by the store, the 
 Versions and compaction are realistic: the resourceVersion counter starts at :data:`RV_BASE`, everything before
 it counts as compacted (a watch from ``1`` gets ``410 Expired``), and only the last ``history_size`` events stay
 in the window that watches resume from and consistent lists (``resourceVersionMatch=Exact``, continue tokens)
-are served from.
+are served from. Watches are served as by kube-apiserver's watch cache, which begins at the resourceVersion
+current when it starts: when the server starts or restarts (:meth:`Store.restart_watch_cache`), and for a
+custom resource when its CRD is established. A watch from before that start gets the ``410`` too, while a LIST
+(served from storage) does not (see :meth:`Store.watch_start`).
 
 A write, as the real registry does it: decode (typed for built-in kinds, pruned and defaulted for custom
 resources), check the preconditions (uid, resourceVersion; a PUT of a kind without unconditional updates must
@@ -233,6 +236,10 @@ class Store:
         self.objects: dict[tuple[str, str], dict[tuple[str, str], JSON]] = {}
         self.history: deque[Event] = deque(maxlen=history_size)
         self.compacted_rv = rv_base  # events up to this rv have left the window
+        #: Where the watch cache began: at the start and at every restart of the server (watches only).
+        self.cache_start = rv_base
+        #: Where each custom resource's watch cache began (its CRD's establishment, or the last restart).
+        self.kind_cache_start: dict[tuple[str, str], int] = {}
         self.watchers: dict[tuple[str, str], set[Watcher]] = {}
         self.listeners: list[Callable[[Event], None]] = []
         self.faults: dict[str, Fault] = {}
@@ -277,6 +284,7 @@ class Store:
             self.register(rt)
         if (group, plural) not in self.crd_order:
             self.crd_order.append((group, plural))
+            self.kind_cache_start[(group, plural)] = self.rv  # its watch cache starts now
 
     def _drop_crd(self, obj: JSON) -> None:
         group, plural = crds.served_names(obj)
@@ -286,6 +294,7 @@ class Store:
         self.objects.pop((group, plural), None)
         if (group, plural) in self.crd_order:
             self.crd_order.remove((group, plural))
+        self.kind_cache_start.pop((group, plural), None)
         for watcher in self.watchers.pop((group, plural), set()):
             watcher.queue.put_nowait(None)
 
@@ -319,6 +328,21 @@ class Store:
                 count += 1
             watchers.clear()
         return count
+
+    def restart_watch_cache(self) -> int:
+        """What a restart of kube-apiserver does to watches (the stored objects and the resourceVersion counter,
+        etcd's, stay): every open watch ends, and the watch cache starts again at the current resourceVersion, so
+        a watch resumed from an older one gets ``410 Expired``. Returns how many watches were closed."""
+        self.cache_start = self.rv
+        for skey in self.kind_cache_start:
+            self.kind_cache_start[skey] = self.rv
+        return self.close_watches()
+
+    def watch_start(self, skey: tuple[str, str]) -> int:
+        """The oldest resourceVersion a watch of a kind can resume from: where its watch cache began, or the
+        compaction of the history, whichever is later (the real watch cache's ``oldest - 1``). LISTs are
+        served from storage and only see the compaction."""
+        return max(self.compacted_rv, self.cache_start, self.kind_cache_start.get(skey, 0))
 
     # -- views -----------------------------------------------------------------------------------------
 
@@ -1166,7 +1190,8 @@ class Store:
         """Register a watcher with its initial events already queued (synchronously: no gap, no duplicate).
 
         ``since`` unset or ``0`` (or ``initial``) sends the current objects as ADDED first; returns (watcher,
-        whether initial events were sent). A compacted ``since`` queues one ERROR 410 and ends the stream."""
+        whether initial events were sent). A ``since`` older than :meth:`watch_start` queues one ERROR 410 and
+        ends the stream, as the recorded server did (probes ``watch-too-old-rv*``)."""
         skey = rt.storage_key
         watcher = Watcher(skey, ns, predicate, rt if rt.group == "events.k8s.io" else None)
         send_initial = initial if initial is not None else since in (None, "", "0")
@@ -1180,10 +1205,9 @@ class Store:
             watcher.min_rv = self.rv
         else:
             start = int(str(since))
-            if start < self.compacted_rv:
-                status = ApiError(
-                    410, "Expired", f"too old resource version: {start} ({self.compacted_rv + 1})"
-                ).status()
+            oldest = self.watch_start(skey)
+            if start < oldest:
+                status = ApiError(410, "Expired", f"too old resource version: {start} ({oldest})").status()
                 watcher.queue.put_nowait(encode_event("ERROR", status))
                 watcher.queue.put_nowait(None)
                 return watcher, False
