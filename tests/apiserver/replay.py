@@ -862,7 +862,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: How the replay starts the double: real-server timing (bookmarks every minute).
-REPLAY_SERVER: JSON = {"bookmark_interval": 60.0}
+#: The namespace controller's first pass 1 s after a namespace's deletion (a real one: about 5 s; the default,
+#: ``NAMESPACE_DELAY``): the recorded sleeps after a namespace's DELETE are capped at SLEEP_CAP, and outcomes,
+#: not times, are compared.
+REPLAY_SERVER: JSON = {"bookmark_interval": 60.0, "namespace_delay": 1.0}
 
 if __name__ == "__main__":
     raise SystemExit(main())
