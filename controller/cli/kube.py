@@ -188,6 +188,17 @@ class Session:
             self.namespace, time.time(), {r.plural: items for r, items in zip(wanted, listings, strict=True)}
         )
 
+    async def read_namespace(self) -> JSON | None:
+        """The Namespace, or None when it cannot be read: gone (404), or not allowed (403: ``get`` on
+        ``namespaces`` is granted per namespace, by a Role there; without it the caller knows no better)."""
+        with self.errors(f"reading namespace {self.namespace!r}"):
+            try:
+                return await self.client.request("get", "GET", f"/api/v1/namespaces/{self.namespace}")
+            except ApiError as exc:
+                if exc.status in (403, 404):
+                    return None
+                raise
+
     async def create(self, res: Resource, body: JSON) -> JSON:
         """Create ``body``; :class:`NameTaken` if an object of that name exists (409 AlreadyExists)."""
         name = body.get("metadata", {}).get("name", "")
