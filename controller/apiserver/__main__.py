@@ -1,4 +1,4 @@
-"""``python -m controller.apiserver --port 0 --crds crds/ --kubeconfig PATH``: serve until interrupted.
+"""``python -m controller.apiserver --port 0 --crds crds/ --kubeconfig PATH [--tls]``: serve until interrupted.
 
 Prints the URL, then the kubeconfig path, on stdout; logs (controllers.py's warnings) go to stderr in the
 schema of every process of the project (``controller.logs``).
@@ -13,6 +13,7 @@ import threading
 
 from controller import logs
 from controller.apiserver import cost
+from controller.apiserver.controllers import NAMESPACE_DELAY
 from controller.apiserver.server import start_server
 
 
@@ -37,6 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--commit-latency-ms", type=float, help="with --api-cost: ms a commit lasts")
     parser.add_argument("--commit-per-write-ms", type=float, help="with --api-cost: ms each write adds to its commit")
+    parser.add_argument(
+        "--namespace-delay",
+        type=float,
+        default=NAMESPACE_DELAY,
+        help="seconds from a namespace's deletion to the namespace controller's first pass over its content "
+        f"(default {NAMESPACE_DELAY:g}, about what a real cluster takes)",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS with a self-signed certificate made at start (the kubeconfig carries it as its CA)",
+    )
     logs.add_arguments(parser)
     args = parser.parse_args(argv)
     logs.setup(args.log_level, args.log_format)
@@ -51,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         model = cost.CostModel(latency / 1000, per_write / 1000)
     elif args.commit_latency_ms is not None or args.commit_per_write_ms is not None:
         parser.error("--commit-latency-ms and --commit-per-write-ms need --api-cost")
+    if args.namespace_delay < 0:
+        parser.error("--namespace-delay must not be negative")
     handle = start_server(
         args.crds,
         args.port,
@@ -59,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         bookmark_interval=args.bookmark_interval,
         history_size=args.history_size,
         cost=model,
+        namespace_delay=args.namespace_delay,
+        tls=args.tls,
     )
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -5,14 +5,18 @@ They are driven by the store's commits (:attr:`Store.listeners`), each reaction 
 loop a moment later (``delay``), as the real controllers act asynchronously; they write through the store like any
 client (manager ``kube-controller-manager``), so watchers see their writes. The real ones take from one second
 (background collection) to half a minute (namespace removal); these act within a fraction of a second, which
-only makes the tests faster.
+only makes the tests faster, except the namespace controller's first pass over a Terminating namespace: it comes
+``namespace_delay`` seconds after the namespace's deletion (default :data:`NAMESPACE_DELAY`, as a real v1.36
+cluster took: its Leases deleted and its Changefeed marked about 5 s after the DELETE), so that a client that
+expects its objects to be marked at once fails here as it would there.
 
 - Garbage collector: a dependent all of whose ``ownerReferences`` point to objects that no longer exist (or to
   another incarnation: the uid is compared) is deleted; dangling references beside a live owner are removed.
   An owner deleted with ``propagationPolicy: Foreground`` (finalizer ``foregroundDeletion``) has its dependents
   deleted and disappears once none with ``blockOwnerDeletion: true`` remains; with ``Orphan`` (finalizer
   ``orphan``) its dependents lose their reference to it, then it disappears.
-- Namespace controller: a Terminating namespace has its content deleted; while some remains (held by
+- Namespace controller: a Terminating namespace has its content deleted (``namespace_delay`` after its deletion,
+  then again at every change of what is left); while some remains (held by
   finalizers) its status reports the ``NamespaceContentRemaining`` and ``NamespaceFinalizersRemaining``
   conditions; once empty, its ``kubernetes`` finalizer is removed and it is gone.
 - CRDs: a created CRD gets its names accepted and the ``Established`` condition (only then are its resources
@@ -36,12 +40,25 @@ JSON = dict[str, Any]
 Key = tuple[tuple[str, str], str, str]  # (storage key, namespace, name)
 log = logging.getLogger(__name__)
 
+#: Seconds between a namespace's deletion and the namespace controller's first pass over it (deleting its
+#: content, or removing the finalizer of an empty one): about what a real v1.36 cluster took (issue 36).
+NAMESPACE_DELAY = 5.0
+
 
 class Controllers:
-    def __init__(self, store: Store, loop: asyncio.AbstractEventLoop, delay: float = 0.05) -> None:
+    def __init__(
+        self,
+        store: Store,
+        loop: asyncio.AbstractEventLoop,
+        delay: float = 0.05,
+        namespace_delay: float = NAMESPACE_DELAY,
+    ) -> None:
         self.store = store
         self.loop = loop
         self.delay = delay
+        self.namespace_delay = namespace_delay
+        #: Terminating namespaces: the loop time from which the namespace controller acts on each.
+        self._namespace_ready: dict[str, float] = {}
         self.uids: dict[str, Key] = {}
         self.dependents: dict[str, set[Key]] = {}
         self.refs: dict[Key, set[str]] = {}
@@ -127,19 +144,26 @@ class Controllers:
         if crd_key is not None:
             self.schedule("crd-cleanup", crd_key)  # one of its objects changed or went: look again
         if event.skey == ("", "namespaces"):
-            if m.get("deletionTimestamp") and event.type != "DELETED":
-                self.schedule("namespace", m["name"])
+            if event.type == "DELETED":
+                self._namespace_ready.pop(m["name"], None)
+            elif m.get("deletionTimestamp"):
+                self._schedule_namespace(m["name"])
         elif m.get("namespace"):
             namespace = self.store.objects[("", "namespaces")].get(("", m["namespace"]))
             if namespace is not None and namespace["metadata"].get("deletionTimestamp"):
-                self.schedule("namespace", m["namespace"])
+                self._schedule_namespace(m["namespace"])
 
-    def schedule(self, what: str, arg: Any) -> None:
+    def schedule(self, what: str, arg: Any, delay: float | None = None) -> None:
         item = (what, arg)
         if item in self._pending:
             return
         self._pending.add(item)
-        self.loop.call_later(self.delay, self._run, item)
+        self.loop.call_later(self.delay if delay is None else max(self.delay, delay), self._run, item)
+
+    def _schedule_namespace(self, name: str) -> None:
+        """A pass over Terminating namespace ``name``: not before ``namespace_delay`` after its deletion was seen."""
+        ready = self._namespace_ready.setdefault(name, self.loop.time() + self.namespace_delay)
+        self.schedule("namespace", name, ready - self.loop.time())
 
     def _run(self, item: tuple[str, Any]) -> None:
         self._pending.discard(item)
@@ -149,7 +173,7 @@ class Controllers:
         except ApiError as exc:
             if exc.code in (404, 409):
                 if exc.code == 409:
-                    self.schedule(what, arg)  # raced with another write: look again
+                    self.schedule(what, arg)  # raced with another write: look again (a namespace is ready by now)
                 return
             log.warning("controller %s %s: %s", what, arg, exc.message)
 

@@ -11,12 +11,14 @@ does not serve get the plain-text ``404 page not found``, bodies are decoded wit
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import json
 import logging
 import re
 import shutil
+import ssl
 import tempfile
 import threading
 from collections.abc import Callable, Coroutine
@@ -31,7 +33,7 @@ from aiohttp import web
 from controller.apiserver import builtins as B
 from controller.apiserver import gojson, patches
 from controller.apiserver.authz import Rbac, attributes
-from controller.apiserver.controllers import Controllers
+from controller.apiserver.controllers import NAMESPACE_DELAY, Controllers
 from controller.apiserver.cost import Committer, CostModel
 from controller.apiserver.errors import (
     ApiError,
@@ -1005,10 +1007,11 @@ class Serving:
     same host and port with the same objects and resourceVersion counter, its watch cache starting again at the
     current resourceVersion (:meth:`Store.restart_watch_cache`), so a watch resumed from before gets 410."""
 
-    def __init__(self, server: ApiServer, host: str, port: int) -> None:
+    def __init__(self, server: ApiServer, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
         self.server = server
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context
         self.restarts = 0
         self._runner: web.AppRunner | None = None
         self._lock = asyncio.Lock()
@@ -1020,7 +1023,7 @@ class Serving:
             self.server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True, ssl_context=self.ssl_context)
         try:
             await site.start()
         except BaseException:
@@ -1091,11 +1094,15 @@ def load_crds(store: Store, crd_dir: str | Path | None) -> int:
     return count
 
 
-def kubeconfig(url: str, namespace: str = "default") -> JSON:
+def kubeconfig(url: str, namespace: str = "default", ca_pem: bytes | None = None) -> JSON:
+    """A kubeconfig for the server at ``url``; ``ca_pem``: the certificate an https server is verified with."""
+    cluster: JSON = {"server": url}
+    if ca_pem is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "cfm-embedded", "cluster": {"server": url}}],
+        "clusters": [{"name": "cfm-embedded", "cluster": cluster}],
         "users": [{"name": "cfm-embedded", "user": {"token": "cfm-embedded"}}],
         "contexts": [
             {
@@ -1123,6 +1130,8 @@ class ApiServerHandle:
     _stopped: bool = field(default=False)
     #: The storage's commits (None without a cost model): how many ran, for how many writes.
     commits: Committer | None = None
+    #: With TLS: the server's self-signed certificate (PEM), which is its own CA.
+    ca_pem: bytes | None = None
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the server's loop (the store is not thread-safe) and return its result."""
@@ -1178,24 +1187,43 @@ def start_server(
     history_size: int = 10_000,
     rbac: Rbac | None = None,
     cost: CostModel | None = None,
+    namespace_delay: float = NAMESPACE_DELAY,
+    tls: bool = False,
 ) -> ApiServerHandle:
     """Start the server in a daemon thread; returns once it accepts connections. With ``rbac``, requests
     bearing one of its service-account tokens are authorized by its rules (:mod:`controller.apiserver.authz`).
 
     ``bookmark_interval`` is how often an idle watch with ``allowWatchBookmarks`` gets a BOOKMARK (the real server:
     about a minute); ``history_size`` is the window of events watches can resume from; ``cost``: the storage's
-    cost model (:mod:`controller.apiserver.cost`), None for none."""
+    cost model (:mod:`controller.apiserver.cost`), None for none; ``namespace_delay``: seconds from a namespace's
+    deletion to the namespace controller's first pass over it (:data:`controllers.NAMESPACE_DELAY`, as a real
+    cluster takes); ``tls``: serve HTTPS with a self-signed certificate made now (:mod:`controller.apiserver.tls`),
+    which the kubeconfig carries as its CA."""
+    if namespace_delay < 0:
+        raise ValueError(f"namespace_delay must not be negative, got {namespace_delay}")
     result: dict[str, Any] = {}
     started = threading.Event()
     loop = asyncio.new_event_loop()
     config = ServerConfig(bookmark_interval=bookmark_interval, history_size=history_size, cost=cost)
+    tmpdir: str | None = None
+    if kubeconfig_path is None or tls:
+        tmpdir = tempfile.mkdtemp(prefix="cfm-apiserver-")
+    ca_pem: bytes | None = None
+    ssl_context = None
+    if tls:
+        from controller.apiserver import tls as tlsmod
+
+        assert tmpdir is not None
+        cert = tlsmod.self_signed(host)
+        ca_pem = cert.cert_pem
+        ssl_context = tlsmod.server_context(cert, Path(tmpdir))
 
     async def setup() -> None:
         store = Store(history_size=history_size)
         load_crds(store, crd_dir)
-        Controllers(store, asyncio.get_running_loop())
+        Controllers(store, asyncio.get_running_loop(), namespace_delay=namespace_delay)
         server = ApiServer(store, config, rbac)
-        serving = server.serving = Serving(server, host, port)
+        serving = server.serving = Serving(server, host, port, ssl_context)
         await serving.open()
         result.update(
             store=store, port=serving.port, stop=serving.stop, restart=serving.restart, commits=server.commits
@@ -1229,14 +1257,24 @@ def start_server(
     thread.start()
     started.wait(timeout=60)
     if "error" in result:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
         raise RuntimeError(f"embedded API server failed to start: {result['error']}") from result["error"]
-    url = f"http://{host}:{result['port']}"
-    tmpdir: str | None = None
+    url = f"{'https' if tls else 'http'}://{host}:{result['port']}"
     if kubeconfig_path is None:
-        tmpdir = tempfile.mkdtemp(prefix="cfm-apiserver-")
+        assert tmpdir is not None
         kubeconfig_path = Path(tmpdir) / "kubeconfig"
     path = Path(kubeconfig_path)
-    path.write_text(yaml.safe_dump(kubeconfig(url)))
+    path.write_text(yaml.safe_dump(kubeconfig(url, ca_pem=ca_pem)))
     return ApiServerHandle(
-        url, path, result["store"], loop, thread, result["stop"], tmpdir, result["restart"], commits=result["commits"]
+        url,
+        path,
+        result["store"],
+        loop,
+        thread,
+        result["stop"],
+        tmpdir,
+        result["restart"],
+        commits=result["commits"],
+        ca_pem=ca_pem,
     )

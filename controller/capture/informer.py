@@ -12,6 +12,7 @@ pass visits what changed rather than everything.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -120,9 +121,10 @@ class Informer:
             label_selector=self.label_selector,
             timeout_seconds=self.watch_timeout,
         )
-        async for event in stream:
-            self._recovered()
-            self._apply(event)
+        async with contextlib.aclosing(stream):  # a Relist (or a cancel) closes its connection now, not the collector
+            async for event in stream:
+                self._recovered()
+                self._apply(event)
 
     def _apply(self, event: dict[str, Any]) -> None:
         kind = event.get("type")

@@ -250,23 +250,38 @@ DISPATCHERS = RESOURCES[Kind.DISPATCHER]
 RELEASE_ATTEMPTS = 5
 
 
-async def _read_teardown(session: Session, wanted: str | None) -> tuple[list[JSON], list[JSON], list[JSON], list[JSON]]:
+async def _read_teardown(session: Session) -> tuple[list[JSON], list[JSON], list[JSON], list[JSON]]:
     cfs, dispatchers, tables, leases = await asyncio.gather(
         *(session.list(r) for r in (CHANGEFEEDS, DISPATCHERS, TABLES, LEASES))
     )
-    deleting = [c for c in cfs if (c.get("metadata") or {}).get("deletionTimestamp")]
+    return cfs, dispatchers, tables, leases
+
+
+def _teardown_targets(cfs: list[JSON], wanted: str | None, namespace: str) -> list[JSON]:
+    """The Changefeeds to finish: ``wanted`` (being deleted), else every one being deleted (at least one)."""
     if wanted:
         named = [c for c in cfs if (c.get("metadata") or {}).get("name") == wanted]
         if not named:
-            raise NotFound(f"changefeed {wanted!r} not found in namespace {session.namespace!r}")
+            raise NotFound(f"changefeed {wanted!r} not found in namespace {namespace!r}")
         if not (named[0].get("metadata") or {}).get("deletionTimestamp"):
             raise Refused(forced.not_being_deleted(wanted))
-        targets = named
-    else:
-        targets = deleting
-        if not targets:
-            raise NotFound(f"no Changefeed is being deleted in namespace {session.namespace!r}")
-    return targets, dispatchers, tables, leases
+        return named
+    deleting = [c for c in cfs if (c.get("metadata") or {}).get("deletionTimestamp")]
+    if not deleting:
+        raise NotFound(f"no Changefeed is being deleted in namespace {namespace!r}")
+    return deleting
+
+
+async def _awaiting_marks(session: Session, cfs: list[JSON], wanted: str | None) -> str:
+    """With --wait: the Changefeeds a namespace being deleted has yet to mark (forced.awaiting_marks); the
+    Namespace is read only when one of them is not marked."""
+    if all((c.get("metadata") or {}).get("deletionTimestamp") for c in cfs if wanted is None or _cf_name(c) == wanted):
+        return ""
+    return forced.awaiting_marks(cfs, wanted, await session.read_namespace())
+
+
+def _cf_name(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
 
 
 async def _release(session: Session, res: Resource, obj: JSON, finalizer: str) -> None:
@@ -321,30 +336,40 @@ async def teardown(session: Session, args: argparse.Namespace) -> int:
     shown: tuple[str, ...] = ()
     with on_interrupt("interrupted; what was released stays released, run the command again to finish"):
         while True:
-            targets, dispatchers, tables, leases = await _read_teardown(session, args.changefeed)
-            raw = {
-                f"{plural}/{(o.get('metadata') or {}).get('name')}": o
-                for plural, items in (
-                    ("changefeeds", targets),
-                    ("dispatchers", dispatchers),
-                    ("tables", tables),
-                    ("leases", leases),
-                )
-                for o in items
-            }
-            plans = [forced.plan(cf, dispatchers, tables, leases, time.time()) for cf in targets]
-            blockers = tuple(b for p in plans for b in p.blockers)
-            if not blockers:
-                for p in plans:
-                    await _force(session, p, raw)
-                return EXIT_OK
+            cfs, dispatchers, tables, leases = await _read_teardown(session)
+            awaiting = await _awaiting_marks(session, cfs, args.changefeed) if args.wait else ""
             waited = time.monotonic() - start
-            if not args.wait or waited >= args.timeout:
-                after = f" after {args.timeout:g}s" if args.wait else ""
-                raise Failed(
-                    f"cannot force the teardown{after}: " + "; ".join(blockers) + ". A live maintainer or capture "
-                    "finishes the teardown itself; --wait waits for that or for its Lease to lapse"
-                )
+            if awaiting:
+                blockers: tuple[str, ...] = (awaiting,)
+                if waited >= args.timeout:
+                    raise Failed(
+                        f"timed out after {args.timeout:g}s: {awaiting} (a namespace controller marks them a few "
+                        "seconds after the namespace's deletion: is the cluster's controller manager running?)"
+                    )
+            else:
+                targets = _teardown_targets(cfs, args.changefeed, session.namespace)
+                raw = {
+                    f"{plural}/{(o.get('metadata') or {}).get('name')}": o
+                    for plural, items in (
+                        ("changefeeds", targets),
+                        ("dispatchers", dispatchers),
+                        ("tables", tables),
+                        ("leases", leases),
+                    )
+                    for o in items
+                }
+                plans = [forced.plan(cf, dispatchers, tables, leases, time.time()) for cf in targets]
+                blockers = tuple(b for p in plans for b in p.blockers)
+                if not blockers:
+                    for p in plans:
+                        await _force(session, p, raw)
+                    return EXIT_OK
+                if not args.wait or waited >= args.timeout:
+                    after = f" after {args.timeout:g}s" if args.wait else ""
+                    raise Failed(
+                        f"cannot force the teardown{after}: " + "; ".join(blockers) + ". A live maintainer or "
+                        "capture finishes the teardown itself; --wait waits for that or for its Lease to lapse"
+                    )
             if blockers != shown:
                 for b in blockers:
                     out(f"waiting: {b}")

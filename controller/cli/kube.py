@@ -188,6 +188,17 @@ class Session:
             self.namespace, time.time(), {r.plural: items for r, items in zip(wanted, listings, strict=True)}
         )
 
+    async def read_namespace(self) -> JSON | None:
+        """The Namespace, or None when it cannot be read: gone (404), or not allowed (403: ``get`` on
+        ``namespaces`` is granted per namespace, by a Role there; without it the caller knows no better)."""
+        with self.errors(f"reading namespace {self.namespace!r}"):
+            try:
+                return await self.client.request("get", "GET", f"/api/v1/namespaces/{self.namespace}")
+            except ApiError as exc:
+                if exc.status in (403, 404):
+                    return None
+                raise
+
     async def create(self, res: Resource, body: JSON) -> JSON:
         """Create ``body``; :class:`NameTaken` if an object of that name exists (409 AlreadyExists)."""
         name = body.get("metadata", {}).get("name", "")
@@ -222,21 +233,25 @@ class Session:
         while True:
             error: JSON | None = None
             with self.errors(f"watching SpanOperator {name!r}"):
+                # Closed with this generator (not left to the collector: its connection must be closed while
+                # the event loop still runs, issue 36).
+                events = self.client.watch(
+                    OPERATORS, self.namespace, rv, label_selector=label_selector, timeout_seconds=60
+                )
                 try:
-                    async for ev in self.client.watch(
-                        OPERATORS, self.namespace, rv, label_selector=label_selector, timeout_seconds=60
-                    ):
-                        typ, item = ev.get("type"), ev.get("object") or {}
-                        if typ == "ERROR":  # a Status: 410 Gone (expired), or a failure of the server
-                            error = item
-                            break
-                        delay = 0.0
-                        rv = str(item.get("metadata", {}).get("resourceVersion", rv))
-                        if typ == "BOOKMARK" or item.get("metadata", {}).get("name") != name:
-                            continue
-                        if typ == "DELETED":
-                            raise Failed(f"SpanOperator {name!r} was deleted")
-                        yield item
+                    async with contextlib.aclosing(events):
+                        async for ev in events:
+                            typ, item = ev.get("type"), ev.get("object") or {}
+                            if typ == "ERROR":  # a Status: 410 Gone (expired), or a failure of the server
+                                error = item
+                                break
+                            delay = 0.0
+                            rv = str(item.get("metadata", {}).get("resourceVersion", rv))
+                            if typ == "BOOKMARK" or item.get("metadata", {}).get("name") != name:
+                                continue
+                            if typ == "DELETED":
+                                raise Failed(f"SpanOperator {name!r} was deleted")
+                            yield item
                 except ApiError as exc:
                     if exc.status != 410:
                         raise

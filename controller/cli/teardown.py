@@ -24,6 +24,13 @@ of the namespace, whether that is the case and what releasing them takes:
 Refused: a Changefeed that is not being deleted (delete it first: this command finishes a deletion, it does
 not start one), and one whose maintainer or any of whose captures still runs (they finish it themselves;
 ``--wait`` waits for that or for their Leases to lapse).
+
+**A namespace being deleted** marks its Changefeeds for deletion itself, but not at once: its namespace
+controller comes a few seconds after the namespace's DELETE (about 5 s on a v1.36 cluster, issue 36). So
+``teardown --wait`` right after ``kubectl delete namespace`` finds the namespace Terminating and its
+Changefeeds not yet marked: it waits until every one of them (or the ``-c`` one) is marked
+(:func:`awaiting_marks`), then tears down as usual. A namespace that is not being deleted never marks
+anything: there, as without ``--wait``, a Changefeed not being deleted is refused at once.
 """
 
 from __future__ import annotations
@@ -107,6 +114,26 @@ def not_being_deleted(name: str) -> str:
     return (
         f"changefeed {name} is not being deleted: this command only finishes a deletion "
         f"(kubectl delete changefeed {name} --wait=false, then run it again)"
+    )
+
+
+def awaiting_marks(changefeeds: list[JSON], wanted: str | None, namespace: Mapping[str, Any] | None) -> str:
+    """What a ``--wait`` teardown waits for before anything else ("" for nothing): in a namespace being deleted
+    (``namespace``, the Namespace as read; None if it could not be read), the Changefeeds (``wanted``, else every
+    one) that its namespace controller has not yet marked for deletion."""
+    if not namespace or not (namespace.get("metadata") or {}).get("deletionTimestamp"):
+        return ""
+    unmarked = sorted(
+        _name(c)
+        for c in changefeeds
+        if not (c.get("metadata") or {}).get("deletionTimestamp") and (wanted is None or _name(c) == wanted)
+    )
+    if not unmarked:
+        return ""
+    what = f"changefeed {unmarked[0]}" if len(unmarked) == 1 else "changefeeds " + ", ".join(unmarked)
+    return (
+        f"namespace {_name(namespace)} is being deleted; its namespace controller has not yet marked {what} "
+        "for deletion"
     )
 
 

@@ -29,7 +29,8 @@ How responses are compared (``corpus/README.md``, "Comparing a double against it
     - Watches: the sequence of event types (a run of BOOKMARKs counts once), each event's recorded summary
       (kind, name, labels, annotations, finalizers, deletionTimestamp, generation, status; ERROR code,
       reason and message) and ``closedByServer``; triggers are compared like requests.
-    - Polls: ``conditionMet``, then the last response. The double's controllers act within a second, so
+    - Polls: ``conditionMet``, then the last response. The double's controllers act within a second (its
+      namespace controller 2 s after a namespace's deletion, :data:`REPLAY_SERVER`), so
       polls retry every 0.1 s for at most :data:`POLL_LIMIT` seconds, and recorded sleeps are capped at
       :data:`SLEEP_CAP` seconds.
 """
@@ -60,7 +61,7 @@ CRD_BASE = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 POLL_LIMIT = 10.0  # seconds a poll retries (the double's controllers act within about a second)
 POLL_EVERY = 0.1
-SLEEP_CAP = 1.5  # recorded sleeps waited for the real controllers; the double's need far less
+SLEEP_CAP = 3.0  # recorded sleeps waited for the real controllers; the double's need less (REPLAY_SERVER)
 TRIGGER_DELAY = 0.5  # seconds after a watch opens before its triggers run (as recorded)
 CONCURRENCY = 48
 
@@ -862,7 +863,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: How the replay starts the double: real-server timing (bookmarks every minute).
-REPLAY_SERVER: JSON = {"bookmark_interval": 60.0}
+#: The namespace controller's first pass 2 s after a namespace's deletion (a real one: about 5 s; the default,
+#: ``NAMESPACE_DELAY``): as recorded, it has not acted yet at the probe's second DELETE (1 s after the first)
+#: and has at its GET after the next sleep (8 s recorded, capped at SLEEP_CAP: 4 s after the first DELETE).
+REPLAY_SERVER: JSON = {"bookmark_interval": 60.0, "namespace_delay": 2.0}
 
 if __name__ == "__main__":
     raise SystemExit(main())

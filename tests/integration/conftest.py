@@ -32,12 +32,15 @@ class Target:
 
     def api(self, namespace: str) -> Api:
         if self.handle is not None:
-            return embedded_api(self.handle.url, self.handle.kubeconfig_path, namespace)
+            return embedded_api(self.handle.url, self.handle.kubeconfig_path, namespace, self.handle.ca_pem)
         return cluster_api(self.kubeconfig, namespace)
 
 
 @pytest.fixture(scope="module")
-def target() -> Iterator[Target]:
+def target(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """A module with ``EMBEDDED_TLS = True`` gets the embedded server over HTTPS, as a real cluster serves (a
+    client's TLS connections close differently: issue 36). The embedded namespace controller takes its realistic
+    moment (``NAMESPACE_DELAY``) everywhere."""
     real = os.environ.get("CFM_TEST_KUBECONFIG")
     if real:
         t = Target(None, Path(real))
@@ -46,7 +49,7 @@ def target() -> Iterator[Target]:
         api.pool.clear()
         yield t
         return
-    handle = start_server(CRD_DIR, bookmark_interval=0.5)
+    handle = start_server(CRD_DIR, bookmark_interval=0.5, tls=bool(getattr(request.module, "EMBEDDED_TLS", False)))
     try:
         yield Target(handle, handle.kubeconfig_path)
     finally:

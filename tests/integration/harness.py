@@ -157,8 +157,10 @@ class Api:
         self.create("spanoperators", "SpanOperator", name, body, labels={f"{GROUP}/changefeed": CHANGEFEED})
 
 
-def embedded_api(url: str, kubeconfig: Path, namespace: str) -> Api:
-    return Api(url, {}, urllib3.PoolManager(), namespace, kubeconfig)
+def embedded_api(url: str, kubeconfig: Path, namespace: str, ca_pem: bytes | None = None) -> Api:
+    """An Api on the embedded server; ``ca_pem``: its certificate, when it serves HTTPS (``tls=True``)."""
+    pool = urllib3.PoolManager(ca_cert_data=ca_pem.decode()) if ca_pem else urllib3.PoolManager()
+    return Api(url, {}, pool, namespace, kubeconfig)
 
 
 def cluster_api(kubeconfig: Path, namespace: str) -> Api:

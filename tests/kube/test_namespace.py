@@ -36,6 +36,17 @@ async def fill(client: Client, ns: str) -> None:
     await client.create(res[Kind.DISPATCHER], ns, obj("Dispatcher", "d1", spec, [DISPATCHER_FINALIZER, HOLD]))
 
 
+async def marked(client: Client, ns: str, objects: tuple[tuple[Kind, str], ...], within: float = 30.0) -> None:
+    """Poll until every one of ``objects`` has its deletionTimestamp."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        found = [await client.get(RESOURCES[kind], ns, name) for kind, name in objects]
+        if all(o["metadata"].get("deletionTimestamp") for o in found):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"not marked for deletion within {within:g}s"
+        await asyncio.sleep(0.1)
+
+
 def test_a_live_namespace_is_not_terminating_and_nothing_is_stored(api_server: ApiServerHandle) -> None:
     async def scenario() -> None:
         async with Client(Config(url=api_server.url)) as client:
@@ -55,7 +66,8 @@ def test_in_a_terminating_namespace_our_finalizers_go_and_no_one_elses(api_serve
             await client.request("delete", "DELETE", f"/api/v1/namespaces/{ns}")
             assert await nsmod.terminating(client, ns)
 
-            await asyncio.sleep(0.5)  # the namespace controller marks them deleting
+            # The namespace controller marks them deleting a moment later (about 5 s, as a real cluster's).
+            await marked(client, ns, ((Kind.CHANGEFEED, "cf"), (Kind.TABLE, "t1"), (Kind.DISPATCHER, "d1")))
             assert await nsmod.release_finalizers(client, ns, deleting_only=True) == 3
             for kind, name in ((Kind.CHANGEFEED, "cf"), (Kind.TABLE, "t1")):
                 with pytest.raises(ApiError, match="404 NotFound"):

@@ -1164,3 +1164,100 @@ def test_split_and_merge_wait_exit_0_and_print_partially_placed_when_no_new_span
         f"Merge {name} succeeded (PartiallyPlaced)",
         f"  span {name}-new0 [{T1.hex()[0]}, {T1.hex()[1]}) not placed (NoCapture): {none}",
     ]
+
+
+# ------------------------------------------------------------------------------------------------------
+# teardown --wait in a namespace being deleted (issue 36)
+
+
+class NamespaceClient(FakeClient):
+    """A FakeClient whose namespace is Terminating (or not), whose namespace controller marks every Changefeed
+    for deletion at the ``mark_at``-th listing of changefeeds (0: never), and which removes what loses its
+    last finalizer."""
+
+    def __init__(self, objects: dict[str, list[dict[str, Any]]], *, terminating: bool, mark_at: int) -> None:
+        super().__init__(objects, on_list=self._namespace_controller)
+        self.terminating = terminating
+        self.mark_at = mark_at
+        self.changefeed_lists = 0
+        self.namespace_reads = 0
+
+    async def _namespace_controller(self, plural: str) -> None:
+        if plural != "changefeeds":
+            return
+        self.changefeed_lists += 1
+        if self.changefeed_lists == self.mark_at:
+            for cf in self.objects["changefeeds"]:
+                cf["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"
+
+    async def request(self, verb: str, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        assert (verb, method, path) == ("get", "GET", "/api/v1/namespaces/ns"), (verb, method, path)
+        self.namespace_reads += 1
+        meta: dict[str, Any] = {"name": "ns"}
+        if self.terminating:
+            meta["deletionTimestamp"] = "2026-12-04T00:00:00Z"
+        return {"kind": "Namespace", "metadata": meta}
+
+    async def patch(self, res: Any, namespace: str, name: str, patch: dict[str, Any], sub: str = "") -> dict[str, Any]:
+        out = await super().patch(res, namespace, name, patch)
+        if res.plural == "changefeeds" and (patch.get("metadata") or {}).get("finalizers") == []:
+            self.objects["changefeeds"] = [o for o in self.objects["changefeeds"] if o["metadata"]["name"] != name]
+        return out
+
+
+def _teardown_world() -> dict[str, list[dict[str, Any]]]:
+    cf = conv.to_resource(Changefeed(name=CF, namespace="ns"))
+    cf["metadata"].update(finalizers=["cdc.maintainer.dev/teardown"], resourceVersion="4")
+    return {"changefeeds": [cf], "dispatchers": [], "tables": [], "leases": []}
+
+
+def test_teardown_wait_in_a_terminating_namespace_waits_for_the_changefeed_to_be_marked(plugin: Plugin) -> None:
+    """Issue 36: right after ``kubectl delete namespace`` the Changefeed is not yet marked (a real namespace
+    controller comes about 5 s later): ``--wait`` waits for the mark, says so once, then tears down."""
+    client = NamespaceClient(_teardown_world(), terminating=True, mark_at=3)
+    rc, out, err = plugin(client, "-n", "ns", "teardown", "--wait", "--timeout", "30", "--interval", "0.01")
+    assert (rc, err) == (0, ""), out + err
+    lines = out.splitlines()
+    assert lines[0] == (
+        f"waiting: namespace ns is being deleted; its namespace controller has not yet marked changefeed {CF} "
+        "for deletion"
+    )
+    assert lines.count(lines[0]) == 1
+    assert lines[-1] == f"changefeed {CF} released: the garbage collector removes what it owned"
+    assert client.changefeed_lists == 3
+    assert ("changefeeds", CF, {"metadata": {"finalizers": [], "resourceVersion": "4"}}) in client.patched
+
+
+def test_teardown_wait_names_the_changefeed_it_waits_for(plugin: Plugin) -> None:
+    client = NamespaceClient(_teardown_world(), terminating=True, mark_at=2)
+    rc, out, err = plugin(client, "-n", "ns", "teardown", "-c", CF, "--wait", "--interval", "0.01")
+    assert (rc, err) == (0, ""), out + err
+    assert out.startswith("waiting: namespace ns is being deleted")
+    assert f"changefeed {CF} released" in out
+
+
+def test_teardown_wait_for_a_mark_is_bounded_by_its_timeout(plugin: Plugin) -> None:
+    client = NamespaceClient(_teardown_world(), terminating=True, mark_at=0)
+    rc, out, err = plugin(client, "-n", "ns", "teardown", "--wait", "--timeout", "0.2", "--interval", "0.01")
+    assert rc == EXIT_FAILED, out + err
+    assert err.startswith("error: timed out after 0.2s: namespace ns is being deleted; its namespace controller ")
+    assert err.count("\n") == 1
+    assert client.patched == []
+
+
+def test_teardown_outside_a_terminating_namespace_still_refuses_at_once(plugin: Plugin) -> None:
+    """A namespace that is not being deleted marks nothing: waiting would be for ever, so exit 2 as before,
+    with or without --wait; without --wait the Namespace is not even read."""
+    for args in (("--wait", "--timeout", "30", "--interval", "0.01"), ()):
+        client = NamespaceClient(_teardown_world(), terminating=False, mark_at=0)
+        rc, out, err = plugin(client, "-n", "ns", "teardown", *args)
+        assert (rc, out) == (EXIT_USAGE, "")
+        assert err == "error: no Changefeed is being deleted in namespace 'ns'\n"
+        assert client.namespace_reads == (1 if args else 0)
+        rc, _, err = plugin(client, "-n", "ns", "teardown", "-c", CF, *args)
+        assert rc == EXIT_USAGE
+        assert f"changefeed {CF} is not being deleted" in err
+    client = NamespaceClient(_teardown_world(), terminating=True, mark_at=0)
+    rc, _, err = plugin(client, "-n", "ns", "teardown")
+    assert (rc, client.namespace_reads) == (EXIT_USAGE, 0), "without --wait nothing is waited for"
+    assert "no Changefeed is being deleted" in err

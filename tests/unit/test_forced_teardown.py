@@ -105,3 +105,39 @@ def test_a_table_that_does_not_convert_is_still_detached() -> None:
     status = forced.detached_status(broken)["status"]
     assert status["state"] == "Detached"
     assert status["spans"]["replicating"] == 0
+
+
+def namespace(terminating: bool) -> JSON:
+    meta: JSON = {"name": "team"}
+    if terminating:
+        meta["deletionTimestamp"] = format_time(NOW - 1)
+    return {"metadata": meta, "status": {"phase": "Terminating" if terminating else "Active"}}
+
+
+def named(name: str, deleting: bool) -> JSON:
+    cf = changefeed(deleting)
+    cf["metadata"]["name"] = name
+    return cf
+
+
+def test_in_a_terminating_namespace_unmarked_changefeeds_are_waited_for() -> None:
+    """Issue 36: the namespace controller marks the Changefeeds a few seconds after the namespace's DELETE."""
+    cfs = [named("b", deleting=False), named("a", deleting=False)]
+    waiting = forced.awaiting_marks(cfs, None, namespace(terminating=True))
+    assert waiting == (
+        "namespace team is being deleted; its namespace controller has not yet marked changefeeds a, b for deletion"
+    )
+    assert forced.awaiting_marks(cfs, "b", namespace(terminating=True)).endswith("marked changefeed b for deletion")
+    # One marked, one not: the namespace goes only once both are released, so the other is waited for too.
+    cfs = [named("a", deleting=True), named("b", deleting=False)]
+    assert forced.awaiting_marks(cfs, None, namespace(terminating=True)).endswith("changefeed b for deletion")
+    assert forced.awaiting_marks(cfs, "a", namespace(terminating=True)) == ""
+
+
+def test_nothing_is_waited_for_outside_a_terminating_namespace_or_once_all_are_marked() -> None:
+    unmarked = [named("a", deleting=False)]
+    assert forced.awaiting_marks(unmarked, None, namespace(terminating=False)) == ""
+    assert forced.awaiting_marks(unmarked, None, None) == ""  # the Namespace could not be read
+    assert forced.awaiting_marks([named("a", deleting=True)], None, namespace(terminating=True)) == ""
+    assert forced.awaiting_marks([], None, namespace(terminating=True)) == ""  # nothing will ever be marked
+    assert forced.awaiting_marks(unmarked, "other", namespace(terminating=True)) == ""
