@@ -260,6 +260,10 @@ class Agent:
     rates_at: float = -1e9
     last_renew: float = 0.0
     lease_rv: str = ""
+    #: The uid of the Lease this process holds (from the answer of its create, GET or last PUT): every renewal
+    #: carries it, so a Lease deleted meanwhile is not re-created by the renewal (a Lease PUT to a missing name
+    #: creates it) but refused with 409 (the uid precondition fails), and a Lease created again is not ours.
+    lease_uid: str = ""
     fence_reason: str = ""
     #: Why this capture may not run here at all (its Lease is forbidden to it): it exits 1 without registering.
     refused: str = ""
@@ -459,7 +463,14 @@ class Agent:
             body["spec"]["holderIdentity"] = ""
         if self.lease_rv:
             body["metadata"]["resourceVersion"] = self.lease_rv
+        if self.lease_uid:
+            body["metadata"]["uid"] = self.lease_uid
         return body
+
+    def _held(self, answer: JSON) -> None:
+        """Remember the version and the uid of the Lease as the API answered (the next write's preconditions)."""
+        self.lease_rv = answer["metadata"]["resourceVersion"]
+        self.lease_uid = answer["metadata"]["uid"]
 
     async def _register(self) -> bool:
         s = self.settings
@@ -618,10 +629,10 @@ class Agent:
     async def _acquire_lease(self) -> None:
         s = self.settings
         name = lease_name(s.name)
-        self.lease_rv = ""
+        self.lease_rv = self.lease_uid = ""
         try:
             out = await self.client.create(LEASES, s.namespace, self._lease_body())
-            self.lease_rv = out["metadata"]["resourceVersion"]
+            self._held(out)
             return
         except ApiError as exc:
             if not exc.already_exists:
@@ -632,9 +643,9 @@ class Agent:
         if holder not in ("", s.name) and not _expired(spec):
             raise LeaseLost(f"Lease {name} is held by {holder!r} and has not expired")
         self.took_over_foreign = self.took_over_foreign or holder != s.name
-        self.lease_rv = current["metadata"]["resourceVersion"]
+        self._held(current)
         out = await self.client.replace(LEASES, s.namespace, name, self._lease_body())
-        self.lease_rv = out["metadata"]["resourceVersion"]
+        self._held(out)
 
     async def _renew(self) -> None:
         s = self.settings
@@ -642,10 +653,10 @@ class Agent:
         for _ in range(2):
             try:
                 out = await self.client.replace(LEASES, s.namespace, name, self._lease_body())
-                self.lease_rv = out["metadata"]["resourceVersion"]
+                self._held(out)
                 return
             except ApiError as exc:
-                if exc.not_found:
+                if exc.not_found:  # (a Lease PUT that carries the uid meets a deleted Lease with 409, not 404)
                     raise LeaseLost(f"Lease {name} was deleted") from None
                 if not exc.conflict:
                     raise
@@ -655,6 +666,8 @@ class Agent:
                 if exc.not_found:
                     raise LeaseLost(f"Lease {name} was deleted") from None
                 raise
+            if current["metadata"]["uid"] != self.lease_uid:
+                raise LeaseLost(f"Lease {name} was deleted (and created again, uid {current['metadata']['uid']})")
             spec = current.get("spec") or {}
             holder = spec.get("holderIdentity") or ""
             if holder != s.name:
@@ -662,7 +675,7 @@ class Agent:
             if spec.get("acquireTime") != self.acquire_time:
                 raise LeaseLost(f"Lease {name} was taken over by another process named {s.name!r}")
             # Our own write whose answer we missed (e.g. a timed-out request): adopt it and retry.
-            self.lease_rv = current["metadata"]["resourceVersion"]
+            self._held(current)
         raise ApiError(409, "Conflict", f"Lease {name} kept changing")
 
     async def _release_lease(self) -> None:
