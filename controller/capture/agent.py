@@ -4,7 +4,9 @@ What it does, and why in this shape:
 
 * **Registration.** It creates (or reuses) its ``Capture`` object and the ``coordination.k8s.io/v1``
   Lease ``capture-<name>``, then renews the Lease every ``renew_interval`` with a resourceVersion
-  precondition. The maintainer treats the capture as alive while ``renewTime + leaseDurationSeconds``
+  precondition and the Lease's uid (a Lease PUT to a missing name *creates* it on kube-apiserver: without the
+  uid, a renewal re-created a Lease deleted by hand and the capture never fenced; with it the renewal is
+  refused, 409). The maintainer treats the capture as alive while ``renewTime + leaseDurationSeconds``
   is in the future (``Capture.alive``).
 * **Pause, then resume or fence.** If it has not renewed for ``renew_deadline`` (< the lease duration)
   it *pauses*: every dispatcher stops delivering at once but stays in memory with its position, and it
@@ -16,7 +18,8 @@ What it does, and why in this shape:
   (strongly, beside the renewals: the reads may outlast a renew deadline) and, if a renewal younger than
   the renew deadline still vouches for it when they are done, resume those that still exist, are not
   being deleted, and whose changefeed has started no maintainer term it did not see. If the Lease was
-  deleted or names someone else (taken), it stops everything and exits non-zero, as a fenced capture.
+  deleted (409 for the uid, then 404), was created again (another uid) or names someone else (taken), it
+  stops everything and exits non-zero (``EXIT_FENCED``), as a fenced capture.
   ``acquireTime`` identifies this process's incarnation, so a renewal that timed out but landed is
   recognised as its own and a restarted process of the same name is not. An outage of the API shorter
   than the maintainer's patience therefore costs no dispatcher anything but the pause
