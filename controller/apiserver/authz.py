@@ -125,6 +125,23 @@ class Rbac:
         if not allowed:
             raise forbidden(user, attrs)
 
+    def authorize_create_on_update(self, user: str, attrs: Attributes) -> None:
+        """A PUT that creates (Leases, Events) is authorized again as a ``create`` of that name, as the update
+        handler's ``withAuthorization`` does: denied, it is ``NewForbidden`` with RBAC's reason (empty when no
+        rule failed to evaluate), not the request-level message. A rule's resourceNames can grant this create."""
+        create = Attributes("create", attrs.group, attrs.resource, attrs.subresource, attrs.namespace, attrs.name)
+        allowed = any(
+            (not ns or ns == create.namespace) and any(rule.allows(create) for rule in rules)
+            for ns, rules in self.grants.get(user, [])
+        )
+        self.decisions.append((user, create, allowed))
+        if not allowed:
+            qualified = f"{create.resource}.{create.group}" if create.group else create.resource
+            details: JSON = {"name": create.name, "kind": create.resource}
+            if create.group:
+                details["group"] = create.group
+            raise ApiError(403, "Forbidden", f'{qualified} "{create.name}" is forbidden: ', details)
+
     def denied(self) -> list[tuple[str, Attributes]]:
         return [(user, attrs) for user, attrs, ok in self.decisions if not ok]
 

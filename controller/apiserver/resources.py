@@ -50,6 +50,9 @@ class ResourceType:
     storage: tuple[str, str] | None = None
     #: A PUT without metadata.resourceVersion is allowed (ConfigMaps, Events, Namespaces), not for CRs or Leases.
     unconditional_update: bool = False
+    #: A PUT to a missing object creates it (its registry strategy's ``AllowCreateOnUpdate()``): Leases and
+    #: Events; not ConfigMaps, Namespaces, CRDs or custom resources, which answer 404.
+    create_on_update: bool = False
     verbs: list[str] = field(default_factory=lambda: list(BUILTIN_VERBS))
     extra_subresources: list[str] = field(default_factory=list)
     storage_kind: tuple[str, str, str] | None = None  # group/version/kind hashed for storageVersionHash
@@ -175,7 +178,16 @@ def builtin_types() -> list[ResourceType]:
             unconditional_update=True,
         ),
         ResourceType(
-            "", "v1", "events", "event", "Event", True, ["ev"], struct=B.CORE_EVENT, unconditional_update=True
+            "",
+            "v1",
+            "events",
+            "event",
+            "Event",
+            True,
+            ["ev"],
+            struct=B.CORE_EVENT,
+            unconditional_update=True,
+            create_on_update=True,
         ),
         ResourceType(
             "events.k8s.io",
@@ -188,9 +200,12 @@ def builtin_types() -> list[ResourceType]:
             struct=B.V1_EVENT,
             storage=("", "events"),
             unconditional_update=True,
+            create_on_update=True,
             storage_kind=("", "v1", "Event"),
         ),
-        ResourceType("coordination.k8s.io", "v1", "leases", "lease", "Lease", True, struct=B.LEASE),
+        ResourceType(
+            "coordination.k8s.io", "v1", "leases", "lease", "Lease", True, struct=B.LEASE, create_on_update=True
+        ),
         ResourceType(
             "apiextensions.k8s.io",
             "v1",

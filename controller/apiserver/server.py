@@ -502,6 +502,16 @@ class ApiServer:
         if attrs is not None:
             self.rbac.authorize(user, attrs)
 
+    def _create_authorizer(self, request: web.Request) -> Callable[[], None] | None:
+        """For a PUT: the check a create on update needs beside the ``update`` one (None: all allowed)."""
+        if self.rbac is None:
+            return None
+        rbac, user = self.rbac, self.rbac.user_of(request.headers.get("Authorization", ""))
+        attrs = attributes(request.method, request.path, dict(request.query))
+        if user is None or attrs is None:
+            return None
+        return lambda: rbac.authorize_create_on_update(user, attrs)
+
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
         if not parts:
@@ -636,6 +646,7 @@ class ApiServer:
             return self._render_obj(request, rt, out.obj, 201, out.warnings)
         if method == "PUT":
             body = await self._body(request, rt, opts)
+            opts.authorize_create = self._create_authorizer(request)
             await self._commit(opts)
             out = self.store.replace(rt, obj_ns, name, body, opts, sub)
             return self._render_obj(request, rt, out.obj, 201 if out.created else 200, out.warnings)

@@ -103,6 +103,9 @@ class WriteOptions:
     validation: str = "Warn"  # Strict | Warn | Ignore
     force: bool = False
     raw: bytes = b""
+    #: A PUT that would create (see ``Store._create_on_update``) is authorized as a ``create`` of that name too;
+    #: this raises the 403 when the requester may not (None: everything allowed).
+    authorize_create: Callable[[], None] | None = None
 
 
 @dataclass
@@ -466,9 +469,7 @@ class Store:
         remaining = len(keys) - i if predicate is None else 0
         return ListResult(items, rv, self._encode_continue(rv, self._continue_key(keys[i - 1], ns)), remaining)
 
-    def _paged(
-        self, skey: tuple[str, str], rv: int, ns: str | None
-    ) -> Paged:
+    def _paged(self, skey: tuple[str, str], rv: int, ns: str | None) -> Paged:
         """The objects of a kind at ``rv`` (a copy: stored objects never change, the map does) and their keys
         in order, kept for the LIST's next pages (the last few LISTs)."""
         key = (skey, rv, ns)
@@ -808,6 +809,8 @@ class Store:
         errors = self._validate(rt, obj, None, None)
         if errors:
             raise self._invalid(rt, obj, errors)
+        if opts.authorize_create is not None:
+            opts.authorize_create()
         if client_rv:
             raise internal("resourceVersion should not be set on objects to be created")
         if (ns, name) in objs:
@@ -836,24 +839,41 @@ class Store:
             raise bad_request(f"the name of the object ({m.get('name')}) does not match the name on the URL ({name})")
         if rt.namespaced and m.get("namespace") not in (None, "", ns):
             raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        missing = (ns if rt.namespaced else "", name) not in self.objects[rt.storage_key]
+        if sub is None and rt.create_on_update and missing:
+            return self._create_on_update(rt, ns, name, obj, warnings, opts)
         old = self._stored(rt, ns, name)
         return self._update(rt, old, obj, opts, sub, warnings)
 
-    def _storage_error(self, rt: ResourceType, old: JSON, given_uid: str) -> ApiError:
-        m = old["metadata"]
-        parts = (
-            ["/registry"]
-            + ([rt.group] if rt.group else [])
-            + [rt.plural]
-            + ([m["namespace"]] if m.get("namespace") else [])
-            + [m["name"]]
-        )
+    def _create_on_update(
+        self, rt: ResourceType, ns: str, name: str, obj: JSON, warnings: list[str], opts: WriteOptions
+    ) -> Outcome:
+        """A PUT to a missing object of a kind whose strategy allows create on update (Leases, Events) creates
+        it, as the real registry's ``Store.Update`` does when the stored object's resourceVersion is 0: 201, a
+        fresh uid and creationTimestamp, a new resourceVersion (the body's is ignored), create admission and
+        validation. The uid precondition a body's ``metadata.uid`` sets is checked first, against the missing
+        (zero) object, whose uid is empty: 409."""
+        m = obj["metadata"]
+        given_uid = m.get("uid")
+        if given_uid:
+            raise self._storage_error(rt, ns, name, str(given_uid), "")
+        m["name"] = name
+        m.pop("resourceVersion", None)
+        return self._create(rt, ns, obj, warnings, opts)
+
+    def _storage_error(self, rt: ResourceType, ns: str, name: str, given_uid: str, stored_uid: str) -> ApiError:
+        """The uid precondition failed in storage (``storage.Preconditions.Check``): the StorageError the registry
+        turns into a 409. Its key is etcd's: ``/registry/<group>/<plural>/...`` for CRDs and custom resources,
+        ``/registry/<plural>/...`` for the built-in kinds (Events of both APIs are ``/registry/events``)."""
+        plural = rt.storage_key[1]
+        prefix = [rt.group] if rt.custom or rt.key == CRD_KEY else []
+        parts = ["/registry", *prefix, plural, *([ns] if rt.namespaced and ns else []), name]
         return conflict(
             rt.group,
             rt.plural,
-            m["name"],
+            name,
             f"StorageError: invalid object, Code: 4, Key: {'/'.join(parts)}, ResourceVersion: 0, AdditionalErrorMsg: "
-            f"Precondition failed: UID in precondition: {given_uid}, UID in object meta: {m['uid']}",
+            f"Precondition failed: UID in precondition: {given_uid}, UID in object meta: {stored_uid}",
         )
 
     def _update(
@@ -872,7 +892,7 @@ class Store:
         cmeta = cand.get("metadata") or {}
         given_uid = cmeta.get("uid")
         if given_uid and given_uid != old_meta["uid"]:
-            raise self._storage_error(rt, old, str(given_uid))
+            raise self._storage_error(rt, old_meta.get("namespace", ""), name, str(given_uid), old_meta["uid"])
         rv = cmeta.get("resourceVersion")
         if not rv:
             if not rt.unconditional_update:

@@ -4,7 +4,9 @@ What it does, and why in this shape:
 
 * **Registration.** It creates (or reuses) its ``Capture`` object and the ``coordination.k8s.io/v1``
   Lease ``capture-<name>``, then renews the Lease every ``renew_interval`` with a resourceVersion
-  precondition. The maintainer treats the capture as alive while ``renewTime + leaseDurationSeconds``
+  precondition and the Lease's uid (a Lease PUT to a missing name *creates* it on kube-apiserver: without the
+  uid, a renewal re-created a Lease deleted by hand and the capture never fenced; with it the renewal is
+  refused, 409). The maintainer treats the capture as alive while ``renewTime + leaseDurationSeconds``
   is in the future (``Capture.alive``).
 * **Pause, then resume or fence.** If it has not renewed for ``renew_deadline`` (< the lease duration)
   it *pauses*: every dispatcher stops delivering at once but stays in memory with its position, and it
@@ -16,7 +18,8 @@ What it does, and why in this shape:
   (strongly, beside the renewals: the reads may outlast a renew deadline) and, if a renewal younger than
   the renew deadline still vouches for it when they are done, resume those that still exist, are not
   being deleted, and whose changefeed has started no maintainer term it did not see. If the Lease was
-  deleted or names someone else (taken), it stops everything and exits non-zero, as a fenced capture.
+  deleted (409 for the uid, then 404), was created again (another uid) or names someone else (taken), it
+  stops everything and exits non-zero (``EXIT_FENCED``), as a fenced capture.
   ``acquireTime`` identifies this process's incarnation, so a renewal that timed out but landed is
   recognised as its own and a restarted process of the same name is not. An outage of the API shorter
   than the maintainer's patience therefore costs no dispatcher anything but the pause
@@ -260,6 +263,10 @@ class Agent:
     rates_at: float = -1e9
     last_renew: float = 0.0
     lease_rv: str = ""
+    #: The uid of the Lease this process holds (from the answer of its create, GET or last PUT): every renewal
+    #: carries it, so a Lease deleted meanwhile is not re-created by the renewal (a Lease PUT to a missing name
+    #: creates it) but refused with 409 (the uid precondition fails), and a Lease created again is not ours.
+    lease_uid: str = ""
     fence_reason: str = ""
     #: Why this capture may not run here at all (its Lease is forbidden to it): it exits 1 without registering.
     refused: str = ""
@@ -459,7 +466,14 @@ class Agent:
             body["spec"]["holderIdentity"] = ""
         if self.lease_rv:
             body["metadata"]["resourceVersion"] = self.lease_rv
+        if self.lease_uid:
+            body["metadata"]["uid"] = self.lease_uid
         return body
+
+    def _held(self, answer: JSON) -> None:
+        """Remember the version and the uid of the Lease as the API answered (the next write's preconditions)."""
+        self.lease_rv = answer["metadata"]["resourceVersion"]
+        self.lease_uid = answer["metadata"]["uid"]
 
     async def _register(self) -> bool:
         s = self.settings
@@ -618,10 +632,10 @@ class Agent:
     async def _acquire_lease(self) -> None:
         s = self.settings
         name = lease_name(s.name)
-        self.lease_rv = ""
+        self.lease_rv = self.lease_uid = ""
         try:
             out = await self.client.create(LEASES, s.namespace, self._lease_body())
-            self.lease_rv = out["metadata"]["resourceVersion"]
+            self._held(out)
             return
         except ApiError as exc:
             if not exc.already_exists:
@@ -632,9 +646,9 @@ class Agent:
         if holder not in ("", s.name) and not _expired(spec):
             raise LeaseLost(f"Lease {name} is held by {holder!r} and has not expired")
         self.took_over_foreign = self.took_over_foreign or holder != s.name
-        self.lease_rv = current["metadata"]["resourceVersion"]
+        self._held(current)
         out = await self.client.replace(LEASES, s.namespace, name, self._lease_body())
-        self.lease_rv = out["metadata"]["resourceVersion"]
+        self._held(out)
 
     async def _renew(self) -> None:
         s = self.settings
@@ -642,10 +656,10 @@ class Agent:
         for _ in range(2):
             try:
                 out = await self.client.replace(LEASES, s.namespace, name, self._lease_body())
-                self.lease_rv = out["metadata"]["resourceVersion"]
+                self._held(out)
                 return
             except ApiError as exc:
-                if exc.not_found:
+                if exc.not_found:  # (a Lease PUT that carries the uid meets a deleted Lease with 409, not 404)
                     raise LeaseLost(f"Lease {name} was deleted") from None
                 if not exc.conflict:
                     raise
@@ -655,6 +669,8 @@ class Agent:
                 if exc.not_found:
                     raise LeaseLost(f"Lease {name} was deleted") from None
                 raise
+            if current["metadata"]["uid"] != self.lease_uid:
+                raise LeaseLost(f"Lease {name} was deleted (and created again, uid {current['metadata']['uid']})")
             spec = current.get("spec") or {}
             holder = spec.get("holderIdentity") or ""
             if holder != s.name:
@@ -662,7 +678,7 @@ class Agent:
             if spec.get("acquireTime") != self.acquire_time:
                 raise LeaseLost(f"Lease {name} was taken over by another process named {s.name!r}")
             # Our own write whose answer we missed (e.g. a timed-out request): adopt it and retry.
-            self.lease_rv = current["metadata"]["resourceVersion"]
+            self._held(current)
         raise ApiError(409, "Conflict", f"Lease {name} kept changing")
 
     async def _release_lease(self) -> None:

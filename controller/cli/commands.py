@@ -292,20 +292,33 @@ async def _release(session: Session, res: Resource, obj: JSON, finalizer: str) -
     raise Failed(f"{res.kind} {name} kept changing; its finalizer {finalizer} is still there: run the command again")
 
 
+async def _lease_gone(session: Session, name: str) -> bool:
+    """After a 409 on taking Lease ``name``: whether it was deleted since it was read (nothing to take)."""
+    try:
+        await session.client.get(LEASES, session.namespace, name)
+    except ApiError as exc:
+        if exc.not_found:
+            return True
+        raise
+    return False
+
+
 async def _force(session: Session, p: forced.Plan, raw: dict[str, JSON]) -> None:
     """Carry out ``p``: fences first (a renewal since the reading fails the command), then the releases."""
     ns = session.namespace
     for lease in p.fences:
         with session.errors(f"taking the lapsed Lease {lease.name}"):
             try:
+                # The Lease as read, uid included: one deleted since is refused (409), not created again.
                 await session.client.replace(LEASES, ns, lease.name, forced.fenced_lease(raw[f"leases/{lease.name}"]))
             except ApiError as exc:
                 if exc.conflict:
-                    raise Failed(
-                        f"Lease {lease.name} changed since it was read (its holder {lease.holder} renewed it?): "
-                        "nothing was released; run the command again"
-                    ) from None
-                if not exc.not_found:
+                    if not await _lease_gone(session, lease.name):
+                        raise Failed(
+                            f"Lease {lease.name} changed since it was read (its holder {lease.holder} renewed it?): "
+                            "nothing was released; run the command again"
+                        ) from None
+                elif not exc.not_found:
                     raise
         out(f"lease {lease.name} taken from {lease.holder} (lapsed, {forced.describe_age(lease)})")
     for name, uid, deleting in p.dispatchers:

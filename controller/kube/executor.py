@@ -290,6 +290,8 @@ class Executor:
             "spec": {**current["spec"], "holderIdentity": ""},
         }
         try:
+            # The body is the Lease as cached, uid included: a Lease deleted meanwhile is refused (409), not created
+            # again (a Lease PUT to a missing name creates it).
             taken = await self.client.replace(LEASES, self.namespace, name, body)
         except ApiError as exc:
             if exc.not_found:
@@ -301,6 +303,7 @@ class Executor:
                 except ApiError as again:
                     if not again.not_found:
                         raise
+                    return  # deleted since the decision (the uid precondition failed): gone, as a 404
             raise
         log.info("took the Lease %s of a lost capture", name)
         self.informer.offer(LEASE, taken)

@@ -3,17 +3,25 @@
 - Acquire: create the Lease, or take it over once it has not been renewed for its duration as
   observed on *our* clock (we time how long its renewTime has stayed unchanged, as client-go does,
   so clock skew between nodes does not matter). Every write carries the Lease's resourceVersion, so
-  two candidates cannot both win.
+  two candidates cannot both win, and its uid (the Lease as last read or answered): a Lease PUT to a missing
+  name *creates* it (the Lease strategy allows create on update), so without the uid a renewal or a release
+  of a Lease deleted meanwhile would bring it back under the old holder and ``leaseTransitions``. With it
+  the write is refused (409: the uid precondition fails against the missing object).
 - The epoch of a term is the Lease's ``leaseTransitions`` after our acquisition; we set it to at least
   one more than the epoch the changefeed already published, so it grows even if the Lease was deleted.
 - Renew every ``retry`` seconds; if no renewal succeeded for ``renew_deadline`` (< duration) the
-  leadership is lost and the caller must stop writing at once. Each renewal attempt is bounded by what
+  leadership is lost and the caller must stop writing at once. A renewal refused (409) keeps the term only if
+  the Lease is still the same object (uid) naming us with our term's ``leaseTransitions`` (our own write whose
+  answer was lost); a Lease deleted (404) or created again (another uid) means leadership lost at once. The
+  elector may then bid again through ``acquire``: a fresh Lease, created with an epoch above the published
+  one (``floor``), so the term lost is never resumed under its old epoch. Each renewal attempt is bounded by what
   is left of the deadline, so a request that hangs (an API that went silent) cannot stretch the term.
 - Resume a lapsed term: a candidate that finds the Lease still naming itself with its own term's
-  ``leaseTransitions`` (nobody acquired it since: every acquisition raises it) renews it and keeps its
-  epoch. This is what an API outage longer than the renew deadline looks like from the leader's side: it
-  stopped writing at the deadline, and on the API's return nothing happened under another epoch, so
-  the captures keep the dispatchers they paused (a new epoch would make them start afresh).
+  ``leaseTransitions`` (nobody acquired it since: every acquisition raises it), and still the Lease object
+  of that term (its uid: not one deleted and created again), renews it and keeps its epoch. This is what
+  an API outage longer than the renew deadline looks like from the leader's side: it stopped writing at
+  the deadline, and on the API's return nothing happened under another epoch, so the captures keep the
+  dispatchers they paused (a new epoch would make them start afresh).
 - Release on graceful shutdown: holder cleared and duration 1 s, so a successor takes over quickly.
 """
 
@@ -118,16 +126,22 @@ class LeaderElector:
         if holder != self.identity and not expired:
             return False
         current = int(spec.get("leaseTransitions") or 0)
-        if holder == self.identity and self.epoch and current == self.epoch and self.epoch >= floor:
+        if (
+            holder == self.identity
+            and self.epoch
+            and current == self.epoch
+            and self.epoch >= floor
+            and _uid(lease) == _uid(self.lease)
+        ):
             transitions, acquired = self.epoch, str(spec.get("acquireTime") or "")  # our term, resumed
         else:
             transitions, acquired = max(current, floor) + 1, ""
-        lease["spec"] = self._body(transitions, acquired)
+        lease["spec"] = self._body(transitions, acquired)  # its metadata as read: resourceVersion and uid
         sent = time.monotonic()
         try:
             self.lease = await self.client.replace(LEASES, self.namespace, self.name, lease)
         except ApiError as exc:
-            if exc.status == 409:
+            if exc.status in (404, 409):  # taken meanwhile, or deleted (409 on a real server: the uid precondition)
                 return False
             raise
         self.epoch = transitions
@@ -175,24 +189,33 @@ class LeaderElector:
             sent = time.monotonic()
             try:
                 assert self.lease is not None
-                lease = dict(self.lease)
-                spec = dict(lease.get("spec", {}))
-                lease["spec"] = self._body(int(spec.get("leaseTransitions") or self.epoch), spec.get("acquireTime", ""))
+                lease = self._renewal(self.lease)
                 # Never past the deadline: a hung request must not keep us leading.
                 async with asyncio.timeout(max(0.05, last_ok + self.renew_deadline - sent)):
                     self.lease = await self.client.replace(LEASES, self.namespace, self.name, lease)
                 last_ok = self.renewed = sent
                 continue
             except ApiError as exc:
+                if exc.not_found:
+                    log.warning("lease %s was deleted: leadership lost", self.name)
+                    lost.set()
+                    return
                 if exc.status == 409:
                     try:
                         current = await self.client.get(LEASES, self.namespace, self.name)
+                    except ApiError as again:
+                        if again.not_found:  # the uid precondition failed against a deleted Lease
+                            log.warning("lease %s was deleted: leadership lost", self.name)
+                            lost.set()
+                            return
+                        current = None
                     except Exception:
                         current = None
-                    if current is not None and current.get("spec", {}).get("holderIdentity") == self.identity:
-                        self.lease = current
+                    if current is not None and self._ours(current):
+                        self.lease = current  # our own write whose answer was lost: renew from it
                         continue
-                    log.warning("lease %s taken by another holder", self.name)
+                    why = "created again" if current is not None and _uid(current) != _uid(self.lease) else "taken"
+                    log.warning("lease %s %s by another holder: leadership lost", self.name, why)
                     lost.set()
                     return
                 log.warning("lease %s renewal failed: %s", self.name, exc)
@@ -203,10 +226,27 @@ class LeaderElector:
                 lost.set()
                 return
 
+    def _renewal(self, lease: JSON) -> JSON:
+        """The renewal of ``lease`` (as last answered): its metadata kept, so the write carries its resourceVersion
+        and uid (a Lease deleted meanwhile is refused, not re-created), the term's transitions and acquireTime."""
+        spec = lease.get("spec") or {}
+        body = self._body(int(spec.get("leaseTransitions") or self.epoch), str(spec.get("acquireTime") or ""))
+        return {**lease, "spec": body}
+
+    def _ours(self, current: JSON) -> bool:
+        """Whether ``current`` (read after a 409) is still this term's Lease: the same object (uid), naming us,
+        with the term's transitions. Then the write that conflicted was our own, its answer lost."""
+        spec = current.get("spec") or {}
+        return (
+            _uid(current) == _uid(self.lease)
+            and spec.get("holderIdentity") == self.identity
+            and int(spec.get("leaseTransitions") or 0) == self.epoch
+        )
+
     async def release(self) -> None:
         if self.lease is None:
             return
-        lease = dict(self.lease)
+        lease = dict(self.lease)  # its metadata kept: a release of a Lease deleted meanwhile must not re-create it
         spec = dict(lease.get("spec", {}))
         lease["spec"] = self._body(int(spec.get("leaseTransitions") or self.epoch), "", holder="", duration=1)
         try:
@@ -215,3 +255,7 @@ class LeaderElector:
                 await self.client.replace(LEASES, self.namespace, self.name, lease)
         except Exception as exc:
             log.info("lease %s not released: %r", self.name, exc)
+
+
+def _uid(lease: JSON | None) -> str:
+    return str(((lease or {}).get("metadata") or {}).get("uid") or "")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+import urllib3
+
+from controller.apiserver import start_server
 from controller.apiserver.authz import Attributes, Rbac, attributes
 from controller.apiserver.store import ApiError
 
@@ -125,3 +129,42 @@ def test_unknown_tokens_are_not_checked() -> None:
     assert r.user_of("Bearer t") == USER
     assert r.user_of("Bearer admin") is None
     assert r.user_of("t") is None
+
+
+def test_a_put_that_creates_is_authorized_as_a_create_too() -> None:
+    """A PUT to a missing Lease creates it: the update handler also authorizes a ``create`` of that name (where a
+    rule's resourceNames can grant it), and denied, answers NewForbidden with RBAC's (empty) reason."""
+    r = rbac(
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"], "resourceNames": ["b"]},
+        kind="ClusterRole",
+        binding="ClusterRoleBinding",
+    )
+    handle = start_server(rbac=r)
+    pool = urllib3.PoolManager()
+    try:
+        base = f"{handle.url}/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+
+        def put(name: str) -> urllib3.BaseHTTPResponse:
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name}, "spec": {}}
+            headers = {"Authorization": "Bearer t", "Content-Type": "application/json"}
+            return pool.request("PUT", f"{base}/{name}", body=json.dumps(body).encode(), headers=headers)
+
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}}
+        created = pool.request(
+            "POST",
+            f"{handle.url}/api/v1/namespaces",
+            body=json.dumps(ns).encode(),
+            headers={"Authorization": "Bearer t", "Content-Type": "application/json"},
+        )
+        assert created.status == 201, created.data
+        denied = put("a")
+        assert denied.status == 403, denied.data
+        status = json.loads(denied.data)
+        assert status["reason"] == "Forbidden"
+        assert status["message"] == 'leases.coordination.k8s.io "a" is forbidden: '
+        assert status["details"] == {"name": "a", "group": "coordination.k8s.io", "kind": "leases"}
+        assert put("b").status == 201  # create granted by name
+    finally:
+        handle.stop()

@@ -585,6 +585,143 @@ def test_leases_configmaps_events(kube: Kube, name: str) -> None:
     )
 
 
+LEASES_V1 = "coordination.k8s.io/v1"
+
+
+def _lease(name: str, **meta: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": LEASES_V1,
+        "kind": "Lease",
+        "metadata": {"name": name, **meta},
+        "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15, "renewTime": "2020-01-02T03:04:05.000000Z"},
+    }
+
+
+def _uid_precondition_failed(kube: Kube, resource: str, name: str, given: str, stored: str) -> str:
+    """The 409 message of a PUT whose metadata.uid is not the stored object's (storage.Preconditions.Check; the
+    key is etcd's: ``/registry/leases/...`` for a built-in kind). A missing object's uid is empty."""
+    return (
+        f'Operation cannot be fulfilled on {resource}.coordination.k8s.io "{name}": StorageError: invalid object, '
+        f"Code: 4, Key: /registry/{resource}/{kube.namespace}/{name}, ResourceVersion: 0, AdditionalErrorMsg: "
+        f"Precondition failed: UID in precondition: {given}, UID in object meta: {stored}"
+    )
+
+
+def test_put_creates_a_missing_lease(kube: Kube, name: str) -> None:
+    """A Lease's strategy allows create on update: a PUT to a missing Lease creates it (201, a fresh uid and
+    creationTimestamp, a resourceVersion of its own: the body's is ignored). So a renewal of a Lease deleted a
+    moment before re-creates it unless it carries the uid, whose precondition fails against the missing object."""
+    leases = kube.path("leases", group=LEASES_V1)
+    resp = kube.req("PUT", f"{leases}/{name}", _lease(name, resourceVersion="12345"))
+    assert resp.status == 201, resp.body
+    meta = resp.body["metadata"]
+    assert meta["uid"]
+    assert meta["resourceVersion"] != "12345"
+    datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+    assert resp.body["spec"]["holderIdentity"] == "a"
+    assert kube.ok("GET", f"{leases}/{name}") == resp.body
+    # Deleted, then renewed with the answer's resourceVersion: without the uid it is created again ...
+    first = resp.body
+    kube.ok("DELETE", f"{leases}/{name}")
+    renewal = {k: v for k, v in first.items() if k != "metadata"}
+    renewal["metadata"] = {"name": name, "resourceVersion": first["metadata"]["resourceVersion"]}
+    again = kube.req("PUT", f"{leases}/{name}", renewal)
+    assert again.status == 201, again.body
+    assert again.body["metadata"]["uid"] != first["metadata"]["uid"]
+    # ... with it, the precondition fails (409 Conflict) and nothing is created.
+    kube.ok("DELETE", f"{leases}/{name}")
+    renewal["metadata"]["uid"] = uid = again.body["metadata"]["uid"]
+    resp = kube.req("PUT", f"{leases}/{name}", renewal)
+    assert resp.status == 409, resp.body
+    assert resp.body["reason"] == "Conflict"
+    assert resp.body["details"] == {"name": name, "group": "coordination.k8s.io", "kind": "leases"}
+    assert resp.body["message"] == _uid_precondition_failed(kube, "leases", name, uid, "")
+    assert kube.req("GET", f"{leases}/{name}").status == 404
+    # A Lease of that name created since (another uid): the same 409, naming the stored uid.
+    other = kube.ok("POST", leases, _lease(name))
+    renewal["metadata"]["resourceVersion"] = other["metadata"]["resourceVersion"]
+    resp = kube.req("PUT", f"{leases}/{name}", renewal)
+    assert resp.status == 409, resp.body
+    assert resp.body["message"] == _uid_precondition_failed(kube, "leases", name, uid, other["metadata"]["uid"])
+    assert kube.ok("GET", f"{leases}/{name}") == other
+    # Create on update is a create: validated as one, and not in a namespace that does not exist.
+    bad = _lease(name + "-bad")
+    bad["spec"]["leaseDurationSeconds"] = 0
+    resp = kube.req("PUT", f"{leases}/{name}-bad", bad)
+    assert resp.status == 422, resp.body
+    assert kube.req("GET", f"{leases}/{name}-bad").status == 404
+    missing_ns = kube.path("leases", name, group=LEASES_V1, ns=f"no-such-{name}")
+    resp = kube.req("PUT", missing_ns, _lease(name))
+    assert resp.status == 404, resp.body
+    assert resp.body["details"]["kind"] == "namespaces"
+
+
+def test_put_creates_a_missing_event_of_either_api(kube: Kube, name: str) -> None:
+    """Events (one storage for core/v1 and events.k8s.io/v1) allow create on update too."""
+    core = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name},
+        "involvedObject": {"kind": "Span", "name": name, "namespace": kube.namespace},
+        "reason": "Test",
+        "message": "hello",
+        "type": "Normal",
+    }
+    resp = kube.req("PUT", kube.path("events", name, group="v1"), core)
+    assert resp.status == 201, resp.body
+    assert resp.body["metadata"]["uid"]
+    v1 = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": name + "-v1"},
+        "eventTime": "2025-01-01T00:00:00.000000Z",
+        "reportingController": "cfm.test/x",
+        "reportingInstance": "x",
+        "action": "Test",
+        "reason": "Test",
+        "type": "Normal",
+        "regarding": {"kind": "Span", "name": name, "namespace": kube.namespace},
+    }
+    resp = kube.req("PUT", kube.path("events", name + "-v1", group="events.k8s.io/v1"), v1)
+    assert resp.status == 201, resp.body
+    assert (
+        kube.ok("GET", kube.path("events", name + "-v1", group="v1"))["metadata"]["uid"] == resp.body["metadata"]["uid"]
+    )
+
+
+def test_put_to_a_missing_configmap_namespace_or_custom_resource_is_not_found(kube: Kube, name: str) -> None:
+    """Their strategies do not allow create on update: 404, and nothing is created."""
+    cm = kube.obj("ConfigMap", {"name": name}, "v1", data={"a": "1"})
+    for path, body in (
+        (kube.path("configmaps", name, group="v1"), cm),
+        (kube.path("spans", name), kube.span(name)),
+        (
+            kube.path("namespaces", f"no-such-{name}", group="v1", ns=None),
+            kube.obj("Namespace", {"name": f"no-such-{name}"}, "v1"),
+        ),
+    ):
+        resp = kube.req("PUT", path, body)
+        assert resp.status == 404, (path, resp.body)
+        assert resp.body["reason"] == "NotFound"
+        assert kube.req("GET", path).status == 404
+
+
+def test_put_with_another_uid_conflicts(kube: Kube, name: str) -> None:
+    """A PUT whose metadata.uid is another incarnation's: 409, whatever its resourceVersion (custom resource)."""
+    obj = kube.ok("POST", kube.path("spans"), kube.span(name))
+    stored = obj["metadata"]["uid"]
+    given = str(uuid.uuid4())
+    obj["metadata"]["uid"] = given
+    resp = kube.req("PUT", kube.path("spans", name), obj)
+    assert resp.status == 409, resp.body
+    assert resp.body["reason"] == "Conflict"
+    assert resp.body["message"] == (
+        f'Operation cannot be fulfilled on spans.{GROUP.split("/")[0]} "{name}": StorageError: invalid object, '
+        f"Code: 4, Key: /registry/{GROUP.split('/')[0]}/spans/{kube.namespace}/{name}, ResourceVersion: 0, "
+        f"AdditionalErrorMsg: Precondition failed: UID in precondition: {given}, UID in object meta: {stored}"
+    )
+
+
 def test_post_crd(kube: Kube) -> None:
     group = f"t{uuid.uuid4().hex[:6]}.cfm.test"
     crd = {

@@ -827,6 +827,26 @@ def test_fences_itself_when_another_holder_takes_the_lease(api: Api, agents: Cal
     assert "intruder" in fenced[0]["reason"]
 
 
+def test_fences_itself_when_its_lease_is_deleted_and_does_not_create_it_again(
+    api: Api, agents: Callable[..., AgentProc]
+) -> None:
+    """``kubectl delete lease capture-c1``: a Lease PUT to a missing name creates it, so a renewal without the
+    uid would bring the Lease back under the same holder. The renewal carries the uid: 409, the Lease is gone
+    (404), the capture fences itself (exit 3) and the Lease stays deleted."""
+    api.changefeed()
+    agent = agents("c1")
+    api.dispatcher("d1", "c1")
+    wait_for(working(api, "d1"), what="Working")
+    status, body = api.req("DELETE", api.path("leases", "capture-c1"))
+    assert status == 200, body
+    assert agent.wait(5) == 3
+    fenced = [line for line in agent.logs() if line["msg"].startswith("fenced itself")]
+    assert fenced
+    assert "deleted" in fenced[0]["reason"]
+    status, body = api.req("GET", api.path("leases", "capture-c1"))
+    assert status == 404, f"the Lease was created again: {body}"
+
+
 def _states_written(server: ApiServerHandle, namespace: str, name: str) -> list[str | None]:
     """Every state the API stored for a Dispatcher, in order (from the server's event history)."""
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
+import pytest
+
+from controller.cli import commands
 from controller.cli import teardown as forced
-from controller.kube.client import without_finalizer
+from controller.cli.errors import Failed
+from controller.kube.client import ApiError, without_finalizer
 from controller.model.resources import format_time
 from controller.model.states import CHANGEFEED_FINALIZER, DISPATCHER_FINALIZER, TABLE_FINALIZER
 
@@ -141,3 +147,42 @@ def test_nothing_is_waited_for_outside_a_terminating_namespace_or_once_all_are_m
     assert forced.awaiting_marks([named("a", deleting=True)], None, namespace(terminating=True)) == ""
     assert forced.awaiting_marks([], None, namespace(terminating=True)) == ""  # nothing will ever be marked
     assert forced.awaiting_marks(unmarked, "other", namespace(terminating=True)) == ""
+
+
+def test_taking_a_lease_deleted_since_it_was_read_is_not_a_failure() -> None:
+    """The take carries the Lease as read (uid included), so one deleted since is refused with 409 (a Lease PUT to
+    a missing name would create it): the command reads it again, finds it gone and goes on, as after a 404; a
+    409 whose Lease is still there (renewed) fails the command."""
+
+    class Client:
+        def __init__(self, exists: bool) -> None:
+            self.exists = exists
+            self.puts: list[JSON] = []
+
+        async def replace(self, res: Any, ns: str, name: str, body: JSON) -> JSON:
+            self.puts.append(body)
+            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: u1, UID in object meta: ")
+
+        async def get(self, res: Any, ns: str, name: str) -> JSON:
+            if not self.exists:
+                raise ApiError(404, "NotFound", "not found")
+            return lease(name, "c0", 1.0)
+
+    class Session:
+        namespace = "ns"
+
+        def __init__(self, client: Client) -> None:
+            self.client = client
+
+        def errors(self, what: str) -> contextlib.AbstractContextManager[None]:
+            return contextlib.nullcontext()
+
+    raw = lease("capture-c0", "c0", 60.0)
+    raw["metadata"]["uid"] = "u1"
+    state = forced.LeaseState("capture-c0", "c0", 60.0, 15.0, "7")
+    plan = forced.Plan("demo", fences=(state,))
+    gone = Client(exists=False)
+    asyncio.run(commands._force(Session(gone), plan, {"leases/capture-c0": raw}))  # type: ignore[arg-type]
+    assert gone.puts[0]["metadata"]["uid"] == "u1"
+    with pytest.raises(Failed, match="changed since it was read"):
+        asyncio.run(commands._force(Session(Client(exists=True)), plan, {"leases/capture-c0": raw}))  # type: ignore[arg-type]
