@@ -259,3 +259,23 @@ def test_the_clients_own_timeout_is_an_error() -> None:
             [ev async for ev in informer._events(Stream("Span", RESOURCES[Kind.SPAN]), "7")]
 
     asyncio.run(scenario())
+
+
+def test_the_maintainers_flags_reach_its_informer(server: ApiServerHandle) -> None:
+    from controller.maintainer import __main__ as cli
+    from controller.maintainer.runner import Maintainer, Settings
+
+    a = cli.parse(["--namespace", "x"])
+    assert (a.watch_timeout, a.liveness_window) == (WATCH_TIMEOUT, PROGRESS_WINDOW)
+    a = cli.parse(["--watch-timeout", "10", "--liveness-window", "20"])
+    assert (a.watch_timeout, a.liveness_window) == (10, 20)
+    for bad in (["--watch-timeout", "0"], ["--liveness-window", "0"]):
+        with pytest.raises(SystemExit):
+            cli.parse(bad)
+
+    async def scenario() -> None:
+        async with Client(Config(url=server.url)) as client:
+            m = Maintainer(client, Settings(namespace="x", watch_timeout=10, liveness_window=20))
+            assert (m.informer.watch_timeout, m.informer.progress_window) == (10, 20)
+
+    asyncio.run(scenario())
