@@ -27,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
         "--bookmark-interval",
         type=float,
         default=60.0,
-        help="seconds between watch BOOKMARKs (a real server: about a minute)",
+        help="seconds between watch BOOKMARKs (a real server: about a minute, but it promises none)",
+    )
+    parser.add_argument(
+        "--no-bookmarks",
+        action="store_true",
+        help="send no watch BOOKMARK at all, not even before a watch's timeout (only the initial-events-end one "
+        "that sendInitialEvents requires), as a real watch cache for a kind it has seen no event for",
     )
     parser.add_argument("--history-size", type=int, default=10_000, help="watch events kept for resuming watches")
     parser.add_argument(
@@ -71,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         args.port,
         host=args.host,
         kubeconfig_path=args.kubeconfig,
-        bookmark_interval=args.bookmark_interval,
+        bookmark_interval=None if args.no_bookmarks else args.bookmark_interval,
         history_size=args.history_size,
         cost=model,
         namespace_delay=args.namespace_delay,

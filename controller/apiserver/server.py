@@ -286,7 +286,10 @@ def _render(
 
 @dataclass
 class ServerConfig:
-    bookmark_interval: float = 60.0
+    #: Seconds between the BOOKMARKs of an idle watch with ``allowWatchBookmarks`` (plus one shortly before its
+    #: timeout, as observed). None: no BOOKMARK at all but the ``initial-events-end`` one that ``sendInitialEvents``
+    #: requires, as a real watch cache for a kind it has seen no event for: clients must not count on them.
+    bookmark_interval: float | None = 60.0
     history_size: int = 10_000
     #: The storage's cost model (controller/apiserver/cost.py); None: every write is answered at once.
     cost: CostModel | None = None
@@ -917,7 +920,8 @@ class ApiServer:
         bookmarks = query.get("allowWatchBookmarks", "") in ("true", "1")
         initial_events = query.get("sendInitialEvents", "") in ("true", "1")
         watcher, sent_initial = self.store.watch(rt, ns, predicate, rv, initial=True if initial_events else None)
-        if bookmarks and sent_initial and (rv in (None, "") or initial_events):
+        interval = self.config.bookmark_interval
+        if bookmarks and sent_initial and (initial_events or (rv in (None, "") and interval is not None)):
             watcher.queue.put_nowait(self._bookmark(rt, {"k8s.io/initial-events-end": "true"}))
         response = web.StreamResponse(status=200)
         response.headers["Content-Type"] = "application/json"
@@ -925,8 +929,9 @@ class ApiServer:
         loop = asyncio.get_running_loop()
         start = loop.time()
         deadline = start + timeout if timeout > 0 else None
-        next_mark = start + self.config.bookmark_interval if bookmarks else None
-        pre_timeout = deadline - min(PRE_TIMEOUT_BOOKMARK, timeout / 2) if bookmarks and deadline is not None else None
+        periodic = bookmarks and interval is not None
+        next_mark = start + interval if periodic and interval is not None else None
+        pre_timeout = deadline - min(PRE_TIMEOUT_BOOKMARK, timeout / 2) if periodic and deadline is not None else None
         try:
             await response.prepare(request)
             while not self.stopping.is_set():
@@ -952,8 +957,8 @@ class ApiServer:
                     if pre_timeout is not None and now >= pre_timeout:
                         pre_timeout = None
                         await response.write(self._bookmark(rt))
-                    elif next_mark is not None and now >= next_mark:
-                        next_mark = now + self.config.bookmark_interval
+                    elif next_mark is not None and interval is not None and now >= next_mark:
+                        next_mark = now + interval
                         await response.write(self._bookmark(rt))
                     continue
                 if item is None:
@@ -1194,7 +1199,7 @@ def start_server(
     *,
     host: str = "127.0.0.1",
     kubeconfig_path: str | Path | None = None,
-    bookmark_interval: float = 60.0,
+    bookmark_interval: float | None = 60.0,
     history_size: int = 10_000,
     rbac: Rbac | None = None,
     cost: CostModel | None = None,
@@ -1205,11 +1210,12 @@ def start_server(
     bearing one of its service-account tokens are authorized by its rules (:mod:`controller.apiserver.authz`).
 
     ``bookmark_interval`` is how often an idle watch with ``allowWatchBookmarks`` gets a BOOKMARK (the real server:
-    about a minute); ``history_size`` is the window of events watches can resume from; ``cost``: the storage's
-    cost model (:mod:`controller.apiserver.cost`), None for none; ``namespace_delay``: seconds from a namespace's
-    deletion to the namespace controller's first pass over it (:data:`controllers.NAMESPACE_DELAY`, as a real
-    cluster takes); ``tls``: serve HTTPS with a self-signed certificate made now (:mod:`controller.apiserver.tls`),
-    which the kubeconfig carries as its CA."""
+    about a minute, but it promises none; None: none at all, not even before the timeout); ``history_size`` is
+    the window of events watches can resume from; ``cost``: the storage's cost model
+    (:mod:`controller.apiserver.cost`), None for none; ``namespace_delay``: seconds from a namespace's deletion to
+    the namespace controller's first pass over it (:data:`controllers.NAMESPACE_DELAY`, as a real cluster takes);
+    ``tls``: serve HTTPS with a self-signed certificate made now (:mod:`controller.apiserver.tls`), which the
+    kubeconfig carries as its CA."""
     if namespace_delay < 0:
         raise ValueError(f"namespace_delay must not be negative, got {namespace_delay}")
     result: dict[str, Any] = {}

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import ssl
+import time
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -135,11 +136,17 @@ class Config:
 
 
 class Client:
-    """One HTTP session; every method raises :class:`ApiError` for an API error status."""
+    """One HTTP session; every method raises :class:`ApiError` for an API error status.
+
+    ``last_success`` is when (``time.monotonic()``) the API last answered a request of ours with success: a
+    response below 400, a watch that connected, a line a watch delivered. It is the liveness probe's evidence of
+    progress (``Informer.healthy``): a quiet watch is normal, a process that reaches the API no more is not. It
+    starts at the client's creation, so a process that never reaches the API fails the probe too."""
 
     def __init__(self, config: Config, connections: int = 32) -> None:
         self.config = config
         self.requests: Counter[str] = Counter()
+        self.last_success = time.monotonic()
         headers = {"Accept": "application/json"}
         if config.token:
             headers["Authorization"] = config.token if " " in config.token else f"Bearer {config.token}"
@@ -207,6 +214,7 @@ class Client:
                 found = details.get("causes") if isinstance(details, dict) else None
                 causes = tuple(str(c.get("reason", "")) for c in found or () if isinstance(c, dict))
                 raise ApiError(resp.status, reason, str(payload.get("message", text)), causes)
+            self.last_success = time.monotonic()
             return payload
 
     # -- verbs ----------------------------------------------------------------------------------------
@@ -306,7 +314,11 @@ class Client:
         label_selector: str = "",
         timeout_seconds: int = 300,
     ) -> AsyncGenerator[JSON, None]:
-        """Watch events (dicts with ``type`` and ``object``), BOOKMARKs included, until the server ends it."""
+        """Watch events (dicts with ``type`` and ``object``), BOOKMARKs included, until the server ends it.
+
+        ``timeout_seconds`` is asked of the server, which ends the stream cleanly then (a quiet stream included:
+        a real server guarantees no BOOKMARKs, at any interval or at all). The socket read timeout, that plus
+        30 s, is only a backstop for a connection that died silently; a caller may give up sooner."""
         self.requests["watch"] += 1
         params = {
             "watch": "true",
@@ -323,7 +335,9 @@ class Client:
                 if resp.status >= 400:
                     text = await resp.text()
                     raise ApiError(resp.status, resp.reason or str(resp.status), text[:200])
+                self.last_success = time.monotonic()  # connected: the API answered
                 async for line in resp.content:
+                    self.last_success = time.monotonic()
                     if line.strip():
                         try:
                             event = json.loads(line)

@@ -4,7 +4,21 @@ Why our own and not Kopf's watchers: the maintainer must know when every kind ha
 (bootstrap decides nothing before that), and the liveness probe must reflect the health of the
 watch streams, not only that the process is up (Kopf's best-known production failure is a watch that
 ends silently: nolar/kopf#1276, #996, #787). Each stream resumes from the last resourceVersion it saw
-(bookmarks keep it fresh) and relists on 410 Gone.
+(bookmarks, when the server sends any, keep it fresh) and relists on 410 Gone.
+
+Watches are ended by the server, as client-go's are: each asks for a ``timeoutSeconds`` drawn between
+``watch_timeout`` and twice that (5 to 10 minutes by default: the streams of a restarted API server do not all
+end at once), and when the server ends a stream the informer resumes it from its last resourceVersion (a
+resume, not a relist). A real kube-apiserver guarantees no BOOKMARKs, at any interval or at all (its watch
+cache sends none for a kind it has seen no event for), so a quiet stream is normal: silence is never a reason
+to restart a process (issue 36: "no event or bookmark for Capture in 131s" restarted an idle maintainer). The
+client-side idle limit of a stream, the server's timeout plus ``IDLE_MARGIN``, only catches a connection that
+died without an error.
+
+Liveness (``healthy``) is progress: every watch task alive (retrying counts), and some request answered by
+the API within ``progress_window`` (``Client.last_success``: a Lease renewal or bid, a LIST page, a watch that
+connected or delivered). A working maintainer has one every few seconds (renewals every ``--retry-period``;
+a quiet Lease stream is resumed every ``IDLE[LEASE]`` seconds, which connects again).
 
 The cache also takes the maintainer's own writes (write-through): a successful write's response is
 newer than anything the watch has delivered, so the next decision sees it at once. An older watch event
@@ -15,8 +29,11 @@ Captures' liveness is judged on the Lease stream's health (``engine.liveness``):
 that stream was broken, or silent for longer than ``lease_fresh``, does not count as the captures'
 silence. An API outage is then nobody's silence, and when the API returns the captures are as alive as
 they were. Reconnecting is quick on purpose (backoff at most ``MAX_BACKOFF``): after an outage the
-streams resume from their resourceVersion (or relist on 410) within about a second. A stream that
-delivers nothing for ``idle`` seconds (a connection that died without an error) is restarted.
+streams resume from their resourceVersion (or relist on 410) within about a second. The Lease stream is
+resumed after ``IDLE[LEASE]`` seconds of silence, far sooner than the others: while anything runs Leases
+change every few seconds, so a silent Lease stream is most likely a dead one, and until it is resumed the
+maintainer cannot see a capture stop renewing. When nothing renews (no capture, nothing led) it is merely
+quiet: resuming it costs one request, is no failure and leaves the health as it was.
 """
 
 from __future__ import annotations
@@ -25,6 +42,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
+import random
 import sys
 import time
 from collections import deque
@@ -50,10 +69,23 @@ MAX_BACKOFF = 1.0
 #: Seconds a Lease stream may stay quiet and still count as current (the maintainer's own renewals and
 #: the captures' keep it busy every ~2 s while it leads).
 LEASE_FRESH = 5.0
-#: A stream silent this long is restarted: Leases change every few seconds; the other kinds get
-#: bookmarks (a real API server sends them about once a minute).
+#: The ``timeoutSeconds`` a watch asks for is drawn between this and twice this (client-go's reflector: its
+#: ``minWatchTimeout`` of 5 minutes, times 1 + rand); the server then ends the stream and it is resumed.
+WATCH_TIMEOUT = 300.0
+#: A stream that delivers nothing for its requested server timeout plus this long is a connection that died
+#: without an error (the server would have ended it): it is resumed from its resourceVersion. Below the socket
+#: read timeout of ``Client.watch`` (that timeout plus 30 s), so it is this check that decides, without an error.
+IDLE_MARGIN = 15.0
+#: Kinds whose stream is resumed sooner when silent: Leases change every few seconds while anything runs (the
+#: maintainer's own renewals every ``--retry-period`` while it leads, the captures' every ~2 s), and a dead
+#: Lease stream blinds the maintainer to captures that stop renewing. A quiet one is resumed at no other cost.
 IDLE = {LEASE: 15.0}
-IDLE_DEFAULT = 90.0
+#: The liveness probe fails when no request has been answered by the API for this long (``healthy``). A working
+#: maintainer has one every few seconds (Lease renewals and bids every ``--retry-period``, 2 s by default; a
+#: quiet Lease stream is resumed every ``IDLE[LEASE]`` s); 60 s is four times the longest of those gaps and six
+#: periods of the chart's probe, whose three failures in a row then restart the container 80-90 s after the API
+#: last answered. A quiet but connected watch is no failure.
+PROGRESS_WINDOW = 60.0
 
 
 def _rv(obj: JSON) -> int:
@@ -786,6 +818,12 @@ class Informer:
     Leases are cached whole either way. Warm (the default): every kind is cached whole, and a standby that
     takes a changefeed over decides at once."""
 
+    #: The least ``timeoutSeconds`` a watch asks for (it asks between this and twice this); the maintainer's
+    #: ``--watch-timeout``.
+    watch_timeout: float = WATCH_TIMEOUT
+    #: Seconds without an answer from the API after which ``healthy`` fails; the maintainer's ``--liveness-window``.
+    progress_window: float = PROGRESS_WINDOW
+
     def __init__(
         self,
         client: Client,
@@ -958,15 +996,21 @@ class Informer:
         self.store.untrack(changefeed)
         self._notify(Kind.CHANGEFEED.value, changefeed)
 
-    def healthy(self, stale_after: float = 120.0) -> tuple[bool, str]:
-        """Every watch task alive and heard from recently (events or bookmarks)."""
-        now = time.monotonic()
+    def healthy(self, window: float | None = None) -> tuple[bool, str]:
+        """The liveness probe's verdict: this process still reaches the API and makes progress.
+
+        Unhealthy when a watch task ended (a stream that fails retries inside its task for ever, so an ended task
+        is the zombie of nolar/kopf#1276), or when the API has answered no request of ours for ``window`` seconds
+        (``progress_window`` by default; ``Client.last_success``). Never because a watch is quiet: a real server
+        may send no event and no BOOKMARK for as long as nothing changes, and the server's own timeout ends and
+        renews the stream (issue 36)."""
         for t in self._tasks.values():
             if t.done():
                 return False, f"watch task {t.get_name()} ended"
-        for kind, seen in self.last_seen.items():
-            if now - seen > stale_after:
-                return False, f"no event or bookmark for {kind} in {now - seen:.0f}s"
+        window = self.progress_window if window is None else window
+        since = time.monotonic() - self.client.last_success
+        if since > window:
+            return False, f"no request answered by the API in {since:.0f}s"
         return True, "ok"
 
     # -- freezing ---------------------------------------------------------------------------------
@@ -1061,18 +1105,32 @@ class Informer:
         if stream.kind == LEASE:
             self.store.lease_view.broken(time.monotonic())
 
+    def _watch_timeout(self) -> int:
+        """The ``timeoutSeconds`` of one watch: between ``watch_timeout`` and twice that, as client-go draws it."""
+        return max(1, int(self.watch_timeout * (1.0 + random.random())))
+
     async def _events(self, stream: Stream, rv: str) -> AsyncIterator[JSON]:
-        """The watch stream's events; ends (TimeoutError) when it delivers nothing for the kind's idle time."""
+        """The watch stream's events, until the server ends it (its ``timeoutSeconds``: a quiet stream too) or the
+        stream delivers nothing for its idle limit (a connection that died silently, or a quiet Lease stream,
+        ``IDLE``). Either way it just ends, and the caller resumes it from ``rv``: neither is an error."""
+        timeout = self._watch_timeout()
+        idle = min(IDLE.get(stream.kind, math.inf), timeout + IDLE_MARGIN)
         events = self.client.watch(
-            stream.res, self.namespace, rv, label_selector=stream.selector, timeout_seconds=240
+            stream.res, self.namespace, rv, label_selector=stream.selector, timeout_seconds=timeout
         )
-        idle = IDLE.get(stream.kind, IDLE_DEFAULT)
         try:
             while True:
+                limit = asyncio.timeout(idle)
                 try:
-                    async with asyncio.timeout(idle):
+                    async with limit:
                         ev = await anext(events)
                 except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    if not limit.expired():
+                        raise  # the client's own (its socket read timeout): an error
+                    level = logging.DEBUG if stream.kind in IDLE else logging.INFO
+                    log.log(level, "watch %s silent for %.0fs (timeoutSeconds %d): resuming", stream.key, idle, timeout)
                     return
                 yield ev
         finally:
@@ -1237,7 +1295,7 @@ class Informer:
                 self._failed(stream, failures, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
-            except Exception as exc:  # connection reset, server restart, an idle stream: relist (records) or resume
+            except Exception as exc:  # connection reset, server restart: relist (records) or resume
                 self._broken(stream)
                 if self._in_doubt(stream):
                     rv = ""

@@ -14,6 +14,7 @@ import prometheus_client
 from controller import logs
 from controller.engine.world import AUDIT_INTERVAL
 from controller.kube import heap, tenure
+from controller.kube.informer import PROGRESS_WINDOW, WATCH_TIMEOUT
 from controller.kube.probes import parse_endpoint
 from controller.maintainer import operator
 from controller.maintainer.runner import Settings, default_identity
@@ -96,7 +97,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--liveness",
         default="",
-        help="e.g. http://0.0.0.0:8080/healthz: Kopf's liveness endpoint, failing when a watch has died or gone silent",
+        help="e.g. http://0.0.0.0:8080/healthz: Kopf's liveness endpoint, failing when a watch task has ended or no "
+        "request has been answered by the API for --liveness-window seconds (a quiet watch is no failure)",
+    )
+    p.add_argument(
+        "--liveness-window",
+        type=float,
+        default=PROGRESS_WINDOW,
+        help="seconds without a request answered by the API (a Lease renewal, a LIST, a watch that connected or "
+        f"delivered) after which the liveness endpoint fails (default {PROGRESS_WINDOW:g})",
+    )
+    p.add_argument(
+        "--watch-timeout",
+        type=float,
+        default=WATCH_TIMEOUT,
+        help="each watch asks the API server to end it after a random timeoutSeconds between this and twice this, "
+        f"then resumes it from its last resourceVersion, as client-go does (default {WATCH_TIMEOUT:g})",
     )
     p.add_argument(
         "--readiness",
@@ -137,6 +153,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             f"--heap-reserve {a.heap_reserve}: must be 0 (off) or {heap.FLOOR // heap.MiB} to "
             f"{heap.MAX_CEILING // heap.MiB} (MiB)"
         )
+    if a.liveness_window <= 0:
+        p.error(f"--liveness-window {a.liveness_window:g}: must be a positive number of seconds")
+    if a.watch_timeout < 1:
+        p.error(f"--watch-timeout {a.watch_timeout:g}: must be at least 1 second")
     if not 0 <= a.metrics_port <= 65535:
         p.error(f"--metrics-port {a.metrics_port}: not a port (0 disables the endpoint)")
     if a.metrics_port and a.liveness and liveness_port(a.liveness) == a.metrics_port:
@@ -183,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         heap_reserve=a.heap_reserve * heap.MiB,
         metrics_port=a.metrics_port,
         metrics_address=a.metrics_address,
+        watch_timeout=a.watch_timeout,
+        liveness_window=a.liveness_window,
     )
     if a.kubeconfig:
         os.environ["KUBECONFIG"] = a.kubeconfig  # for Kopf's own login as well

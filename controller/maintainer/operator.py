@@ -4,8 +4,10 @@ Kopf runs no resource handlers here on purpose. The maintainer's multi-step stat
 own status fields; Kopf's progress storage (annotations written in a separate request from status,
 so a kill between the two loses the status) is never used, and Kopf adds no finalizers (a daemon per
 Changefeed would, keeping the object undeletable whenever the operator is down). The watches are our
-informer's (see ``controller.kube.informer`` for why), and the liveness probe reports their health,
-so a silently dead watch makes the pod restart instead of leaving a zombie operator.
+informer's (see ``controller.kube.informer`` for why), and the liveness probe reports progress
+(``Informer.healthy``): a watch task that ended, or no request answered by the API for ``--liveness-window``
+seconds, makes the pod restart instead of leaving a zombie operator; a quiet watch does not (a real API server
+promises no BOOKMARKs; issue 36).
 
 The readiness endpoint (``--readiness``, :mod:`controller.kube.probes`) answers 200 once every kind is
 listed and every Changefeed's Lease is being competed for, so ``helm install --wait`` means working.

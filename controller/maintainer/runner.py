@@ -34,7 +34,9 @@ from controller.kube.informer import (
     CAPTURE_LEASE_PREFIX,
     LEASE,
     LEASE_FRESH,
+    PROGRESS_WINDOW,
     UNASSIGNED,
+    WATCH_TIMEOUT,
     Informer,
     StoreCache,
     label_of,
@@ -102,6 +104,11 @@ class Settings:
     #: default of the class; the command line's default is heap.CEILING (32 MiB).
     heap_reserve: int = 0
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
+    #: The least ``timeoutSeconds`` a watch asks the server for (it asks between this and twice this, as
+    #: client-go does); the server then ends the stream and the informer resumes it.
+    watch_timeout: float = WATCH_TIMEOUT
+    #: The liveness probe fails after this many seconds without a request answered by the API (``healthy``).
+    liveness_window: float = PROGRESS_WINDOW
     metrics_address: str = "0.0.0.0"
 
 
@@ -171,6 +178,8 @@ class Maintainer:
             sharded=settings.cache == "sharded",
             freeze=settings.gc_tenure > 0,
         )
+        self.informer.watch_timeout = settings.watch_timeout
+        self.informer.progress_window = settings.liveness_window
         self.executor = Executor(
             client,
             self.informer,
@@ -544,6 +553,8 @@ class Maintainer:
             ev.set()
 
     def healthy(self) -> tuple[bool, str]:
+        """The liveness probe (Kopf's ``watches`` activity): the supervisor and every watch task alive, and a
+        request answered by the API within ``liveness_window`` (``Informer.healthy``). A quiet watch is healthy."""
         if self._supervisor is not None and self._supervisor.done():
             return False, "supervisor ended"
         return self.informer.healthy()
