@@ -46,6 +46,8 @@ from controller.model.states import (
 
 #: The Table CRD's maximum for spec.preSplit.spans (crds/tables.yaml); the engine never cuts finer.
 MAX_PRE_SPLIT = 1024
+#: The reason of the Remove that resolves an overlap no operator explains (the simulator checks its premise).
+OVERLAP_REASON = "overlap no operator explains"
 
 
 def run(tick: Tick) -> None:
@@ -442,7 +444,7 @@ def _resolve_overlaps(tick: Tick, spans: list[Span]) -> None:
         doomed.add(newer.name)
     victims = [by_name[n] for n in sorted(doomed)]
     tick.repairs.append(f"overlapping spans removed: {', '.join(s.name for s in victims)}")
-    _remove_spans(tick, victims, "overlap no operator explains")
+    _remove_spans(tick, victims, OVERLAP_REASON)
 
 
 def _remove_spans(tick: Tick, spans: list[Span], reason: str) -> None:

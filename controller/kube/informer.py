@@ -3,8 +3,10 @@
 Why our own and not Kopf's watchers: the maintainer must know when every kind has been listed
 (bootstrap decides nothing before that), and the liveness probe must reflect the health of the
 watch streams, not only that the process is up (Kopf's best-known production failure is a watch that
-ends silently: nolar/kopf#1276, #996, #787). Each stream resumes from the last resourceVersion it saw
-(bookmarks, when the server sends any, keep it fresh) and relists on 410 Gone.
+ends silently: nolar/kopf#1276, #996, #787). A stream the server ends resumes from the last resourceVersion it
+saw (bookmarks, when the server sends any, keep it fresh); one that broke (an error, an API restart) relists if
+it holds records, and its kind is in doubt until that LIST ends (``in_doubt``: the engine's rules that remove
+anything wait for it); 410 Gone relists.
 
 Watches are ended by the server, as client-go's are: each asks for a ``timeoutSeconds`` drawn between
 ``watch_timeout`` and twice that (5 to 10 minutes by default: the streams of a restarted API server do not all

@@ -72,6 +72,24 @@ class Cache:
                 self.index.remove(kind, name)
         self.tombstones[(kind, name)] = max(rv, self.tombstones.get((kind, name), 0))
 
+    def relist(self, api: Api, kind: Kind) -> None:
+        """A LIST of ``kind`` (after its watch broke): what the API holds now replaces what the view held."""
+        now = api.list(kind)
+        for name in [n for n in self.objects[kind] if n not in now]:
+            gone = self.objects[kind].pop(name)
+            if self.index is not None and self._mine(gone):
+                self.index.remove(kind, name)
+        for obj in now.values():
+            cur = self.objects[kind].get(obj.name)
+            if cur is not None and self._rv(cur) >= self._rv(obj):
+                continue
+            self.objects[kind][obj.name] = obj
+            if self.index is not None:
+                if self._mine(obj):
+                    self.index.put(obj)
+                elif cur is not None and self._mine(cur):
+                    self.index.remove(kind, obj.name)
+
     def apply(self, ev: WatchEvent) -> None:
         if ev.obj is None:
             self.remove(ev.kind, ev.name, ev.rv)

@@ -33,7 +33,7 @@ from controller.sim.api import Api
 from controller.sim.captures import LEASE, Captures
 from controller.sim.context import Ctx, Frontier, Trace, Violation
 from controller.sim.executor import Cache
-from controller.sim.maintainer import SimMaintainer
+from controller.sim.maintainer import RELIST_SPREAD, SimMaintainer
 from controller.sim.workload import CF, Workload
 
 DT = 0.5
@@ -119,6 +119,11 @@ class Sim:
         self.ctx.bump("zombie failover")
         self.ctx.trace.add(f"  failover: {self.current.identity} keeps running as a zombie")
         self.start_maintainer()
+        if self.current is not None and self.ctx.rng.random() < 0.5:
+            # The successor started across a control plane restart: its record kinds relist one by one, while the
+            # zombie, its view current, finishes what it had in flight (the real cluster's undone Split, issue 36).
+            for kind in (Kind.SPAN, Kind.DISPATCHER):
+                self.current.break_watch(kind, self.ctx.rng.uniform(0.5, RELIST_SPREAD))
 
     def hand_over(self) -> None:
         """Scale-out's graceful handoff (runner ``_balance``): the current maintainer finishes the decision in

@@ -21,17 +21,27 @@ from controller.engine import intents as I
 from controller.engine.intents import Create, Delete, WriteStatus
 from controller.engine.liveness import Silence, ViewClock
 from controller.engine.maintainer import REFUSED_EVENT, WRITES_REFUSED, Decision, Memory, Refusal, decide, observed
+from controller.engine.repair import OVERLAP_REASON
 from controller.engine.world import Options, World, is_placement
 from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator
-from controller.model.states import Kind, OpPhase
+from controller.model.states import Kind, OpPhase, SpanState
 from controller.sim import executor
-from controller.sim.api import Watcher
+from controller.sim.api import KINDS, Watcher
 from controller.sim.captures import LEASE
 from controller.sim.context import Ctx
 from controller.sim.executor import Cache
 
 #: The view of Leases counts as current this long after the last step that reached the API.
 VIEW_FRESH = 0.5
+#: After its watches broke (cut off, an outage), each kind of records is listed again at its own moment within this
+#: many seconds (production relists a broken record stream: ``Informer.in_doubt``; a real API server answers every
+#: watch resumed after its restart with 410, and the kinds list one at a time). Until then that kind's view holds
+#: what it held, deleted objects included, its events are lost (the LIST brings them), and it is in doubt
+#: (``World.stale``). Captures are not: their liveness has a clock of its own (``view``).
+RELIST_SPREAD = 4.0
+#: Seconds between a new maintainer's LIST of Spans and its LIST of SpanOperators, at most (``SimMaintainer.listing``).
+LIST_SKEW = 1.5
+RECORD_KINDS: tuple[Kind, ...] = tuple(k for k in KINDS if k is not Kind.CAPTURE)
 
 
 @dataclass
@@ -64,6 +74,13 @@ class SimMaintainer:
         self.cache = Cache.listed(ctx.api, changefeed, skip=(Kind.DISPATCHER,) if early else ())
         self.view.heard(ctx.now)
         self._observe_leases()
+        #: Per kind in doubt: when it is listed again (``RELIST_SPREAD``).
+        self.relist_at: dict[Kind, float] = {}
+        #: Production lists one kind at a time, SpanOperators last (``Informer.kinds``), and decides only once all
+        #: are listed: the kinds listed later show a later world than the Spans. Modelled: SpanOperators are listed
+        #: again up to ``LIST_SKEW`` later, and nothing is decided before (events of theirs meanwhile are in that LIST).
+        self.listing: dict[Kind, float] = {} if early else {Kind.OPERATOR: ctx.now + ctx.rng.uniform(0.0, LIST_SKEW)}
+        self.cut = False
         self.alive = True
         self.zombie = False
         self.zombie_until = 0.0
@@ -74,6 +91,12 @@ class SimMaintainer:
         self.unreported: Refusal | None = None
         ctx.trace.add(f"  {self.identity} started at epoch {epoch} (cache synced by LIST)")
 
+    def break_watch(self, kind: Kind, seconds: float) -> None:
+        """``kind``'s watch breaks: its view is in doubt, and holds what it holds, until its LIST ``seconds`` on."""
+        self.relist_at[kind] = max(self.relist_at.get(kind, 0.0), self.ctx.now + seconds)
+        self.ctx.bump("watch break")
+        self.ctx.trace.add(f"  {self.identity}: {kind.value} watch broke; listed again in {seconds:.1f}s")
+
     def stop(self) -> None:
         self.alive = False
         self.ctx.api.unwatch(self.watcher)
@@ -82,10 +105,22 @@ class SimMaintainer:
         now = self.ctx.now
         if not self.ctx.api.reachable(self.identity):
             self.view.broken(now)  # its watch is broken: what it shows is stale, and nobody's silence
+            self.cut = True
             return
         self.view.heard(now)
+        if self.cut:
+            self.cut = False
+            for kind in RECORD_KINDS:
+                self.break_watch(kind, self.ctx.rng.uniform(0.0, RELIST_SPREAD))
+        for waiting in (self.listing, self.relist_at):
+            for kind, at in sorted(waiting.items(), key=lambda x: x[1]):
+                if now >= at:
+                    self.cache.relist(self.ctx.api, kind)
+                    del waiting[kind]
+                    self.ctx.trace.add(f"  {self.identity}: {kind.value} listed")
         for ev in self.watcher.due(now):
-            self.cache.apply(ev)
+            if ev.kind not in self.relist_at and ev.kind not in self.listing:  # else the LIST brings it
+                self.cache.apply(ev)
         self._observe_leases()
 
     def _observe_leases(self) -> None:
@@ -116,6 +151,7 @@ class SimMaintainer:
             operators=index.operators,
             captures=captures,
             index=index,
+            stale=frozenset(self.relist_at),
         )
 
     def tick(self) -> None:
@@ -127,9 +163,12 @@ class SimMaintainer:
             ctx.trace.add(f"  {self.identity}: changefeed gone; its loop ends")
             self.stop()
             return
+        if self.listing:
+            return  # not every kind listed yet: nothing is decided (Informer.synced)
         world = self.world()
         decision = decide(world, self.memory, self.options)
         self._check_agreement(world, decision)
+        self._check_premises(world, decision)
         self._check_refusal_reported(world, decision)
         self.memory = decision.memory
         who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
@@ -184,6 +223,38 @@ class SimMaintainer:
             return
         self._check_recorded(decision)
         self._check_quiet(decision, out)
+
+    def _check_premises(self, world: World, decision: Decision) -> None:
+        """A rule that removes acts on a premise that holds in the API, not only in a view that lags: a span removed
+        as an overlap no operator explains overlaps another span in the API at that moment. A view that still holds
+        a deleted span (a Split's parent, its watch down) shows an overlap that is not there, and removing the
+        newer span then undoes the Split (issue 36; the mutant ``destructive-on-stale-view``). A zombie's view is
+        stale by nature (its successor resolves what it does)."""
+        if self.zombie:
+            return
+        truth = self.ctx.api.store[Kind.SPAN]
+        for chain in decision.chains:
+            for w in chain.writes:
+                if not (isinstance(w, Create) and isinstance(w.obj, SpanOperator) and w.obj.reason == OVERLAP_REASON):
+                    continue
+                for name in w.obj.spans:
+                    s, seen = truth.get(name), world.spans.get(name)
+                    if not isinstance(s, Span) or seen is None or s.uid != seen.uid:
+                        continue  # gone, or another incarnation, meanwhile
+                    others = [
+                        o.name
+                        for o in truth.values()
+                        if isinstance(o, Span)
+                        and o.name != name
+                        and (o.table_id, o.mode) == (s.table_id, s.mode)
+                        and o.state not in (None, SpanState.INVALID)
+                        and o.key_range.overlaps(s.key_range)
+                    ]
+                    if not others:
+                        self.ctx.fail(
+                            f"premise: {self.identity} removes span {name} as an overlap no operator explains, but "
+                            f"nothing overlaps it in the API (its view of Spans is stale: {sorted(self.relist_at)})"
+                        )
 
     def _check_recorded(self, decision: Decision) -> None:
         """Record before effect, on the ground truth: a dispatcher the leader's decision created is named by

@@ -20,6 +20,7 @@ from controller.model.keys import KeyError_, KeyRange
 from controller.model.records import Capture, Changefeed, SchedulerConfig, Span, SpanOperator, Table
 from controller.model.states import CHANGEFEED_FINALIZER, Kind, Mode, OpSource, OpType, SpanState
 from controller.sim.captures import HOLD_CLOSE, LEASE, PAUSE_CREATE
+from controller.sim.maintainer import RECORD_KINDS, RELIST_SPREAD
 
 if TYPE_CHECKING:
     from controller.sim.history import Sim
@@ -131,6 +132,7 @@ class Workload:
             (0.01, "refused table"),
             (0.015, "capture roll"),
             (0.015, "maintainer handoff"),
+            (0.02, "watch break"),
         ]
         if ctx.cf_deleted_at is not None:
             # Deleted: users stop writing for it (creates naming it would be the user's own leftovers).
@@ -260,6 +262,13 @@ class Workload:
                 ctx.trace.add(f"  capture {name} cut off from the API for {seconds:.1f}s")
         elif what == "maintainer cut off":
             self.sim.partition_maintainer(rng.uniform(2.0, 30.0))
+        elif what == "watch break":
+            # One kind's watch of one maintainer breaks (a connection reset): that view stays as it was, in doubt,
+            # until its LIST at its own moment; its deleted objects are still in it meanwhile.
+            deciding = [m for m in self.sim.maintainers if m.alive]
+            if deciding:
+                m = rng.choice(deciding)
+                m.break_watch(rng.choice(RECORD_KINDS), rng.uniform(0.5, RELIST_SPREAD))
         elif what == "pause":
             cf = api.get(Kind.CHANGEFEED, CF)
             assert isinstance(cf, Changefeed)
