@@ -119,11 +119,14 @@ class Sim:
         self.ctx.bump("zombie failover")
         self.ctx.trace.add(f"  failover: {self.current.identity} keeps running as a zombie")
         self.start_maintainer()
-        if self.current is not None and self.ctx.rng.random() < 0.5:
+        if self.current is not None and self.ctx.rng.random() < 0.7:
             # The successor started across a control plane restart: its record kinds relist one by one, while the
             # zombie, its view current, finishes what it had in flight (the real cluster's undone Split, issue 36).
-            for kind in (Kind.SPAN, Kind.DISPATCHER):
-                self.current.break_watch(kind, self.ctx.rng.uniform(0.5, RELIST_SPREAD))
+            # Dispatchers listed last: its Span view shows the zombie's placements before it sees their dispatchers.
+            self.current.break_watch(Kind.DISPATCHER, self.ctx.rng.uniform(1.0, RELIST_SPREAD))
+            for kind in (Kind.SPAN, Kind.OPERATOR):
+                if self.ctx.rng.random() < 0.5:
+                    self.current.break_watch(kind, self.ctx.rng.uniform(0.5, RELIST_SPREAD))
 
     def hand_over(self) -> None:
         """Scale-out's graceful handoff (runner ``_balance``): the current maintainer finishes the decision in

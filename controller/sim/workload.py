@@ -132,7 +132,7 @@ class Workload:
             (0.01, "refused table"),
             (0.015, "capture roll"),
             (0.015, "maintainer handoff"),
-            (0.02, "watch break"),
+            (0.03, "watch break"),
         ]
         if ctx.cf_deleted_at is not None:
             # Deleted: users stop writing for it (creates naming it would be the user's own leftovers).
@@ -267,7 +267,8 @@ class Workload:
             # until its LIST at its own moment; its deleted objects are still in it meanwhile.
             deciding = [m for m in self.sim.maintainers if m.alive]
             if deciding:
-                m = rng.choice(deciding)
+                # Mostly the newest (the leader); the view of a zombie is stale already.
+                m = deciding[-1] if rng.random() < 0.7 else rng.choice(deciding)
                 m.break_watch(rng.choice(RECORD_KINDS), rng.uniform(0.5, RELIST_SPREAD))
         elif what == "pause":
             cf = api.get(Kind.CHANGEFEED, CF)
