@@ -361,6 +361,10 @@ def etcd_binary(binary: str | os.PathLike[str] | None = None) -> Path:
     )
 
 
+#: Loopback requests go direct, whatever ``http_proxy`` says.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class EtcdServer(_Server):
     """A one-member etcd on loopback: client URL :attr:`client_url` (:attr:`host`, :attr:`port`), data in
     :attr:`data_dir`, auto-compaction off (history is kept until someone compacts through the client).
@@ -439,7 +443,7 @@ class EtcdServer(_Server):
 
     def _http(self, path: str, body: bytes | None = None) -> Any:
         request = urllib.request.Request(self.client_url + path, data=body, method="POST" if body else "GET")
-        with urllib.request.urlopen(request, timeout=2) as response:
+        with _DIRECT.open(request, timeout=2) as response:
             return json.loads(response.read())
 
     def _ready(self) -> bool:

@@ -48,7 +48,8 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 15.0) -> T:
 
 
 def client(server: EtcdServer) -> aetcd.Client:
-    return aetcd.Client(host=server.host, port=server.port, timeout=5)
+    # Loopback, never through an http_proxy from the environment (gRPC honours it otherwise).
+    return aetcd.Client(host=server.host, port=server.port, timeout=5, options={"grpc.enable_http_proxy": 0})
 
 
 def row_key(table: int, row: bytes) -> bytes:
