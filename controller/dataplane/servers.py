@@ -233,8 +233,8 @@ class _Server:
             raise ServerError(f"{self.kind} server is not started")
         code = self._proc.poll()
         if code is not None:
-            raise ServerDied(f"{self.kind} server (pid {self._proc.pid}) exited with {_describe(code)}",
-                             self.log_path, code)  # fmt: skip
+            log = self.log_path if self._dir is not None else None  # gone with the directory once stopped
+            raise ServerDied(f"{self.kind} server (pid {self._proc.pid}) exited with {_describe(code)}", log, code)
 
     def wait(self, timeout: float) -> int | None:
         """The server's exit code once it has exited within ``timeout`` seconds, else None."""
@@ -247,8 +247,9 @@ class _Server:
 
     def start(self) -> Self:
         with self._lock:
-            if self._proc is not None:
+            if self._dir is not None:  # started, not stopped
                 return self
+            self._proc = None
             self._dir = Path(tempfile.mkdtemp(prefix=f"cfm-{self.kind}-"))
             self._log = self.log_path.open("ab")
             _LIVE.add(self)
@@ -310,7 +311,7 @@ class _Server:
 
     def stop(self) -> None:
         """Stop the server (politely, then SIGKILL to its session) and remove its directory. Idempotent;
-        safe on a server that died or never started."""
+        safe on a server that died or never started; :meth:`start` may start it again, afresh."""
         with self._lock:
             self._stop_locked()
 

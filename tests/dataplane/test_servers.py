@@ -399,3 +399,18 @@ def alive(group: int) -> list[int]:
         if int(fields[2]) == group and fields[0] != "Z":
             found.append(int(stat_file.parent.name))
     return found
+
+
+def test_a_stopped_server_starts_again_afresh(start_etcd: Callable[..., EtcdServer]) -> None:
+    server = start_etcd()
+    first_dir, first_pid = server.directory, server.pid
+    server.stop()
+    server.stop()  # idempotent
+    assert not server.is_running
+    assert not first_dir.exists()
+    with pytest.raises(ServerDied):
+        server.check()  # stopped: reported as exited
+    server.start()
+    assert server.pid != first_pid
+    assert server.directory != first_dir
+    server.check()
