@@ -1,0 +1,72 @@
+"""Fixtures of the data-plane tests: a real etcd and a real PostgreSQL on loopback (controller/dataplane/servers.py).
+
+``etcd`` and ``postgres`` are shared by the session (start once: etcd ~0.2 s, PostgreSQL ~2 s with initdb):
+a test uses keys and tables of its own (``table_id``) and never compacts the shared etcd. A test that
+compacts, kills or otherwise spoils a server starts its own with ``start_etcd`` / ``start_postgres``,
+stopped at the end of the test. Every server stops when its fixture ends, whether the tests passed or not,
+and is killed by the kernel if the test process itself dies (servers.py, the parent-death signal).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from controller.dataplane.servers import EtcdServer, PostgresServer
+
+#: etcd's progress-notification interval on the test servers (its default is 10 minutes).
+PROGRESS_INTERVAL = 0.3
+
+_table_ids = itertools.count(1000)
+
+
+@pytest.fixture(scope="session")
+def etcd() -> Iterator[EtcdServer]:
+    with EtcdServer(progress_notify_interval=PROGRESS_INTERVAL) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def table_id() -> int:
+    """A table ID no other test in this session uses (its key range ``[t<id>, t<id+1>)`` is the test's own)."""
+    return next(_table_ids)
+
+
+@pytest.fixture
+def start_etcd() -> Iterator[Callable[..., EtcdServer]]:
+    """Start a private etcd (keyword arguments as EtcdServer's); stopped when the test ends."""
+    servers: list[EtcdServer] = []
+
+    def start(**kwargs: Any) -> EtcdServer:
+        kwargs.setdefault("progress_notify_interval", PROGRESS_INTERVAL)
+        server = EtcdServer(**kwargs)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def start_postgres() -> Iterator[Callable[..., PostgresServer]]:
+    """Start a private PostgreSQL (keyword arguments as PostgresServer's); stopped when the test ends."""
+    servers: list[PostgresServer] = []
+
+    def start(**kwargs: Any) -> PostgresServer:
+        server = PostgresServer(**kwargs)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
