@@ -96,7 +96,7 @@ class BadResponse(ValueError):
 #: anything else raised on its side of a request is a bug of its own, not the network's. ``ApiError`` (an
 #: answer, with a status) is apart: what it means depends on the status. ``ConnectionError`` is an ``OSError``,
 #: ``asyncio.TimeoutError`` is ``TimeoutError``.
-TRANSPORT_ERRORS: tuple[type[Exception], ...] = (aiohttp.ClientError, OSError, TimeoutError, BadResponse)
+TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, BadResponse)
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,14 @@ to apply is logged with its traceback, counted (``apply_failures``, the maintain
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
 import pytest
 
 from controller.apiserver import ApiServerHandle
+from controller.capture.informer import Informer as CaptureInformer
 from controller.kube.client import RESOURCES, Client, Config
 from controller.kube.informer import Informer
 from controller.model.states import API_VERSION, Kind
@@ -147,3 +149,42 @@ def test_a_list_page_that_fails_to_apply_is_counted_and_listed_again(api_server:
                 await informer.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_capture_informer_relists_an_event_it_failed_to_apply(
+    api_server: ApiServerHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The capture's informer moved its resourceVersion past an event before applying it, and took a ``ValueError``
+    (here from ``keep``) for a network error: the watch resumed after the event, which was lost."""
+    raised: list[str] = []
+
+    def keep(obj: JSON) -> bool:
+        if obj["metadata"]["name"] == "s1" and not raised:
+            raised.append("s1")
+            raise ValueError("a bug in keep")
+        return True
+
+    async def scenario() -> None:
+        async with Client(Config(url=api_server.url)) as client:
+            ns = await namespace(client, "apply")
+            informer = CaptureInformer(client, RESOURCES[Kind.SPAN], ns, keep=keep, backoff=0.05)
+            task = asyncio.create_task(informer.run())
+            try:
+                await asyncio.wait_for(informer.synced.wait(), 20)
+                await client.create(RESOURCES[Kind.SPAN], ns, span("s1"))
+                await until(lambda: "s1" in informer.objects, "the Span to arrive")
+                assert raised == ["s1"]
+                assert informer.apply_failures == 1
+                assert informer.relists == 2
+                await client.create(RESOURCES[Kind.SPAN], ns, span("s2"))
+                await until(lambda: "s2" in informer.objects, "the watch to run again")
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    with caplog.at_level(logging.ERROR, logger="controller.capture.informer"):
+        asyncio.run(scenario())
+    loud = [r for r in caplog.records if r.name == "controller.capture.informer" and r.levelno == logging.ERROR]
+    assert len(loud) == 1
+    assert loud[0].exc_info is not None
