@@ -27,7 +27,7 @@ import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
@@ -36,13 +36,15 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from controller.engine import progress
-from controller.kube.informer import LEASE
+from controller.engine.maintainer import Memory
+from controller.engine.world import World
+from controller.kube.heap import HeapReserve
+from controller.kube.informer import LEASE, Informer
+from controller.kube.tenure import Tenure
+from controller.maintainer.stats import Stats
 from controller.model.records import Capture, Changefeed, Span, SpanOperator
 from controller.model.states import Kind, OpPhase, OpType, SchedulerState
 from controller.model.tso import physical_ms
-
-if TYPE_CHECKING:
-    from controller.maintainer.runner import Maintainer
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,30 @@ __all__ = [
     "checkpoint_lag",
     "operator_age",
 ]
+
+
+class Maintainer(Protocol):
+    """What the metrics read of a maintainer process (``controller.maintainer.runner.Maintainer``, which builds them):
+    a Protocol, so that this module does not import the runner (no import cycle)."""
+
+    @property
+    def informer(self) -> Informer: ...
+    @property
+    def leading(self) -> set[str]: ...
+    @property
+    def stats(self) -> Stats: ...
+    @property
+    def memories(self) -> dict[str, Memory]: ...
+    @property
+    def metrics(self) -> MaintainerMetrics: ...
+    @property
+    def tenure(self) -> Tenure | None: ...
+    @property
+    def heap(self) -> HeapReserve | None: ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def snapshot(self, name: str) -> World | None: ...
 
 
 def checkpoint_lag(checkpoint_ts: int, now: float) -> float | None:
