@@ -9,7 +9,10 @@ at least every ``tick`` seconds (a backstop), applying the decision's writes. A 
 changed: the informer keeps the engine's per-changefeed index current per event, and the snapshot
 handed to the engine is that index (O(1) to take). When the Lease is lost the loop cancels whatever it is writing at
 once and goes back to competing. Several replicas of this process spread the changefeeds among
-themselves this way; ``max_leases`` caps how many one replica leads, so others take the rest.
+themselves evenly (``Settings.balance``, on by default; ``controller.engine.shards``): each announces itself with
+a member Lease ``cfmm-<identity>``, bids only while it leads less than its share (floor or ceil of changefeeds over
+live replicas) and hands over what is above it. ``max_leases`` is only a hard cap on what one replica leads (with
+``balance`` off, the first replica to bid leads, up to that cap).
 """
 
 from __future__ import annotations
