@@ -4,7 +4,7 @@ Layers (enforced by import-linter, see pyproject.toml):
 
 - ``controller.model``: plain data, no I/O.
 - ``controller.engine``: pure decisions over a snapshot of the world.
-- ``controller.kube``: the API client (every request goes through ``controller.kube.client``) and what the
+- ``controller.kube``: the API client (every request of ours goes through ``controller.kube.client``) and what the
   maintainer builds on it: informer, executor, leader election.
 - ``controller.capture``: the capture agent (its own informer; it calls the client itself).
 - ``controller.maintainer`` / ``controller.cli`` / ``controller.sim``: wiring and drivers (the runner and the
