@@ -120,6 +120,12 @@ PASS_MIN_INTERVAL = 0.1
 FULL_PASS_INTERVAL = 60.0
 #: How many dispatchers one reconcile pass works on at once (each step is a few API requests).
 STEP_CONCURRENCY = 16
+#: A dispatcher whose step raised an unexpected error (a bug, not the API's) is tried again after this many seconds,
+#: doubling up to ``MAX_STEP_ERROR_BACKOFF`` while it keeps failing: loud (a traceback each time), counted
+#: (``Agent.step_errors``), and neither spinning at the pace of the passes nor stopping the capture's other
+#: dispatchers.
+STEP_ERROR_BACKOFF = 1.0
+MAX_STEP_ERROR_BACKOFF = 60.0
 #: Per reconcile pass: changefeed name -> the strong read of its published epoch.
 Epochs = dict[str, "asyncio.Future[int | None]"]
 
@@ -296,8 +302,14 @@ class Agent:
     _hook_problems: tuple[str, ...] = ()
     #: When the last full pass began (monotonic); see ``reconcile``.
     full_at: float = -1e9
-    #: Dispatchers whose step failed: visited again at the next pass.
+    #: Dispatchers whose step failed for want of the API (a transport error, an error status): visited again at
+    #: the next pass.
     retry: set[str] = field(default_factory=set)
+    #: Dispatchers whose step raised an unexpected error (a bug): name -> (failures in a row, monotonic time before
+    #: which no pass tries it again). Dropped when its step goes through or its object is gone.
+    broken: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: Unexpected errors raised by dispatcher steps since the process started (each logged with its traceback).
+    step_errors: int = 0
     #: Runs not settled (see ``_settled``) when last looked at: every pass visits them.
     active: set[str] = field(default_factory=set)
     #: The progress report's groups, and the (``Runs.version``, ``Run.changes``) they were computed at.
@@ -437,9 +449,13 @@ class Agent:
         log.info("stopping", extra=fields(capture=self.settings.name, dispatchers=sorted(finals)))
 
         async def report() -> None:
-            for run, final in finals.values():
-                with contextlib.suppress(*API_ERRORS):
+            for name, (run, final) in finals.items():
+                try:
                     await self._write(run.record, DispatcherState.STOPPED, final, "capture agent stopped")
+                except API_ERRORS:
+                    pass  # the maintainer sees the Lease released (below) and places the spans again
+                except Exception:  # a bug: said, and the others are reported and the Lease released all the same
+                    log.exception("could not report a dispatcher Stopped", extra=fields(dispatcher=name))
 
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(report(), timeout=3.0)
@@ -865,14 +881,18 @@ class Agent:
             gone = set(self.runs) - names
             finished = (set(self.closing) | self.rejected | set(self.disowned)) - names
             self._noted = {n for n in self._noted if n[0] in live}
+            self.broken = {n: b for n, b in self.broken.items() if n in live}
         else:
             names = changed | self.retry
             self.retry = set()
             names.update(self.active)
             names.update(n for n, c in self.closing.items() if not c.released)
+            names.update(self.broken)
             gone = {n for n in changed if n not in live and n in self.runs}
             finished = {n for n in changed if n not in live}
             names = {n for n in names if n in live}  # not ``names & set(live)``: a copy of every name held
+        if self.broken:  # not before their back-off, whatever else marks them
+            names = {n for n in names if n not in self.broken or self.broken[n][1] <= now}
         # Copied: the steps await, and the informer keeps changing ``live`` meanwhile.
         objects = {n: live[n] for n in names}
         for name in sorted(gone):
@@ -884,6 +904,7 @@ class Agent:
             self.closing.pop(name, None)
             self.rejected.discard(name)
             self.disowned.pop(name, None)
+            self.broken.pop(name, None)
         epochs: Epochs = {}  # strong reads of this pass, shared by its steps
         gate = asyncio.Semaphore(STEP_CONCURRENCY)
         if not paused:
@@ -902,6 +923,12 @@ class Agent:
                 except API_ERRORS as exc:
                     self.retry.add(name)  # visited again next pass, not only at the next full one
                     log.warning("dispatcher step failed", extra=fields(dispatcher=name, error=repr(exc)))
+                except Fenced:
+                    raise
+                except Exception:  # a bug: loud and counted, retried with back-off, the other dispatchers go on
+                    self._step_error(name)
+                else:
+                    self.broken.pop(name, None)
             run = self.runs.get(name)
             if run is not None and not self._settled(run):
                 self.active.add(name)
@@ -927,6 +954,18 @@ class Agent:
             await self._report_capture()
         except API_ERRORS as exc:
             log.warning("Capture status write failed", extra=fields(error=repr(exc)))
+
+    def _step_error(self, name: str) -> None:
+        """Dispatcher ``name``'s step raised an unexpected error (called while handling it): log its traceback,
+        count it, and put its next try off (``STEP_ERROR_BACKOFF``, doubling)."""
+        failures = self.broken.get(name, (0, 0.0))[0] + 1
+        delay = min(STEP_ERROR_BACKOFF * 2 ** min(failures - 1, 16), MAX_STEP_ERROR_BACKOFF)
+        self.broken[name] = (failures, time.monotonic() + delay)
+        self.step_errors += 1
+        log.exception(
+            "dispatcher step raised an unexpected error (a bug); trying it again later",
+            extra=fields(dispatcher=name, attempts=failures, retry_in=delay, step_errors=self.step_errors),
+        )
 
     @staticmethod
     def _settled(run: Run) -> bool:

@@ -3,8 +3,12 @@
 Why hand-rolled: the agent needs exactly one behaviour, the client-go reflector's. List, then watch
 from the list's resourceVersion; follow BOOKMARKs; when the stream ends (server timeout, API restart)
 watch again from the last resourceVersion seen; on ``410 Gone`` (as an HTTP status or an ``ERROR``
-event) or any other ``ERROR`` event, list again and replace the cache whole. Connection errors back
-off and retry. ``changed`` is set on every change so the agent's loop wakes up at once, and ``dirty``
+event) or any other ``ERROR`` event, list again and replace the cache whole. Transport errors
+(``TRANSPORT_ERRORS``) and error statuses back off and retry. The resourceVersion moves past an event
+only once it is applied; anything else raised while listing or applying (a bug, e.g. in ``keep``) is
+logged with its traceback, counted (``apply_failures``), and the informer lists again after the
+back-off: no event is skipped in silence, and the watch never resumes past one the cache did not take
+(issue 37). ``changed`` is set on every change so the agent's loop wakes up at once, and ``dirty``
 collects the names of the objects that changed (or vanished) since the agent last took them, so that its
 pass visits what changed rather than everything.
 """
@@ -17,14 +21,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
-
 from controller.capture.logs import fields
-from controller.kube.client import JSON, ApiError, Client, Resource
+from controller.kube.client import JSON, TRANSPORT_ERRORS, ApiError, Client, Resource
 
 log = logging.getLogger("controller.capture.informer")
 
-NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, ValueError)
+#: What the agent retries as an outage: the client's transport errors (a ``ValueError`` of our own is a bug).
+NETWORK_ERRORS = TRANSPORT_ERRORS
 
 
 class Relist(Exception):
@@ -59,6 +62,8 @@ class Informer:
         self.synced = asyncio.Event()
         self.relists = 0
         self.failures = 0  # consecutive failed attempts (logged sparingly)
+        #: Lists and events it failed to apply (a bug: each logged with its traceback, then a relist).
+        self.apply_failures = 0
 
     def take_dirty(self) -> set[str]:
         """The names that changed since the last call (and forget them)."""
@@ -89,6 +94,15 @@ class Informer:
                     await asyncio.sleep(self.backoff)
             except NETWORK_ERRORS as exc:
                 self._failed(repr(exc))
+                await asyncio.sleep(self.backoff)
+            except Exception:  # not the network's: never resumed past in silence
+                self.apply_failures += 1
+                log.exception(
+                    "could not apply what the watch of %s delivered; relisting",
+                    self.resource.plural,
+                    extra=fields(apply_failures=self.apply_failures),
+                )
+                need_list = True
                 await asyncio.sleep(self.backoff)
 
     def _failed(self, error: str) -> None:
@@ -133,19 +147,16 @@ class Informer:
             raise Relist(f"{obj.get('code', '?')} {obj.get('reason', '')}: {obj.get('message', '')}")
         meta = obj.get("metadata") or {}
         rv = meta.get("resourceVersion")
-        if rv:
-            self.resource_version = str(rv)
-        if kind == "BOOKMARK":
-            return
         name = meta.get("name")
-        if not isinstance(name, str):
-            return
-        if kind == "DELETED" or not self._wanted(obj):
-            # Not wanted any more (e.g. the label was changed away from this capture): forget it.
-            if self.objects.pop(name, None) is not None:
+        if kind != "BOOKMARK" and isinstance(name, str):
+            if kind == "DELETED" or not self._wanted(obj):
+                # Not wanted any more (e.g. the label was changed away from this capture): forget it.
+                if self.objects.pop(name, None) is not None:
+                    self.dirty.add(name)
+                    self.changed.set()
+            else:
+                self.objects[name] = obj
                 self.dirty.add(name)
                 self.changed.set()
-            return
-        self.objects[name] = obj
-        self.dirty.add(name)
-        self.changed.set()
+        if rv:  # only once applied: a watch resumed after a failure starts at this event, not past it
+            self.resource_version = str(rv)

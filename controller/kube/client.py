@@ -91,6 +91,14 @@ class BadResponse(ValueError):
     A ValueError, like the JSON decoding error it replaces, so handlers of malformed input catch it."""
 
 
+#: What a request or a watch raises when the API could not be reached or gave no usable answer: a connection
+#: refused or reset, a timeout, a body that is not JSON. A caller retries these (with back-off) as an outage;
+#: anything else raised on its side of a request is a bug of its own, not the network's. ``ApiError`` (an
+#: answer, with a status) is apart: what it means depends on the status. ``ConnectionError`` is an ``OSError``,
+#: ``asyncio.TimeoutError`` is ``TimeoutError``.
+TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, BadResponse)
+
+
 @dataclass(frozen=True)
 class Config:
     url: str

@@ -1,4 +1,6 @@
-"""Informer: one LIST and then one WATCH per kind, feeding an in-memory cache of model records.
+"""Informer: LIST then WATCH per stream, feeding an in-memory cache of model records. A stream is a whole kind in
+the namespace or (sharded) a changefeed's shard of one, or the objects of a kind labelled with no live changefeed
+(``Stream``); each lists again whenever its watch cannot simply resume (below).
 
 Why our own and not Kopf's watchers: the maintainer must know when every kind has been listed
 (bootstrap decides nothing before that), and the liveness probe must reflect the health of the
@@ -6,7 +8,11 @@ watch streams, not only that the process is up (Kopf's best-known production fai
 ends silently: nolar/kopf#1276, #996, #787). A stream the server ends resumes from the last resourceVersion it
 saw (bookmarks, when the server sends any, keep it fresh); one that broke (an error, an API restart) relists if
 it holds records, and its kind is in doubt until that LIST ends (``in_doubt``: the engine's rules that remove
-anything wait for it); 410 Gone relists.
+anything wait for it); 410 Gone relists. The resourceVersion a stream resumes from moves past an event only once
+the event is applied: a LIST page or an event the cache fails to apply (an exception from the store, the index or
+``on_change``: a bug, never taken for a transport error) is logged with its traceback, counted
+(``apply_failures``), and the stream relists whatever its kind (a kind of records is in doubt until then): what
+failed arrives with that LIST instead of being skipped in silence (issue 37).
 
 Watches are ended by the server, as client-go's are: each asks for a ``timeoutSeconds`` drawn between
 ``watch_timeout`` and twice that (5 to 10 minutes by default: the streams of a restarted API server do not all
@@ -48,14 +54,14 @@ import math
 import random
 import sys
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection
+from collections import Counter, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.engine.index import Index
 from controller.engine.liveness import Silence, ViewClock
-from controller.kube.client import LEASES, LIST_PAGE, RESOURCES, ApiError, Client, Resource
+from controller.kube.client import LEASES, LIST_PAGE, RESOURCES, TRANSPORT_ERRORS, ApiError, Client, Resource
 from controller.kube.pacing import Pacer
 from controller.model import resources as conv
 from controller.model.progress import PROGRESS_ANNOTATION, ProgressEntry
@@ -88,6 +94,25 @@ IDLE = {LEASE: 15.0}
 #: periods of the chart's probe, whose three failures in a row then restart the container 80-90 s after the API
 #: last answered. A quiet but connected watch is no failure.
 PROGRESS_WINDOW = 60.0
+#: A stream that failed to apply what it read (``ApplyFailed``) relists after a back-off doubling from
+#: ``MIN_BACKOFF`` up to this: one failure relists at once, a bug that fails every time does not relist a kind of
+#: 50,000 objects every second.
+MAX_APPLY_BACKOFF = 30.0
+
+
+class ApplyFailed(Exception):
+    """Applying a LIST page or a watch event to the cache raised: a bug of ours, not the network's. The stream's
+    resourceVersion has not passed what failed; the stream relists (``Informer._run``)."""
+
+
+@contextlib.contextmanager
+def _applying(what: str) -> Iterator[None]:
+    """Whatever is raised inside is the cache's failure to apply ``what`` (``ApplyFailed``), never a transport
+    error: an ``OSError`` or a ``ValueError`` raised by the store is no connection reset."""
+    try:
+        yield
+    except Exception as exc:
+        raise ApplyFailed(what) from exc
 
 
 def _rv(obj: JSON) -> int:
@@ -861,6 +886,12 @@ class Informer:
         self._listed: set[str] = set()
         #: The streams of record kinds whose watch broke since their last LIST (``in_doubt``): they relist.
         self._doubt: set[str] = set()
+        #: Per kind: LISTs made again by a stream that had listed (a broken watch of records, 410 Gone, a failure
+        #: to apply). The maintainer's ``informer_relists_total``.
+        self.relists: Counter[str] = Counter()
+        #: Per kind: LIST pages and watch events the cache failed to apply (a bug, logged with its traceback; the
+        #: stream relisted). The maintainer's ``informer_apply_failures_total``; 0 in a healthy process.
+        self.apply_failures: Counter[str] = Counter()
         self.last_seen: dict[str, float] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._list_gate = asyncio.Lock()
@@ -1111,7 +1142,7 @@ class Informer:
         """The ``timeoutSeconds`` of one watch: between ``watch_timeout`` and twice that, as client-go draws it."""
         return max(1, int(self.watch_timeout * (1.0 + random.random())))
 
-    async def _events(self, stream: Stream, rv: str) -> AsyncIterator[JSON]:
+    async def _events(self, stream: Stream, rv: str) -> AsyncGenerator[JSON, None]:
         """The watch stream's events, until the server ends it (its ``timeoutSeconds``: a quiet stream too) or the
         stream delivers nothing for its idle limit (a connection that died silently, or a quiet Lease stream,
         ``IDLE``). Either way it just ends, and the caller resumes it from ``rv``: neither is an error."""
@@ -1203,9 +1234,10 @@ class Informer:
                 await self._unfrozen()
                 chunk = items[i : i + CHUNK]
                 items[i : i + CHUNK] = [{}] * len(chunk)  # the raw objects go as converted
-                if stream.changefeed:
-                    chunk = [obj for obj in chunk if self._admit(stream, obj)]
-                store.list_page(kind, chunk, listing)
+                with _applying(f"a LIST page of {stream.key}"):
+                    if stream.changefeed:
+                        chunk = [obj for obj in chunk if self._admit(stream, obj)]
+                    store.list_page(kind, chunk, listing)
                 del chunk
             listed_rv = page_rv
             del items
@@ -1217,16 +1249,25 @@ class Informer:
                 gc.collect(1)
                 gc.freeze()
         await self._unfrozen()
-        store.end_listing(kind, listing, int(listed_rv or 0))
+        with _applying(f"the end of a LIST of {stream.key}"):
+            store.end_listing(kind, listing, int(listed_rv or 0))
         if store is self.unassigned:
             self.unassigned_changed = True
         return listed_rv
 
     async def _run(self, stream: Stream) -> None:
+        """LIST, then WATCH from the LIST's resourceVersion, for ever. The resourceVersion moves past an event only
+        once the event is applied: an event that could not be (``ApplyFailed``: a bug) is not skipped, the stream
+        relists, and its records arrive with that LIST. Only transport errors (``TRANSPORT_ERRORS``, ``ApiError``)
+        are an outage, retried as such; anything else is logged with its traceback and counted
+        (``apply_failures``), and the stream relists after a back-off (``MAX_APPLY_BACKOFF``)."""
         kind = stream.kind
         rv = ""
         backoff = MIN_BACKOFF
         failures = 0
+        #: Failures to apply in a row (reset once a LIST has been applied whole).
+        failed_applies = 0
+        lists = 0
         while True:
             try:
                 if not rv:
@@ -1235,10 +1276,13 @@ class Informer:
                     # hangs holds the others back for LIST_PATIENCE seconds at most.
                     held = await self._gate()
                     try:
-                        rv = await self._list(stream)  # only a LIST read to its end is watched from
+                        listed_rv = await self._list(stream)  # only a LIST read to its end is watched from
                     finally:
                         if held:
                             self._list_gate.release()
+                    lists += 1
+                    if lists > 1:
+                        self.relists[kind] += 1
                     self._listed.add(stream.key)
                     self._doubt.discard(stream.key)
                     listed = self._listed_events.get(stream.key)
@@ -1249,40 +1293,49 @@ class Informer:
                         log.info("watch %s back (relisted) after %d failed attempts", stream.key, failures)
                         failures = 0
                     if stream.assigned is None:
-                        self._notify(kind, "")
+                        with _applying(f"the LIST of {stream.key}"):
+                            self._notify(kind, "")
+                    rv = listed_rv
+                    if failed_applies:
+                        log.info("watch %s relisted after %d failures to apply", stream.key, failed_applies)
+                        failed_applies = 0
                     if self._listed >= self._expected:
                         self.synced.set()
-                async for ev in self._events(stream, rv):
-                    # Events already buffered come without a pause: a burst (thousands, after a freeze or a
-                    # decision's writes) would hold the loop for as long as it takes.
-                    await self.pacer.pace()
-                    await self._unfrozen()
-                    self._heard(stream)
-                    if failures:
-                        log.info("watch %s back after %d failed attempts", stream.key, failures)
-                        failures = 0
-                    typ = ev.get("type")
-                    obj = ev.get("object") or {}
-                    if typ == "ERROR":
-                        code = obj.get("code")
-                        self._broken(stream)
-                        relist = self._in_doubt(stream) or code == 410
-                        log.info("watch %s ended with %s; %s", stream.key, code, "relisting" if relist else "resuming")
-                        rv = "" if relist else rv
-                        if code != 410:
-                            await asyncio.sleep(backoff)
-                        break
-                    new_rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                    if typ == "BOOKMARK":
-                        rv = new_rv
-                        continue
-                    rv = new_rv
-                    if typ == "DELETED":
-                        self._deleted(stream, obj)
+                # Closed on the way out, whatever the way (an ERROR event, a failure to apply): its connection now.
+                async with contextlib.aclosing(self._events(stream, rv)) as events:
+                    async for ev in events:
+                        # Events already buffered come without a pause: a burst (thousands, after a freeze or a
+                        # decision's writes) would hold the loop for as long as it takes.
+                        await self.pacer.pace()
+                        await self._unfrozen()
+                        self._heard(stream)
+                        if failures:
+                            log.info("watch %s back after %d failed attempts", stream.key, failures)
+                            failures = 0
+                        typ = ev.get("type")
+                        obj = ev.get("object") or {}
+                        if typ == "ERROR":
+                            code = obj.get("code")
+                            self._broken(stream)
+                            relist = self._in_doubt(stream) or code == 410
+                            then = "relisting" if relist else "resuming"
+                            log.info("watch %s ended with %s; %s", stream.key, code, then)
+                            rv = "" if relist else rv
+                            if code != 410:
+                                await asyncio.sleep(backoff)
+                            break
+                        new_rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                        if typ == "BOOKMARK":
+                            rv = new_rv
+                            continue
+                        with _applying(f"{typ} {stream.kind} {(obj.get('metadata') or {}).get('name')!r}"):
+                            if typ == "DELETED":
+                                self._deleted(stream, obj)
+                            else:
+                                self._put(stream, obj)
+                        rv = new_rv  # only now: a resumed watch must not start after an event not applied
                     else:
-                        self._put(stream, obj)
-                else:
-                    self._broken(stream)  # the server ended the stream (its timeout): resume from rv at once
+                        self._broken(stream)  # the server ended the stream (its timeout): resume from rv at once
                 backoff = MIN_BACKOFF
             except asyncio.CancelledError:
                 raise
@@ -1297,7 +1350,7 @@ class Informer:
                 self._failed(stream, failures, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
-            except Exception as exc:  # connection reset, server restart: relist (records) or resume
+            except TRANSPORT_ERRORS as exc:  # connection reset, server restart: relist (records) or resume
                 self._broken(stream)
                 if self._in_doubt(stream):
                     rv = ""
@@ -1305,3 +1358,19 @@ class Informer:
                 self._failed(stream, failures, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
+            except Exception as exc:  # ApplyFailed, or another bug of this loop: never skipped in silence
+                self._broken(stream)
+                self._in_doubt(stream)
+                rv = ""  # whatever the kind: what was not applied arrives with the LIST
+                failed_applies += 1
+                self.apply_failures[kind] += 1
+                delay = min(MIN_BACKOFF * 2 ** min(failed_applies - 1, 16), MAX_APPLY_BACKOFF)
+                what = f"could not apply {exc}" if isinstance(exc, ApplyFailed) else f"failed: {exc!r}"
+                log.exception(
+                    "watch %s %s (%d in a row): relisting in %.2fs",
+                    stream.key,
+                    what,
+                    failed_applies,
+                    delay,
+                )
+                await asyncio.sleep(delay)

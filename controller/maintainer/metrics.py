@@ -27,7 +27,7 @@ import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
@@ -36,12 +36,15 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from controller.engine import progress
+from controller.engine.maintainer import Memory
+from controller.engine.world import World
+from controller.kube.heap import HeapReserve
+from controller.kube.informer import LEASE, Informer
+from controller.kube.tenure import Tenure
+from controller.maintainer.stats import Stats
 from controller.model.records import Capture, Changefeed, Span, SpanOperator
 from controller.model.states import Kind, OpPhase, OpType, SchedulerState
 from controller.model.tso import physical_ms
-
-if TYPE_CHECKING:
-    from controller.maintainer.runner import Maintainer
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ CAPTURE_STATES = ("alive", "draining", "lost")
 #: occurrence (a series that appears at 1 has no earlier sample to increase from): the normal one (a stale
 #: resourceVersion) and those the client itself reports when the API gave no usable answer.
 INITIAL_WRITE_ERROR_REASONS = ("Conflict", "ClientTimeout", "ConnectionError")
+#: The ``kind`` label values of the informer's counters: every kind it lists and watches.
+INFORMER_KINDS = (LEASE, *(k.value for k in Kind))
 
 __all__ = [
     "CAPTURE_STATES",
@@ -67,6 +72,30 @@ __all__ = [
     "checkpoint_lag",
     "operator_age",
 ]
+
+
+class Maintainer(Protocol):
+    """What the metrics read of a maintainer process (``controller.maintainer.runner.Maintainer``, which builds them):
+    a Protocol, so that this module does not import the runner (no import cycle)."""
+
+    @property
+    def informer(self) -> Informer: ...
+    @property
+    def leading(self) -> set[str]: ...
+    @property
+    def stats(self) -> Stats: ...
+    @property
+    def memories(self) -> dict[str, Memory]: ...
+    @property
+    def metrics(self) -> MaintainerMetrics: ...
+    @property
+    def tenure(self) -> Tenure | None: ...
+    @property
+    def heap(self) -> HeapReserve | None: ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def snapshot(self, name: str) -> World | None: ...
 
 
 def checkpoint_lag(checkpoint_ts: int, now: float) -> float | None:
@@ -109,6 +138,7 @@ class StateCollector(Collector):
         )
         synced.add_metric([], 1.0 if m.informer.synced.is_set() else 0.0)
         yield synced
+        yield from self._informer()
 
         info = GaugeMetricFamily(
             PREFIX + "changefeed_info",
@@ -328,6 +358,26 @@ class StateCollector(Collector):
             "Write chains abandoned at a failed write (retried from a fresh snapshot).",
             value=m.stats.failed_chains,
         )
+
+    def _informer(self) -> Iterable[Metric]:
+        """The informer's relists and failures to apply, per kind (every kind from 0: ``increase()`` sees the first)."""
+        informer = self.maintainer.informer
+        relists = CounterMetricFamily(
+            PREFIX + "informer_relists",
+            "LISTs the informer made again, by kind: a broken watch of records, 410 Gone, a failure to apply.",
+            labels=["kind"],
+        )
+        failures = CounterMetricFamily(
+            PREFIX + "informer_apply_failures",
+            "LIST pages and watch events the informer failed to apply to its cache, by kind (a bug: logged with its "
+            "traceback; the stream relisted). Never more than 0 in a healthy process.",
+            labels=["kind"],
+        )
+        for kind in INFORMER_KINDS:
+            relists.add_metric([kind], float(informer.relists[kind]))
+            failures.add_metric([kind], float(informer.apply_failures[kind]))
+        yield relists
+        yield failures
 
     def _reports(self, leading: list[str], now: float) -> Iterable[Metric]:
         """The captures' progress reports (carried by their Leases), per led changefeed and mode."""

@@ -9,7 +9,10 @@ at least every ``tick`` seconds (a backstop), applying the decision's writes. A 
 changed: the informer keeps the engine's per-changefeed index current per event, and the snapshot
 handed to the engine is that index (O(1) to take). When the Lease is lost the loop cancels whatever it is writing at
 once and goes back to competing. Several replicas of this process spread the changefeeds among
-themselves this way; ``max_leases`` caps how many one replica leads, so others take the rest.
+themselves evenly (``Settings.balance``, on by default; ``controller.engine.shards``): each announces itself with
+a member Lease ``cfmm-<identity>``, bids only while it leads less than its share (floor or ceil of changefeeds over
+live replicas) and hands over what is above it. ``max_leases`` is only a hard cap on what one replica leads (with
+``balance`` off, the first replica to bid leads, up to that cap).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from controller.kube.informer import (
 from controller.kube.lease import LeaderElector
 from controller.logs import fields
 from controller.maintainer.metrics import MaintainerMetrics
+from controller.maintainer.stats import Stats
 from controller.model import resources as conv
 from controller.model.records import Changefeed, Table
 from controller.model.states import Kind
@@ -110,27 +114,6 @@ class Settings:
     #: The liveness probe fails after this many seconds without a request answered by the API (``healthy``).
     liveness_window: float = PROGRESS_WINDOW
     metrics_address: str = "0.0.0.0"
-
-
-@dataclass
-class Stats:
-    decisions: int = 0
-    writes: int = 0
-    failed_chains: int = 0
-    #: A changefeed's loop hit an unexpected error (an engine bug, a malformed object...): it gave up
-    #: its Lease, backed off and competes again.
-    loop_crashes: int = 0
-    #: Full audits made (decisions over every record, every ``audit_interval``), and those that decided
-    #: otherwise than the incremental decision would have from the same snapshot (an index bug: the audit
-    #: made up for it; never more than 0 in a healthy system).
-    audits: int = 0
-    audit_disagreements: int = 0
-    bootstrap_seconds: dict[str, float] = field(default_factory=dict)
-    epochs: dict[str, int] = field(default_factory=dict)
-    #: Changefeeds this replica handed over to balance the replicas (engine/shards.py).
-    handoffs: int = 0
-    #: Turns of the supervisor's loop (on changes, at most 20 a second; at rest every SUPERVISE_IDLE).
-    supervisor_turns: int = 0
 
 
 @dataclass(frozen=True)

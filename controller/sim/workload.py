@@ -13,17 +13,16 @@ union), so that its success can be checked against its intent.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from controller.model.keys import KeyError_, KeyRange
 from controller.model.records import Capture, Changefeed, SchedulerConfig, Span, SpanOperator, Table
 from controller.model.states import CHANGEFEED_FINALIZER, Kind, Mode, OpSource, OpType, SpanState
-from controller.sim.captures import HOLD_CLOSE, LEASE, PAUSE_CREATE
-from controller.sim.maintainer import RECORD_KINDS, RELIST_SPREAD
-
-if TYPE_CHECKING:
-    from controller.sim.history import Sim
+from controller.sim.captures import HOLD_CLOSE, LEASE, PAUSE_CREATE, Captures
+from controller.sim.context import Ctx
+from controller.sim.maintainer import RECORD_KINDS, RELIST_SPREAD, SimMaintainer
 
 CF = "cf"
 #: What users no longer do for a changefeed they deleted.
@@ -43,6 +42,26 @@ class Expect:
     #: The uids of ``sources`` when the operator was asked for: a span of the same name made later (a hole
     #: filled from a stale view) is another span, not a source left behind.
     source_uids: tuple[str, ...] = ()
+
+
+class Sim(Protocol):
+    """What a workload drives of the simulation (``controller.sim.history.Sim``, which runs it): a Protocol, so that
+    this module does not import the history (no import cycle)."""
+
+    @property
+    def ctx(self) -> Ctx: ...
+    @property
+    def captures(self) -> Captures: ...
+    @property
+    def maintainers(self) -> Sequence[SimMaintainer]: ...
+
+    def schedule_kill(self, after_writes: int, delay: float = 0.0) -> None: ...
+
+    def failover(self) -> None: ...
+
+    def hand_over(self) -> None: ...
+
+    def partition_maintainer(self, seconds: float) -> None: ...
 
 
 class Workload:

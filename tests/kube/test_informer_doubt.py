@@ -8,6 +8,7 @@ remove anything wait for them. Leases and Captures resume as before (their liven
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,6 +29,7 @@ class FlakyClient:
         self.watches: dict[str, list[str]] = {}
         self.breaking = asyncio.Event()
         self.release = asyncio.Event()
+        self.last_success = time.monotonic()  # what ``Informer.healthy`` reads: the API answered just now
 
     async def list_pages(self, res: Resource, namespace: str, label_selector: str = "", **_: object) -> AsyncIterator[
         tuple[list[JSON], str]

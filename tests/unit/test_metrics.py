@@ -244,6 +244,18 @@ def test_leader_epoch_bootstrap_and_runner_counters() -> None:
     assert h.value("informer_synced") == 0
 
 
+def test_informer_relists_and_apply_failures_by_kind_from_zero() -> None:
+    h = Harness()
+    for kind in ("Lease", *(k.value for k in Kind)):
+        assert h.value("informer_relists_total", kind=kind) == 0
+        assert h.value("informer_apply_failures_total", kind=kind) == 0
+    h.m.informer.relists["Span"] += 2
+    h.m.informer.apply_failures["Capture"] += 1
+    assert h.value("informer_relists_total", kind="Span") == 2
+    assert h.value("informer_apply_failures_total", kind="Capture") == 1
+    assert h.value("informer_apply_failures_total", kind="Span") == 0
+
+
 def test_captures_by_liveness() -> None:
     h = Harness(leading=())
     now = time.time()
