@@ -1,8 +1,8 @@
 """``kubectl-changefeed`` (``kubectl changefeed ...``): inspect and steer changefeeds by hand.
 
 Commands: ``status``, ``spans``, ``operators``, ``move``, ``split``, ``merge``, ``drain``, ``undrain``,
-``pause``, ``resume``, ``teardown`` (see docs/kubectl-plugin.md). ``move``/``split``/``merge`` create a SpanOperator
-(source ``user``) after checking it would be accepted; the maintainer carries it out.
+``pause``, ``resume``, ``teardown``, ``verify`` (see docs/kubectl-plugin.md). ``move``/``split``/``merge`` create a
+SpanOperator (source ``user``) after checking it would be accepted; the maintainer carries it out.
 
 Exit codes:
 
@@ -37,8 +37,9 @@ DEBUG_ENV = "KUBECTL_CHANGEFEED_DEBUG"
 
 EPILOG = """\
 exit codes:
-  0    success (with --wait: the operator Succeeded, or the capture is drained)
-  1    the operation failed or timed out (operator Failed/Canceled, --wait timeout, API unreachable or 403/5xx)
+  0    success (with --wait: the operator Succeeded, or the capture is drained; verify: no difference)
+  1    the operation failed or timed out (operator Failed/Canceled, --wait timeout, API unreachable or 403/5xx);
+       verify: differences found, or etcd/PostgreSQL unreachable
   2    bad usage or kubeconfig, validation refused (nothing written), or object not found
   130  interrupted (Ctrl-C); an operator already created keeps running
   141  standard output closed early (e.g. piped into head)
@@ -71,6 +72,16 @@ def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
     return value
 
 
@@ -156,6 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _wait_flags(p, "while a maintainer or capture still runs (until it finishes or its Lease lapses)")
     p.add_argument("--interval", type=_positive, default=1.0, help=argparse.SUPPRESS)
+
+    p = command(
+        "verify",
+        "compare the sink with etcd at a revision R at or below the checkpoint, row by row, while writes go on "
+        "(exit 1 when they differ); records the result on the Changefeed (annotation cdc.maintainer.dev/last-verify)",
+    )
+    p.add_argument("--revision", type=int, default=None, metavar="R", help="etcd revision (default: the checkpoint)")
+    p.add_argument("--limit", type=_count, default=20, metavar="N", help="differences printed (default 20)")
+    p.add_argument(
+        "--etcd-endpoints", default=None, metavar="HOST:PORT,...", help="etcd (default: the source's Secret)"
+    )
+    p.add_argument("--dsn", default=None, metavar="DSN", help="PostgreSQL (default: the sink's Secret); never printed")
     return parser
 
 

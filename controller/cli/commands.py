@@ -15,6 +15,7 @@ from typing import Any
 
 from controller.cli import render, validate
 from controller.cli import teardown as forced
+from controller.cli import verify as checking
 from controller.cli.errors import EXIT_OK, Failed, Interrupted, NotFound, Refused
 from controller.cli.kube import OPERATORS, NameTaken, Session, follow_operator
 from controller.cli.snapshot import Snapshot
@@ -402,4 +403,5 @@ COMMANDS: dict[str, Command] = {
     "pause": pause,
     "resume": resume,
     "teardown": teardown,
+    "verify": checking.verify,
 }

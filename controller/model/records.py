@@ -25,6 +25,7 @@ from controller.model.states import (
     SpanState,
     Stage,
 )
+from controller.model.verification import Verification
 
 R = TypeVar("R", bound="Record")
 
@@ -179,6 +180,10 @@ class Changefeed(Record):
     scheduler_status: SchedulerStatus = field(default_factory=SchedulerStatus)
     conditions: tuple[Condition, ...] = ()
     observed_generation: int = 0
+
+    #: The last ``kubectl changefeed verify`` (metadata: the annotation ``cdc.maintainer.dev/last-verify``,
+    #: neither spec nor status; ``controller.model.verification``); None if it never ran.
+    last_verify: Verification | None = None
 
     @property
     def modes(self) -> tuple[Mode, ...]:

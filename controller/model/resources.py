@@ -90,6 +90,7 @@ from controller.model.states import (
     SpanState,
     Stage,
 )
+from controller.model.verification import LAST_VERIFY_ANNOTATION, verification_from_json
 
 #: The placement the maintainer recorded in a Span it created (``Span.created_capture``/``created_dispatcher``).
 PLACEMENT_ANNOTATION = f"{GROUP}/placement"
@@ -301,6 +302,8 @@ def _metadata(record: Record) -> Obj:
     _put(meta, "labels", dict(record.labels))
     if isinstance(record, Span) and record.created_capture:
         meta["annotations"] = {PLACEMENT_ANNOTATION: placement_to_json(record)}
+    if isinstance(record, Changefeed) and record.last_verify is not None:
+        meta["annotations"] = {LAST_VERIFY_ANNOTATION: record.last_verify.to_json()}
     return meta
 
 
@@ -897,7 +900,14 @@ def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
             for path, item in reader.objects(status, "conditions", "status.conditions")
         ),
         observed_generation=reader.int_(status, "observedGeneration", "status.observedGeneration"),
+        last_verify=verification_from_json(_annotation(obj, LAST_VERIFY_ANNOTATION)),
     )
+
+
+def _annotation(obj: Mapping[str, Any], name: str) -> object:
+    meta = obj.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return annotations.get(name) if isinstance(annotations, Mapping) else None
 
 
 def table_from_resource(obj: Mapping[str, Any]) -> Table:
