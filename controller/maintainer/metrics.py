@@ -126,6 +126,36 @@ class StateCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         return []  # the series are dynamic: nothing to check for duplicates at registration
 
+    def _verifications(self, leading: list[str]) -> Iterable[Metric]:
+        """The last ``kubectl changefeed verify`` of each led changefeed, from its annotation
+        ``cdc.maintainer.dev/last-verify`` (``Changefeed.last_verify``); absent until one ran."""
+        store = self.maintainer.informer.store
+        differences = GaugeMetricFamily(
+            PREFIX + "verify_differences",
+            "Differences (missing, extra, mismatched keys) the last kubectl changefeed verify found between the sink "
+            "and etcd at its revision (absent until one ran).",
+            labels=["changefeed"],
+        )
+        revision = GaugeMetricFamily(
+            PREFIX + "verify_revision",
+            "The etcd revision the last kubectl changefeed verify compared the sink at.",
+            labels=["changefeed"],
+        )
+        stamp = GaugeMetricFamily(
+            PREFIX + "verify_timestamp_seconds",
+            "When the last kubectl changefeed verify ran (Unix seconds).",
+            labels=["changefeed"],
+        )
+        for name in leading:
+            cf = store.record(Kind.CHANGEFEED, name)
+            if isinstance(cf, Changefeed) and cf.last_verify is not None:
+                differences.add_metric([name], float(cf.last_verify.differences))
+                revision.add_metric([name], float(cf.last_verify.revision))
+                stamp.add_metric([name], cf.last_verify.at)
+        yield differences
+        yield revision
+        yield stamp
+
     def collect(self) -> Iterable[Metric]:
         m = self.maintainer
         store = m.informer.store
@@ -294,6 +324,7 @@ class StateCollector(Collector):
         yield lag
         yield checkpoint
         yield scheduler
+        yield from self._verifications(leading)
         yield from self._reports(leading, now)
 
         bootstrap = GaugeMetricFamily(

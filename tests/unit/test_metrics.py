@@ -27,6 +27,7 @@ from controller.model.progress import Progress, ProgressEntry, digest
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, SchedulerStatus, Span, SpanOperator
 from controller.model.states import DispatcherState, Kind, Mode, OpPhase, OpType, SchedulerState, SpanState, Stage
 from controller.model.tso import tso
+from controller.model.verification import LAST_VERIFY_ANNOTATION, Verification
 
 CF = "cf"
 OTHER = "other"  # a changefeed this process does not lead
@@ -496,3 +497,23 @@ def test_command_line() -> None:
     assert cli.parse(["--gc-tenure", "0"]).gc_tenure == 0
     with pytest.raises(SystemExit):
         cli.parse(["--gc-tenure", "-1"])
+
+
+def test_last_verification_from_the_changefeeds_annotation() -> None:
+    h = Harness(leading=(CF, OTHER))
+    h.offer(Changefeed(name=CF))
+    assert h.value("verify_differences", changefeed=CF) is None  # never verified
+    done = Verification(revision=1234, differences=3, keys=1000, at=1_700_000_000.5)
+    h.offer(Changefeed(name=CF, last_verify=done))
+    assert h.value("verify_differences", changefeed=CF) == 3.0
+    assert h.value("verify_revision", changefeed=CF) == 1234.0
+    assert h.value("verify_timestamp_seconds", changefeed=CF) == pytest.approx(1_700_000_000.5)
+    # As the command writes it, and leniently read: an annotation that does not parse is no verification.
+    obj = conv.to_resource(Changefeed(name=OTHER, namespace=NS, uid="u-other", resource_version="99"))
+    obj["metadata"]["annotations"] = {LAST_VERIFY_ANNOTATION: "{not json"}
+    h.m.informer.offer("Changefeed", obj)
+    assert h.value("verify_differences", changefeed=OTHER) is None
+    obj["metadata"]["annotations"] = {LAST_VERIFY_ANNOTATION: done.to_json()}
+    obj["metadata"]["resourceVersion"] = "100"
+    h.m.informer.offer("Changefeed", obj)
+    assert h.value("verify_differences", changefeed=OTHER) == 3.0
