@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from controller.dataplane.verify import COMPACTED, KV, DiffKind, Row, SpanResult, compare, needs_point_read
+import base64
+
+import pytest
+
+from controller.cli import verify as cli_verify
+from controller.cli.errors import Refused
+from controller.dataplane.verify import COMPACTED, KV, DiffKind, Row, SpanResult, TableResult, compare, needs_point_read
 from controller.model.keys import KeyRange, table_key
+from controller.model.states import Mode
 
 T = 7
 SPAN = KeyRange.of_table(T)
@@ -107,3 +114,38 @@ def test_keys_outside_the_span_are_ignored() -> None:
     result = compare(half, R, [live("a", b"1", 10), live("x", b"?", 11)], [kv("a", b"1", 10), kv("y", b"2", 12)])
     assert kinds(result) == []
     assert result.keys == 1
+
+
+# -- the command's pure parts (controller/cli/verify.py) ---------------------------------------------
+
+
+def test_the_secrets_the_changefeed_names_and_their_data() -> None:
+    raw = {"spec": {"source": {"etcd": {"secretRef": {"name": "src"}}}, "sink": {"postgres": {"secretRef": {}}}}}
+    assert cli_verify.secret_names(raw) == ("src", None)
+    assert cli_verify.secret_names({}) == (None, None)
+    secret = {"data": {"endpoints": base64.b64encode(b"h1:2379, h2:2379").decode(), "bad": "%%"},
+              "stringData": {"dsn": "host=x"}}  # fmt: skip
+    data = cli_verify.secret_data(secret)
+    assert data == {"endpoints": "h1:2379, h2:2379", "dsn": "host=x"}
+    assert cli_verify.endpoints_of(data["endpoints"]) == ["h1:2379", "h2:2379"]
+
+
+def test_the_revision_is_the_checkpoint_or_one_below_it() -> None:
+    assert cli_verify.choose_revision(100, None, "cf") == 100
+    assert cli_verify.choose_revision(100, 40, "cf") == 40
+    for checkpoint, wanted, message in [(0, None, "no checkpoint"), (100, 101, "above"), (100, 0, "positive")]:
+        with pytest.raises(Refused, match=message):
+            cli_verify.choose_revision(checkpoint, wanted, "cf")
+
+
+def test_output_summary_and_limited_differences() -> None:
+    span = compare(SPAN, R, [live("a", b"x" * 40, 10), live("z", b"?", 12)], [kv("a", b"1", 10), kv("b", b"2", 11)])
+    result = TableResult(T, Mode.DEFAULT, [span])
+    text = cli_verify.render_result([result], R, limit=2).splitlines()
+    assert text[0] == f"table {T} (default): 3 keys at revision {R}: 3 differences"
+    assert text[3].split()[:4] == ["mismatch", str(T), "default", k("a").hex()]
+    assert "b'xxxxxxxxxxxxxxxxxxx... @10" in text[3]
+    assert text[-1] == "... and 1 more (--limit)"
+    assert len(text) == 6
+    totals = cli_verify.totals([result], R, 5.0)
+    assert (totals.revision, totals.differences, totals.keys, totals.at) == (R, 3, 3, 5.0)
