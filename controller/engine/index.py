@@ -235,6 +235,8 @@ class Index:
         self.spans_by_table: dict[TableKey, set[str]] = {}
         self.spans_naming = MultiMap()
         self.state_counts: Counter[SpanState | None] = Counter()
+        #: Spans per (state, capture as recorded, mode): what the metrics export (a scrape reads this, not the spans).
+        self.span_tally: Counter[tuple[SpanState | None, str, Mode]] = Counter()
         self.table_counts: dict[int, Counter[SpanState | None]] = {}
         self.span_load: Counter[str] = Counter()
         #: Replicating spans per capture (what the balance scheduler weighs).
@@ -532,6 +534,10 @@ class Index:
         if f.dispatcher and (keep is None or keep.dispatcher != f.dispatcher):
             self.spans_naming.discard(f.dispatcher, name)
         self.state_counts[f.state] -= 1
+        tally = (f.state, f.capture, f.table[1])
+        self.span_tally[tally] -= 1
+        if not self.span_tally[tally]:
+            del self.span_tally[tally]
         counts = self.table_counts[f.table[0]]
         counts[f.state] -= 1
         if not counts[f.state]:
@@ -580,6 +586,7 @@ class Index:
         if f.dispatcher and (had is None or had.dispatcher != f.dispatcher):
             self.spans_naming.add(f.dispatcher, name)
         self.state_counts[f.state] += 1
+        self.span_tally[(f.state, f.capture, f.table[1])] += 1
         self.table_counts.setdefault(f.table[0], Counter())[f.state] += 1
         if f.load:
             self.span_load[f.load] += 1
@@ -800,6 +807,7 @@ class Index:
             "spans_by_table",
             "spans_naming",
             "table_counts",
+            "span_tally",
             "span_load",
             "replicating_by_capture",
             "dispatcher_facts",

@@ -130,6 +130,29 @@ def test_spans_by_state_capture_and_mode_of_led_changefeeds_only() -> None:
     assert h.value("leader", changefeed=CF) is None
 
 
+def test_a_scrape_reads_the_index_aggregates_not_every_span_or_operator() -> None:
+    """Issue 37: a scrape walked every Span and SpanOperator on the event loop (tens of milliseconds at 100,000
+    spans). The span counts come from the index's ``span_tally`` and the operators from its in-flight set: a scrape
+    never lists the records of those kinds."""
+    h = Harness()
+    for i in range(50):
+        h.offer(span(f"s{i}", SpanState.REPLICATING, f"c{i % 3}"))
+    for i in range(20):
+        h.offer(operator(f"done{i}", OpPhase.SUCCEEDED, Stage.ADD_DEST))
+    h.offer(operator("r1", OpPhase.RUNNING, Stage.REMOVE_ORIGIN))
+    store = h.m.informer.store
+    real = store.all
+
+    def all_but_the_many(kind: Kind) -> Any:
+        assert kind not in (Kind.SPAN, Kind.OPERATOR), f"a scrape listed every {kind.value}"
+        return real(kind)
+
+    store.all = all_but_the_many  # type: ignore[method-assign]
+    assert h.value("spans", changefeed=CF, state="Replicating", capture="c0", mode="default") == 17
+    assert h.value("operators_in_flight", changefeed=CF, type="Move", phase="Running", stage="RemoveOrigin") == 1
+    assert store.indexes[CF].verify() == []
+
+
 def test_operators_in_flight_by_type_phase_and_stage() -> None:
     h = Harness()
     h.offer(operator("p1", OpPhase.PENDING))
