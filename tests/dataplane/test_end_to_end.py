@@ -83,7 +83,7 @@ def downstream(postgres: PostgresServer) -> dict[bytes, tuple[bytes, int]]:
 def compare(etcd: EtcdServer, postgres: PostgresServer, watch: Watch, last: int) -> None:
     started = time.monotonic()
     watch.until(
-        lambda s: s.changefeed is not None and s.changefeed.checkpoint_ts >= last or
+        lambda s: (s.changefeed is not None and s.changefeed.checkpoint_ts >= last) or
         f"checkpoint {s.changefeed and s.changefeed.checkpoint_ts} < {last}",
         "the changefeed checkpoint to pass the writer's last revision",
         timeout=40,
@@ -136,7 +136,7 @@ def test_etcd_to_postgres_through_the_maintainer(
         api.operator("op-move", "Move", [mover.span], target=target)
         last = asyncio.run(write(etcd, 300, seed=3))
         watch.until(
-            lambda s: (o := s.operators.get("op-move")) is not None and o.phase is OpPhase.SUCCEEDED or
+            lambda s: ((o := s.operators.get("op-move")) is not None and o.phase is OpPhase.SUCCEEDED) or
             f"move: {o and (o.phase, o.message)}",
             "the Move to succeed",
         )  # fmt: skip
