@@ -110,7 +110,7 @@ class _Disp:
     #: Received, not yet committed: rows, and the revision up to which they cover the span.
     rows: list[Row] = field(default_factory=list)
     resolved: int = 0
-    #: A transaction holding some of this dispatcher's rows is in flight.
+    #: Why it stopped for good (the source compacted past its position...), None while it runs.
     failed: str | None = None
     task: asyncio.Task[None] | None = None
     resume: asyncio.Event = field(default_factory=asyncio.Event)
