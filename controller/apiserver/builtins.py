@@ -1,4 +1,4 @@
-"""The built-in kinds the project uses, as typed Go objects: Namespace, ConfigMap, Lease, Event.
+"""The built-in kinds the project uses, as typed Go objects: Namespace, ConfigMap, Secret, Lease, Event.
 
 Each kind is a :class:`gotypes.Struct` (what decodes, what reads back, which fields are always present) plus
 its validation (``pkg/apis/*/validation`` of kube-apiserver, with their messages). Core/v1 and
@@ -8,6 +8,7 @@ when read or written through events.k8s.io/v1 (``involvedObject`` <-> ``regardin
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Any
 
@@ -69,6 +70,37 @@ CONFIGMAP = Struct(
         "binaryData": Field(Map(STRING)),
     },
 )
+#: core/v1 Secret: ``data`` holds base64 strings; ``stringData`` (write-only) is merged into ``data`` on write
+#: (:func:`secret_string_data`), as kube-apiserver does. A changefeed's source and sink credentials live here.
+SECRET = Struct(
+    "Secret",
+    "v1.Secret",
+    {
+        "kind": Field(STRING),
+        "apiVersion": Field(STRING),
+        "metadata": Field(OBJECT_META),
+        "immutable": Field(BOOL, pointer=True),
+        "data": Field(Map(STRING)),
+        "stringData": Field(Map(STRING)),
+        "type": Field(STRING),
+    },
+)
+
+
+def secret_string_data(obj: JSON) -> JSON:
+    """A Secret as stored: ``stringData`` merged into ``data`` (base64; it wins on a shared key), ``type``
+    defaulted to ``Opaque``."""
+    out = dict(obj)
+    string_data = out.pop("stringData", None) or {}
+    if string_data:
+        data = dict(out.get("data") or {})
+        for key, value in string_data.items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        out["data"] = data
+    out.setdefault("type", "Opaque")
+    return out
+
+
 LEASE_SPEC = Struct(
     "LeaseSpec",
     "v1.LeaseSpec",

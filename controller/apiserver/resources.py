@@ -180,6 +180,17 @@ def builtin_types() -> list[ResourceType]:
         ResourceType(
             "",
             "v1",
+            "secrets",
+            "secret",
+            "Secret",
+            True,
+            [],
+            struct=B.SECRET,
+            unconditional_update=True,
+        ),
+        ResourceType(
+            "",
+            "v1",
             "events",
             "event",
             "Event",

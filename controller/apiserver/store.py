@@ -638,6 +638,8 @@ class Store:
                 raise self._cannot_handle(rt, str(exc)) from None
             if rt.group == "events.k8s.io":
                 obj = B.event_to_core(obj)
+            elif rt.kind == "Secret":
+                obj = B.secret_string_data(obj)
         else:
             obj = dict(body)
             if old is not None and body.get("metadata") is old["metadata"]:
@@ -707,7 +709,7 @@ class Store:
                         errors += schema.validate_cel(obj, old)
         elif rt.key == NS_KEY:
             errors += B.validate_namespace(obj)
-        elif rt.kind == "ConfigMap":
+        elif rt.kind in ("ConfigMap", "Secret"):
             errors += B.validate_configmap(obj, old)
         elif rt.kind == "Lease":
             errors += B.validate_lease(obj)

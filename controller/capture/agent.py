@@ -50,6 +50,7 @@ What it does, and why in this shape:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -59,13 +60,23 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from controller.capture.dataplane import Endpoints, RoutedRuntime
 from controller.capture.hooks import Hooks, disabled_hooks, hooks_from_annotations
 from controller.capture.informer import NETWORK_ERRORS, Informer
 from controller.capture.ledger import Ledger
 from controller.capture.logs import fields
 from controller.capture.runtime import DispatcherRuntime, LogicalClockRuntime
 from controller.kube import tenure
-from controller.kube.client import JSON, LEASES, RESOURCES, ApiError, Client, remove_finalizer, sleep_or
+from controller.kube.client import (
+    JSON,
+    LEASES,
+    RESOURCES,
+    SECRETS,
+    ApiError,
+    Client,
+    remove_finalizer,
+    sleep_or,
+)
 from controller.kube.probes import ProbeServer, parse_endpoint
 from controller.model import progress
 from controller.model.records import Capture, Dispatcher
@@ -74,6 +85,7 @@ from controller.model.resources import (
     DRAIN_FOR_SHUTDOWN,
     DRAIN_REASON_ANNOTATION,
     InvalidResource,
+    changefeed_from_resource,
     dispatcher_from_resource,
     format_time,
     lease_name,
@@ -205,6 +217,8 @@ class Run:
     traffic_at: float = 0.0
     #: When this process started it (monotonic).
     started_at: float = field(default_factory=time.monotonic)
+    #: Its runtime's failure (``RoutedRuntime.failed``) has been written to its status message.
+    failure_written: bool = False
     #: Assignments of ``state`` or ``written_state``, of any run (with ``Runs.version``: what the progress
     #: report's groups are cached on).
     changes: ClassVar[int] = 0
@@ -328,7 +342,12 @@ class Agent:
                 deliver_until=lambda: self.last_renew + self.settings.renew_deadline,
                 sink=self.ledger,
             )
-        self.rt: DispatcherRuntime = self.runtime
+        #: Dispatchers of a changefeed with a source and a sink run in the real data plane (controller/capture/
+        #: dataplane.py), configured from its Secrets before the first starts; the others in ``runtime``.
+        self.routed = RoutedRuntime(self.runtime)
+        self.rt: DispatcherRuntime = self.routed
+        #: Changefeeds whose source was looked up (its Secrets read, or found to have none).
+        self.sources_read: set[str] = set()
         #: This process's hold on its Lease: the ``acquireTime`` it wrote. A renewal answered 409 whose Lease
         #: still carries it was our own write (its answer lost); any other means the Lease is not ours.
         self.acquire_time = format_time(time.time(), micro=True)
@@ -385,6 +404,8 @@ class Agent:
         finally:
             if self.ledger is not None:
                 self.ledger.close()
+            with contextlib.suppress(Exception):
+                await self.routed.aclose()
             if probe is not None:
                 await probe.stop()
 
@@ -1019,6 +1040,10 @@ class Agent:
             raise Fenced(self.fence_reason)
         if self.paused_at is not None:
             return  # paused while it read the epoch
+        if not await self._read_source(d.changefeed):
+            return
+        if self.paused_at is not None:
+            return  # paused while it read the Secrets
         self.rt.start(d)
         self.runs[d.name] = Run(d, DispatcherState.INITIALIZING)
         log.info(
@@ -1027,7 +1052,53 @@ class Agent:
         )
         await self._report(self.runs[d.name], d)
 
+    async def _read_source(self, changefeed: str) -> bool:
+        """Before the first dispatcher of ``changefeed`` starts here: if it names a source and a sink, read
+        their Secrets and configure the data plane with them. False (try again at a later pass) when a
+        Secret is missing or incomplete. Credentials are never logged: only the Secrets' names."""
+        if changefeed in self.sources_read:
+            return True
+        try:
+            cf = changefeed_from_resource(await self.client.get(CHANGEFEEDS, self.settings.namespace, changefeed))
+        except InvalidResource as exc:
+            self._note(changefeed, "bad-changefeed", logging.WARNING, "unreadable changefeed", error=str(exc))
+            return False
+        if bool(cf.source_secret) != bool(cf.sink_secret):
+            self._note(changefeed, "half-dataplane", logging.WARNING,
+                       "the changefeed names a source without a sink or a sink without a source; waiting")  # fmt: skip
+            return False
+        if cf.source_secret:
+            try:
+                source = _secret_data(await self.client.get(SECRETS, self.settings.namespace, cf.source_secret))
+                sink = _secret_data(await self.client.get(SECRETS, self.settings.namespace, cf.sink_secret))
+            except ApiError as exc:
+                if exc.status not in (403, 404):
+                    raise
+                self._note(changefeed, "no-secret", logging.WARNING, "cannot read the changefeed's Secrets; waiting",
+                           source=cf.source_secret, sink=cf.sink_secret, status=exc.status)  # fmt: skip
+                return False
+            endpoints = tuple(e.strip() for e in source.get("endpoints", "").split(",") if e.strip())
+            if not endpoints or not sink.get("dsn"):
+                self._note(changefeed, "bad-secret", logging.WARNING,
+                           "the source Secret needs endpoints and the sink Secret dsn; waiting",
+                           source=cf.source_secret, sink=cf.sink_secret)  # fmt: skip
+                return False
+            self.routed.configure(
+                changefeed,
+                Endpoints(endpoints, sink["dsn"], source.get("username") or None, source.get("password") or None),
+            )
+            log.info("changefeed replicates etcd to PostgreSQL",
+                     extra=fields(changefeed=changefeed, source=cf.source_secret, sink=cf.sink_secret))  # fmt: skip
+        self.sources_read.add(changefeed)
+        return True
+
     async def _advance(self, run: Run, d: Dispatcher, epochs: Epochs) -> None:
+        failure = self.routed.failed(d.name)
+        if failure and not run.failure_written:
+            run.failure_written = True
+            log.error("dispatcher failed", extra=fields(dispatcher=d.name, reason=failure))
+            await self._write(d, run.state, self.rt.checkpoint(d.name), f"failed: {failure}")
+            return
         cp = self.rt.checkpoint(d.name)
         if run.state is DispatcherState.INITIALIZING and cp > d.start_ts:
             epoch = await self._epoch(d.changefeed, epochs)
@@ -1286,6 +1357,15 @@ class Agent:
             return
         self._noted.add((name, what))
         log.log(level, msg, extra=fields(dispatcher=name, **extra))
+
+
+def _secret_data(secret: JSON) -> dict[str, str]:
+    """A Secret's ``data``, decoded (base64 -> text). Never logged."""
+    out = {}
+    for key, value in (secret.get("data") or {}).items():
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            out[str(key)] = base64.b64decode(str(value)).decode()
+    return out
 
 
 def _expired(lease_spec: JSON) -> bool:

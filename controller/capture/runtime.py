@@ -15,7 +15,9 @@ can stop every dispatcher at once from any task without awaiting I/O:
 * ``flush()``: make every checkpoint returned so far durable downstream; the agent calls it before it
   claims a checkpoint to anyone (a status write, the progress report on its Lease).
 
-:class:`LogicalClockRuntime`, the default, replicates nothing: its upstream ts follows wall time like
+:class:`controller.capture.dataplane.DataplaneRuntime` replicates changefeeds that name a source and a sink
+(etcd to PostgreSQL; the agent routes each dispatcher by its changefeed). :class:`LogicalClockRuntime`, for
+the others (benchmarks of the control plane), replicates nothing: its upstream ts follows wall time like
 a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails it by a small lag,
 never below the dispatcher's startTs. A span's write rate and region count are its share (by key
 space) of the Table's ``spec.writeRate`` and ``spec.regionCount`` (the regions rounded up: those it

@@ -61,6 +61,8 @@ RESOURCES: dict[Kind, Resource] = {
 }
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 EVENTS = Resource("", "v1", "events", "Event")
+#: A changefeed's source and sink credentials (read by the capture that runs its dispatchers).
+SECRETS = Resource("", "v1", "secrets", "Secret")
 
 
 class ApiError(Exception):

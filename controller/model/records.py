@@ -155,7 +155,14 @@ class SpanCounts:
 @dataclass(frozen=True, kw_only=True)
 class Changefeed(Record):
     KIND: ClassVar[Kind] = Kind.CHANGEFEED
-    SPEC_FIELDS: ClassVar[tuple[str, ...]] = ("paused", "redo", "start_ts", "scheduler")
+    SPEC_FIELDS: ClassVar[tuple[str, ...]] = (
+        "paused",
+        "redo",
+        "start_ts",
+        "scheduler",
+        "source_secret",
+        "sink_secret",
+    )
     STATUS_FIELDS: ClassVar[tuple[str, ...]] = (
         "epoch",
         "holder",
@@ -171,6 +178,11 @@ class Changefeed(Record):
     redo: bool = False
     start_ts: int = 0
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: The Secret naming the etcd source (``spec.source.etcd.secretRef.name``) and the one naming the
+    #: PostgreSQL sink (``spec.sink.postgres.secretRef.name``): both "" for a changefeed that replicates
+    #: nothing (the logical clock runtime). With a source, every ts of the changefeed is an etcd revision.
+    source_secret: str = ""
+    sink_secret: str = ""
 
     epoch: int = 0
     holder: str = ""  # identity of the maintainer that published ``epoch``

@@ -356,6 +356,10 @@ def _changefeed_parts(cf: Changefeed) -> tuple[Obj, Obj]:
     _put(spec, "paused", cf.paused)
     _put(spec, "redo", cf.redo)
     _put(spec, "startTs", cf.start_ts)
+    if cf.source_secret:
+        spec["source"] = {"etcd": {"secretRef": {"name": cf.source_secret}}}
+    if cf.sink_secret:
+        spec["sink"] = {"postgres": {"secretRef": {"name": cf.sink_secret}}}
     spec["scheduler"] = {resource_paths(f.name)[0]: getattr(cf.scheduler, f.name) for f in fields(SchedulerConfig)}
     status: Obj = {}
     _put(status, "epoch", cf.epoch)
@@ -527,6 +531,8 @@ _RENAMED: dict[str, tuple[str, ...]] = {
     "scheduler_status": ("scheduler",),
     "status_reason": ("reason",),
     "last_transition": ("lastTransitionTime",),
+    "source_secret": ("source.etcd.secretRef.name",),
+    "sink_secret": ("sink.postgres.secretRef.name",),
 }
 
 
@@ -863,6 +869,14 @@ def _read_condition(reader: _Reader, path: str, item: Mapping[str, Any]) -> Cond
     )
 
 
+def _secret_name(reader: _Reader, spec: Mapping[str, Any], part: str, kind: str) -> str:
+    """``spec.<part>.<kind>.secretRef.name`` ("" when absent)."""
+    outer = reader.obj(spec, part, f"spec.{part}")
+    inner = reader.obj(outer, kind, f"spec.{part}.{kind}")
+    ref = reader.obj(inner, "secretRef", f"spec.{part}.{kind}.secretRef")
+    return reader.str_(ref, "name", f"spec.{part}.{kind}.secretRef.name")
+
+
 def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
     reader, common, spec, status = _start(obj, Kind.CHANGEFEED)
     sched = reader.obj(spec, "scheduler", "spec.scheduler")
@@ -885,6 +899,8 @@ def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
         redo=reader.bool_(spec, "redo", "spec.redo"),
         start_ts=reader.int_(spec, "startTs", "spec.startTs"),
         scheduler=scheduler,
+        source_secret=_secret_name(reader, spec, "source", "etcd"),
+        sink_secret=_secret_name(reader, spec, "sink", "postgres"),
         epoch=reader.int_(status, "epoch", "status.epoch"),
         holder=reader.str_(status, "holder", "status.holder"),
         checkpoint_ts=reader.int_(status, "checkpointTs", "status.checkpointTs"),

@@ -1,0 +1,243 @@
+"""The real dispatcher runtime alone (controller/capture/dataplane.py) against a real etcd and PostgreSQL: no
+Kubernetes. Rows and tombstones arrive with their revisions, the checkpoint moves only after the commit, an
+idle span advances on progress notifications, a successor from the final checkpoint replays nothing wrong, a
+sink that refuses writes holds the checkpoint and loses nothing, and a compaction past a paused dispatcher is
+reported, not skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import aetcd
+import psycopg
+import pytest
+
+from controller.capture.dataplane import DataplaneRuntime, Endpoints
+from controller.dataplane import schema
+from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.model.keys import KeyRange, table_key
+from controller.model.records import Dispatcher
+from controller.model.states import Mode
+
+T = TypeVar("T")
+CF = "cf-runtime"
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 40.0) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(bounded())
+
+
+def client(server: EtcdServer) -> aetcd.Client:
+    return aetcd.Client(host=server.host, port=server.port, timeout=5, options={"grpc.enable_http_proxy": 0})
+
+
+def endpoints(etcd: EtcdServer, postgres: PostgresServer) -> Endpoints:
+    return Endpoints(etcd=(etcd.endpoint,), dsn=postgres.dsn)
+
+
+def dispatcher(table_id: int, name: str, start_ts: int, key_range: KeyRange | None = None,
+               mode: Mode = Mode.DEFAULT) -> Dispatcher:  # fmt: skip
+    return Dispatcher(
+        name=name, changefeed=CF, span=f"span-{name}", table_id=table_id, mode=mode,
+        key_range=key_range or KeyRange.of_table(table_id), capture="c0", start_ts=start_ts, epoch=1,
+    )  # fmt: skip
+
+
+def rows(postgres: PostgresServer, table_id: int, mode: Mode = Mode.DEFAULT) -> dict[bytes, tuple[Any, ...]]:
+    try:
+        with psycopg.connect(postgres.dsn) as conn:
+            got = conn.execute(
+                schema.rows_in_range(CF, table_id, mode), (table_key(table_id), table_key(table_id + 1))
+            ).fetchall()
+    except psycopg.errors.UndefinedTable:
+        return {}
+    return {k: (v, rev, deleted) for k, v, rev, deleted in got}
+
+
+async def until(check: Callable[[], bool], within: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def with_runtime(e: Endpoints, body: Callable[[DataplaneRuntime], Awaitable[T]]) -> T:
+    rt = DataplaneRuntime(batch_interval=0.02)
+    rt.configure(CF, e)
+    try:
+        return await body(rt)
+    finally:
+        await rt.aclose()
+
+
+def k(table_id: int, row: bytes) -> bytes:
+    return table_key(table_id) + row
+
+
+def test_rows_tombstones_checkpoint_and_a_successor(etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> None:
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            r0 = (await c.put(k(table_id, b"a"), b"before")).header.revision
+            await c.put(table_key(table_id + 1), b"outside")  # the next table: never replicated here
+            rt.start(dispatcher(table_id, "d1", 0))  # "now": the initial scan, then the watch
+            assert rt.checkpoint("d1") == 0
+            await until(lambda: rt.checkpoint("d1") > r0, what="the initial scan")
+            assert rows(postgres, table_id) == {k(table_id, b"a"): (b"before", r0, False)}
+
+            r1 = (await c.put(k(table_id, b"b"), b"1")).header.revision
+            r2 = (await c.put(k(table_id, b"a"), b"2")).header.revision
+            r3 = (await c.delete(k(table_id, b"b"))).header.revision
+            await until(lambda: rt.checkpoint("d1") >= r3, what="the writes")
+            got = rows(postgres, table_id)
+            assert got == {k(table_id, b"a"): (b"2", r2, False), k(table_id, b"b"): (None, r3, True)}
+            assert r1 < r2
+            # The checkpoint never runs ahead of the rows: whatever it says was committed (read back now).
+            claimed = rt.checkpoint("d1")
+            with psycopg.connect(postgres.dsn) as conn:
+                (saved,) = conn.execute(
+                    f"SELECT revision FROM {schema.checkpoints(CF)} WHERE dispatcher = 'd1'"
+                ).fetchone() or (0,)
+            assert saved >= claimed
+
+            # Idle: writes elsewhere move the store; progress notifications move the idle span's checkpoint.
+            elsewhere = (await c.put(table_key(table_id + 1), b"again")).header.revision
+            await until(lambda: rt.checkpoint("d1") >= elsewhere, within=10, what="a progress notification")
+            assert rt.lag_seconds("d1") < 5
+
+            final = rt.close("d1")
+            assert final >= elsewhere
+            with pytest.raises(KeyError):
+                rt.checkpoint("d1")
+
+            # A successor from the final checkpoint sees only what came after; an older put replayed by a
+            # successor started too early (from r1) is refused by the rows' revisions: nothing moves back.
+            r4 = (await c.put(k(table_id, b"c"), b"3")).header.revision
+            rt.start(dispatcher(table_id, "d2", final))
+            rt.start(dispatcher(table_id, "d-early", r1 - 1))
+            await until(lambda: min(rt.checkpoint("d2"), rt.checkpoint("d-early")) >= r4, what="the successors")
+            assert rows(postgres, table_id) == {
+                k(table_id, b"a"): (b"2", r2, False),
+                k(table_id, b"b"): (None, r3, True),
+                k(table_id, b"c"): (b"3", r4, False),
+            }
+            rt.close("d2")
+            rt.close("d-early")
+
+    run(with_runtime(endpoints(etcd, postgres), body))
+
+
+def test_split_ranges_and_redo_mode(etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> None:
+    """Two dispatchers of one capture on halves of a table share transactions; a redo span writes the redo table."""
+    middle = k(table_id, b"m")
+    left = KeyRange(table_key(table_id), middle)
+    right = KeyRange(middle, table_key(table_id + 1))
+
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            start = (await c.put(k(table_id, b"0"), b"x")).header.revision
+            rt.start(dispatcher(table_id, "left", start, left))
+            rt.start(dispatcher(table_id, "right", start, right))
+            rt.start(dispatcher(table_id, "redo", start, mode=Mode.REDO))
+            last = 0
+            for i in range(200):
+                last = (await c.put(k(table_id, b"%c%03d" % (b"az"[i % 2], i)), b"v%d" % i)).header.revision
+            await until(lambda: min(rt.checkpoint(n) for n in ("left", "right", "redo")) >= last, what="both halves")
+            got = rows(postgres, table_id)
+            assert len(got) == 200
+            assert rows(postgres, table_id, Mode.REDO) == got
+            commits, applied = rt.stats(CF)
+            assert applied >= 400
+            assert commits < 400  # batched: fewer transactions than changes
+
+    run(with_runtime(endpoints(etcd, postgres), body))
+
+
+def test_a_sink_that_refuses_writes_holds_the_checkpoint(
+    etcd: EtcdServer, start_postgres: Callable[..., PostgresServer], table_id: int
+) -> None:
+    pg = start_postgres()
+
+    def refuse(on: bool) -> None:
+        with psycopg.connect(pg.conninfo("postgres"), autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {pg.database} ALLOW_CONNECTIONS {'false' if on else 'true'}")
+            if on:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (pg.database,)
+                )
+
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            start = (await c.put(k(table_id, b"a"), b"1")).header.revision
+            rt.start(dispatcher(table_id, "d", start))
+            r1 = (await c.put(k(table_id, b"b"), b"1")).header.revision
+            await until(lambda: rt.checkpoint("d") >= r1, what="the first write")
+            refuse(True)
+            held = rt.checkpoint("d")
+            last = 0
+            for i in range(50):
+                last = (await c.put(k(table_id, b"x%02d" % i), b"%d" % i)).header.revision
+            await asyncio.sleep(1.0)
+            assert rt.checkpoint("d") == held  # nothing committed: the checkpoint holds
+            assert rt.sink_error("d")
+            refuse(False)
+            await until(lambda: rt.checkpoint("d") >= last, within=20, what="the sink to come back")
+            assert rt.sink_error("d") == ""
+            assert len(rows(pg, table_id)) == 51  # b and x00..x49: nothing lost
+
+    run(with_runtime(Endpoints(etcd=(etcd.endpoint,), dsn=pg.dsn), body))
+
+
+def test_compaction_past_a_paused_dispatcher_is_reported(
+    start_etcd: Callable[..., EtcdServer], postgres: PostgresServer, table_id: int
+) -> None:
+    server = start_etcd()
+
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(server) as c:
+            start = (await c.put(k(table_id, b"a"), b"1")).header.revision
+            rt.start(dispatcher(table_id, "d", start))
+            r1 = (await c.put(k(table_id, b"a"), b"2")).header.revision
+            await until(lambda: rt.checkpoint("d") >= r1, what="the first write")
+            held = rt.pause("d")
+            rt.close("d")  # as the agent would after a pause that lost the span: restart it from `held`
+            for i in range(5):
+                last = (await c.put(k(table_id, b"a"), b"v%d" % i)).header.revision
+            await c.compact(last, physical=True)
+            rt.start(dispatcher(table_id, "d'", held))
+            await until(lambda: rt.failed("d'") is not None, what="the compaction to be reported")
+            assert "compacted" in (rt.failed("d'") or "")
+            assert rt.checkpoint("d'") == held  # not skipped
+            assert rows(postgres, table_id)[k(table_id, b"a")][1] == r1
+
+    run(with_runtime(Endpoints(etcd=(server.endpoint,), dsn=postgres.dsn), body))
+
+
+def test_pause_holds_and_resume_goes_on(etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> None:
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            start = (await c.put(k(table_id, b"a"), b"1")).header.revision
+            rt.start(dispatcher(table_id, "d", start))
+            held = rt.pause("d")
+            last = 0
+            for i in range(20):
+                last = (await c.put(k(table_id, b"p%02d" % i), b"%d" % i)).header.revision
+            await asyncio.sleep(0.5)
+            assert rt.checkpoint("d") == held
+            rt.resume("d")
+            await until(lambda: rt.checkpoint("d") >= last, what="the resumed dispatcher")
+            assert len(rows(postgres, table_id)) == 20
+
+    run(with_runtime(endpoints(etcd, postgres), body))
+
+
+def test_endpoints_never_show_credentials() -> None:
+    e = Endpoints(etcd=("http://10.0.0.1:2379",), dsn="postgresql://u:s3cret@h/db", username="u", password="pw")
+    assert "s3cret" not in repr(e)
+    assert "pw" not in str(e)
