@@ -42,8 +42,6 @@ MUTANTS = frozenset(
         "bids-race-past-share",  # bids in flight do not count: a replica's loops all bid at once
         "warm-up-ignores-expected",  # a replica's first lease duration counts only the members it sees
         "rounds-unspaced",  # a round of handoffs at every look (once per retry), not one per two lease durations
-        "late-members-short",  # a member whose renewals stopped still has a shortfall to hand over for
-        "balance-before-settled",  # handoffs from the first look, before the lease duration that lets counts settle
     }
 )
 
@@ -126,8 +124,6 @@ def settle(config: Config) -> float:
 
 def late(view: View, mutants: Collection[str] = ()) -> set[str]:
     """Members whose renewals are overdue (silent for ``LATE_RETRIES`` retry periods; they renew every one)."""
-    if "late-members-short" in mutants:
-        return set()
     limit = LATE_RETRIES * view.config.retry
     return {s.holder for s in view.members.values() if s.holder and (s.silent or 0.0) >= limit}
 
@@ -199,8 +195,7 @@ def _balance(
     view: View, now: float, tally: Mapping[str, int], mutants: Collection[str]
 ) -> tuple[tuple[str, ...], Memory]:
     c, memory = view.config, view.memory
-    warm = 0.0 if "balance-before-settled" in mutants else settle(c) + c.lease_duration
-    if not c.balance or now - c.started < warm or now < memory.next_look:
+    if not c.balance or now - c.started < settle(c) + c.lease_duration or now < memory.next_look:
         return (), memory
     kept = {n: v for n, v in memory.handed_until.items() if v[0] > now}
     memory = replace(memory, next_look=now + c.retry, handed_until=MappingProxyType(kept))
