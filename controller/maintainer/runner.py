@@ -84,7 +84,7 @@ class Settings:
     renew_deadline: float = 10.0
     retry: float = 2.0
     max_leases: int = 0  # 0: no cap
-    #: Spread the changefeeds evenly over the live replicas (engine/shards.py): bid only below the share, hand
+    #: Spread the changefeeds evenly over the live replicas (engine/balance_policy.py): bid only below the share, hand
     #: over above it. Off: every replica bids for everything (the first to bid leads; ``max_leases`` caps it).
     balance: bool = True
     #: How many replicas the Deployment runs (the chart's ``maintainer.replicas``): for its first lease duration a
@@ -257,7 +257,7 @@ class Maintainer:
         self._membership = asyncio.create_task(self._member(), name="membership")
         self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
 
-    # -- scale-out: membership and balance (engine/shards.py) ----------------------------------------------
+    # -- scale-out: membership and balance (engine/shards.py, engine/balance_policy.py) ---------------------
 
     async def _member(self) -> None:
         """Keep this replica's member Lease: acquire, renew; acquire again if it was lost."""
