@@ -311,7 +311,8 @@ class Maintainer:
         """One step of the balance policy (``balance_policy.step``), applied: the bids it lets through hold their
         place in the count of what this replica leads until answered (``_answered``), the changefeeds it hands
         over end their terms at the next decision boundary (``_term``), and its memory is kept for the next."""
-        decision = balance_policy.step(self._view(time.monotonic(), asking), time.monotonic())
+        now = time.monotonic()
+        decision = balance_policy.step(self._view(now, asking), now)
         self.balance_memory = decision.memory
         self._bids.update(decision.bids)
         for name in decision.hand_over:
