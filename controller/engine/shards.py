@@ -1,4 +1,5 @@
-"""Scale-out: how many changefeeds each maintainer replica leads. Pure; the runner acts on it.
+"""Scale-out: how many changefeeds each maintainer replica leads. Pure; ``balance_policy.step`` composes these rules
+with the rate limits, and the runner and the balance simulator both run that step.
 
 A changefeed is led by whichever replica holds its Lease ``cfm-<changefeed>``; the replicas cooperate only
 through Leases. Each replica announces itself with a member Lease (``cfmm-<identity>``, renewed like the
@@ -12,7 +13,7 @@ With N live members and C changefeeds each replica should lead floor(C/N) or cei
   N x ceil(C/N) >= C, so what is above ceil fits below it, and only replicas below ceil bid. Or, leading exactly
   ceil(C/N) while some live member leads fewer than floor(C/N) (C/N not whole: 4, 4, 2 must become 4, 3, 3), one
   changefeed: only the most loaded replica gives it (ties by identity), so two replicas do not both give one up
-  for the same shortfall. The caller rate-limits rounds and waits for the membership to settle after a start.
+  for the same shortfall. ``balance_policy`` rate-limits rounds and waits for the membership to settle after a start.
   Hysteresis: every count within [floor, ceil] is balanced, and nothing moves then.
 
 Handing over is the graceful end of a term (the runner finishes the decision in hand, stops writing, releases
@@ -42,12 +43,12 @@ __all__ = [
     "share",
 ]
 
-#: Deliberate bugs of the balance that the balance simulator (``controller.sim.balance``) must catch.
+#: Deliberate bugs of the share's rules that the balance simulator (``controller.sim.balance``) must catch (with
+#: ``balance_policy.MUTANTS``, the bugs of the policy that composes them with the rate limits).
 MUTANTS = frozenset(
     {
         "balancer-ignores-lapse",  # a member whose Lease lapsed (a SIGKILLed replica) still counts, and its Leases
         "lapse-counted-from-first-bid",  # a held-back bid starts the lapse clock afresh (the elector's old rule)
-        "bids-race-past-share",  # bids in flight do not count: a replica's loops all bid at once
         "handoff-releases-before-writes-stop",  # the Lease goes while the decision in hand still writes
         "handed-over-held-back-long",  # no bid for a changefeed handed over for two lease durations, taken or not
         "bid-past-a-shortfall",  # a replica at floor takes the Lease handed over for one below it (they flap)

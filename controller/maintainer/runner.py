@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from controller.engine import shards, teardown
+from controller.engine import balance_policy, shards, teardown
 from controller.engine.maintainer import CHECKPOINT_INTERVAL, Decision, Memory, decide, observed
 from controller.engine.world import AUDIT_INTERVAL, Options, World
 from controller.kube import heap, namespace, tenure
@@ -88,7 +88,7 @@ class Settings:
     renew_deadline: float = 10.0
     retry: float = 2.0
     max_leases: int = 0  # 0: no cap
-    #: Spread the changefeeds evenly over the live replicas (engine/shards.py): bid only below the share, hand
+    #: Spread the changefeeds evenly over the live replicas (engine/balance_policy.py): bid only below the share, hand
     #: over above it. Off: every replica bids for everything (the first to bid leads; ``max_leases`` caps it).
     balance: bool = True
     #: How many replicas the Deployment runs (the chart's ``maintainer.replicas``): for its first lease duration a
@@ -202,11 +202,18 @@ class Maintainer:
         self._membership: asyncio.Task[None] | None = None
         #: Per changefeed: a handoff this replica decided (its loop ends the term at the next decision boundary).
         self._hand_over: dict[str, asyncio.Event] = {}
-        #: Per changefeed this replica handed over: until when it does not bid for it again (monotonic), so a
-        #: released Lease goes to another replica rather than straight back, and the epoch it released.
-        self.handed_until: dict[str, tuple[float, int]] = {}
-        self._handed_at = -math.inf
-        self._balance_at = -math.inf
+        #: The balance policy (engine/balance_policy.py): its settings, and its memory between steps (what was
+        #: handed over and is held back, when the last round was, when the next look is due).
+        self.policy = balance_policy.Config(
+            identity=settings.identity,
+            started=self.started,
+            lease_duration=settings.lease_duration,
+            retry=settings.retry,
+            balance=settings.balance,
+            max_leases=settings.max_leases,
+            expected_replicas=settings.expected_replicas,
+        )
+        self.balance_memory = balance_policy.Memory()
         #: Changefeeds whose Lease this replica is bidding for right now (``may_bid``).
         self._bids: set[str] = set()
         #: Sharded cache: when the unassigned objects' streams were last restarted for a new set of changefeeds.
@@ -233,7 +240,7 @@ class Maintainer:
         self._membership = asyncio.create_task(self._member(), name="membership")
         self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
 
-    # -- scale-out: membership and balance (engine/shards.py) ----------------------------------------------
+    # -- scale-out: membership and balance (engine/shards.py, engine/balance_policy.py) ---------------------
 
     async def _member(self) -> None:
         """Keep this replica's member Lease: acquire, renew; acquire again if it was lost."""
@@ -259,27 +266,44 @@ class Maintainer:
             transitions = 0
         return shards.Seen(str(spec.get("holderIdentity") or ""), duration, store.silence.of(name, now), transitions)
 
-    def _late(self, now: float) -> set[str]:
-        """Members whose renewals are overdue (silent for three retry periods; they renew every one)."""
-        out = set()
-        for name in self.informer.store.objects.get(LEASE, {}):
-            seen = self._seen(name, now) if name.startswith(shards.MEMBER_PREFIX) else None
-            if seen is not None and seen.holder and (seen.silent or 0.0) >= 3 * self.settings.retry:
-                out.add(seen.holder)
-        return out
+    def _view(self, now: float, asking: frozenset[str] = frozenset()) -> balance_policy.View:
+        """This replica's ``balance_policy.View``: its member and changefeed Leases as its watch shows them, what it
+        leads, bids for and hands over, and the policy's memory."""
+        store = self.informer.store
+        leases = store.objects.get(LEASE, {})
+        members = {n: seen for n in leases if n.startswith(shards.MEMBER_PREFIX) and (seen := self._seen(n, now))}
+        cfs = store.all(Kind.CHANGEFEED)
+        return balance_policy.View(
+            config=self.policy,
+            members=members,
+            changefeeds={cf: self._seen(shards.changefeed_lease(cf), now) for cf in cfs},
+            leading=frozenset(self.leading),
+            bids=frozenset(self._bids),
+            asking=asking,
+            handing=frozenset(n for n, e in self._hand_over.items() if e.is_set()),
+            deleting=frozenset(n for n, cf in cfs.items() if isinstance(cf, Changefeed) and cf.deleting),
+            memory=self.balance_memory,
+        )
 
     def counts(self) -> dict[str, int]:
         """Live member -> how many changefeeds it leads, as the Leases show (this replica: its own truth). A
         member whose Lease has run out on our clock (``Store.silence``) is not counted, nor are its Leases."""
+        return balance_policy.counts(self._view(time.monotonic()))
+
+    def _step(self, asking: frozenset[str] = frozenset()) -> balance_policy.Decision:
+        """One step of the balance policy (``balance_policy.step``), applied: the bids it lets through hold their
+        place in the count of what this replica leads until answered (``_answered``), the changefeeds it hands
+        over end their terms at the next decision boundary (``_term``), and its memory is kept for the next."""
         now = time.monotonic()
-        leases = self.informer.store.objects.get(LEASE, {})
-        members = {n: self._seen(n, now) for n in leases if n.startswith(shards.MEMBER_PREFIX)}
-        changefeeds = {
-            cf: self._seen(shards.changefeed_lease(cf), now) for cf in self.informer.store.all(Kind.CHANGEFEED)
-        }
-        return shards.counts(
-            self.settings.identity, len(self.leading), {n: v for n, v in members.items() if v is not None}, changefeeds
-        )
+        decision = balance_policy.step(self._view(now, asking), now)
+        self.balance_memory = decision.memory
+        self._bids.update(decision.bids)
+        for name in decision.hand_over:
+            self._hand_over.setdefault(name, asyncio.Event()).set()
+            ev = self._wakeups.get(name)
+            if ev is not None:
+                ev.set()
+        return decision
 
     async def _forget_members(self) -> None:
         """Delete the member Leases of replicas gone for good (SIGKILLed: a graceful stop deletes its own): silent
@@ -303,13 +327,11 @@ class Maintainer:
                     raise
 
     def may_bid(self, name: str) -> bool:
-        """Whether this replica bids for ``name``'s Lease now. A bid let through holds its place in the count of
-        what this replica leads until it is answered (``_answered``): the loops of many changefeeds ask at once,
-        and without that all of them would bid before any had won, past the share and past ``maxLeases``."""
-        if not self._may_bid(name):
-            return False
-        self._bids.add(name)
-        return True
+        """Whether this replica bids for ``name``'s Lease now (``balance_policy.step``, asked by ``name``'s loop). A
+        bid let through holds its place in the count of what this replica leads until it is answered (``_answered``):
+        the loops of many changefeeds ask at once, and without that all of them would bid before any had won, past
+        the share and past ``maxLeases``."""
+        return name in self._step(frozenset({name})).bids
 
     def _answered(self, name: str) -> None:
         self._bids.discard(name)
@@ -323,71 +345,12 @@ class Maintainer:
             return 0.0
         return store.silence.of(lease_name, time.monotonic()) or 0.0
 
-    def _may_bid(self, name: str) -> bool:
-        s = self.settings
-        now = time.monotonic()
-        seen = self._seen(shards.changefeed_lease(name), now)
-        until, released = self.handed_until.get(name, (-math.inf, 0))
-        if shards.held_back(s.identity, until, released, now, seen):
-            return False
-        holder = shards.live_holder(seen)
-        if holder and holder != s.identity:
-            return False  # held by a replica whose renewals we see: a bid would only be refused
-        leading = len(self.leading) + len(self._bids - {name})
-        if not s.balance:
-            return not s.max_leases or leading < s.max_leases
-        if time.monotonic() - self.started < self._settle():
-            # Replicas started together see each other within a renewal or two: bidding before that would let
-            # the first one take everything and then hand most of it over.
-            return False
-        counts = self.counts()
-        members = len(counts)
-        if now - self.started < s.lease_duration:
-            # Warming up: the replicas the Deployment asks for may not have announced themselves yet (their
-            # processes start seconds apart); count them, so the first up does not take everything.
-            members = max(members, s.expected_replicas)
-        total = len(self.informer.store.all(Kind.CHANGEFEED))
-        low = shards.share(total, members)[0]
-        return shards.may_bid(
-            leading,
-            total,
-            members,
-            s.max_leases,
-            others_short=any(c < low for m, c in counts.items() if m != s.identity),
-            free_for=seen.silent if seen is not None and seen.silent is not None else math.inf,
-            grace=2 * s.retry,
-        )
-
-    def _settle(self) -> float:
-        """Seconds after start before this replica bids or hands over: its member Lease and the others' seen."""
-        return self.settings.retry if self.settings.balance else 0.0
-
     def _balance(self) -> None:
-        """Looked at once per ``retry`` (the Leases change no faster); at most one round of handoffs (what is above
-        the share, or one changefeed: ``shards.hand_over``) per ``2 * lease_duration``: the takers bootstrap and
-        the counts settle first."""
-        s = self.settings
-        now = time.monotonic()
-        if not s.balance or now - self.started < self._settle() + s.lease_duration or now < self._balance_at:
-            return
-        self._balance_at = now + s.retry
-        for name in [n for n, (until, _) in self.handed_until.items() if until <= now]:
-            del self.handed_until[name]
-        if now - self._handed_at < 2 * s.lease_duration or any(e.is_set() for e in self._hand_over.values()):
-            return
-        store = self.informer.store
-        cfs = store.all(Kind.CHANGEFEED)
-        mine = [n for n in self.leading if isinstance(cfs.get(n), Changefeed) and not cfs[n].deleting]
-        free = sum(1 for cf in cfs if not shards.live_holder(self._seen(shards.changefeed_lease(cf), now)))
-        give = shards.hand_over(s.identity, self.counts(), len(cfs), mine, free, self._late(now))
-        if not give:
-            return
-        self._handed_at = now
-        for name in give:
-            self._hand_over.setdefault(name, asyncio.Event()).set()
-            ev = self._wakeups.get(name)
-            if ev is not None:
-                ev.set()
+        """A look at the balance, from the supervisor's turn (``balance_policy.step`` decides when one is due: once
+        per ``retry``, one round of handoffs per two lease durations, none in the first lease duration): a step
+        before the last one's ``next_due`` would decide no handoff, and the supervisor turns up to 20 times a second."""
+        if time.monotonic() >= self.balance_memory.next_look:
+            self._step()
 
     # -- sharded cache: the unassigned objects, and their labels --------------------------------------------
 
@@ -710,8 +673,7 @@ class Maintainer:
             # takes it at a new epoch (bootstrapping as after any failover).
             await elector.release()
             self.stats.handoffs += 1
-            hold = shards.hold_back(self.settings.retry, self.settings.lease_duration)
-            self.handed_until[name] = (time.monotonic() + hold, epoch)
+            self.balance_memory = balance_policy.handed(self.balance_memory, name, epoch, time.monotonic(), self.policy)
             log.info(
                 "changefeed %s: handed over at epoch %d to balance the replicas (leading %d)",
                 name,

@@ -3,21 +3,27 @@
 The crash simulator (``controller.sim``) drives one changefeed through the engine; this one drives the scale-out
 layer around it: replicas that start, join, crash (SIGKILL: their Leases lapse), stop gracefully (their Leases
 released) and are rolled (a new one first, then the old one stopped), while each replica runs the production
-balance decisions of ``controller.engine.shards`` (``counts``, ``may_bid``, ``hand_over``, ``lapsed``,
-``live_holder``) on its own delayed view of the Leases, with the runner's rate limits (settle, warm-up with the
-expected replica count, one round of handoffs per two lease durations, ``handed_until``) and its bids in flight
-counted against the share. Leases are compare-and-swap writes on one API, as the real ones are.
+balance policy, ``controller.engine.balance_policy.step`` (the runner's own: settle, warm-up with the expected
+replica count, bids counted in flight against the share, one round of handoffs per two lease durations, what
+was handed over held back; over ``controller.engine.shards``' rules), on a ``View`` built from its own view of
+the Leases, and the elector's ``shards.lapsed``. Leases are compare-and-swap writes on one API, as the real ones
+are. What the simulator models itself is the mechanism around the policy: the watch's view, the elector's bids and
+renewals, and a handoff's term ending (its writes stop, then its Lease is released).
 
 Checks, every step and at the end:
 - *one writer*: every write of a changefeed is by the holder of its Lease at that moment (a handoff stops writing
   before it releases; a lost Lease is never written under);
 - *maxLeases*: no replica leads more than its hard cap;
+- *a start within the share*: until the first event, no replica leads more than its share of the replicas started
+  together (the Deployment's, which the replicas are told: ``expected_replicas``);
 - *led again*: no changefeed goes without a live holder (its holder SIGKILLed, stopped, or handing it over) for
   longer than the lease duration + 5 s, when nothing else happened meanwhile and the live replicas have room;
+- *rounds land*: a replica's round of handoffs comes only once each changefeed of its last round is led again by a
+  live replica that has bootstrapped it (``BOOTSTRAP``), unless an event came meanwhile;
 - *converges*: after the quiet end of a history (no more events), every changefeed is led by a live replica, each
   replica leads floor(C/N) or ceil(C/N), and that took at most ceil(C/N) + 2 handoffs.
 
-``shards.MUTANTS`` are the bugs these checks must catch (``--mutants``).
+``shards.MUTANTS`` and ``balance_policy.MUTANTS`` are the bugs these checks must catch (``--mutants``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from controller.engine import shards
+from controller.engine import balance_policy, shards
 
 STEP = 0.25
 DURATION = 15.0
@@ -39,11 +45,15 @@ HISTORY = 420.0
 #: Events happen in the first part of a history; the rest is quiet, for the balance to converge.
 EVENTS_UNTIL = 200.0
 MUTANT_SEEDS = 300
+#: Seconds a taker takes to bootstrap a changefeed (a fresh process: 30 changefeeds x 1,000 spans in 4.9 s).
+BOOTSTRAP = 5.0
 #: Seconds past the lease duration by which a SIGKILLed replica's changefeeds must be taken over (issue 23: lease
 #: duration + 5 s): the survivors see its member Lease lapse, bid within a retry period, and may lose one race.
 LED_AGAIN = 5.0
 #: Mutants too rare for the first ``MUTANT_SEEDS`` histories: the seed that found the bug each plants back is tried
 #: first (the long sweep found it; the sweep of the mutation check then shows the check still sees it).
+#: The bugs the checks must catch: the share's rules' and the policy's.
+MUTANTS = shards.MUTANTS | balance_policy.MUTANTS
 PINNED = {"bid-past-a-shortfall": 11368, "handed-over-held-back-long": 14152}
 
 
@@ -71,10 +81,9 @@ class Replica:
     leading: dict[str, int] = field(default_factory=dict)
     bids: set[str] = field(default_factory=set)
     next_try: dict[str, float] = field(default_factory=dict)
-    handed_until: dict[str, tuple[float, int]] = field(default_factory=dict)
     handing: set[str] = field(default_factory=set)
-    handed_at: float = -math.inf
-    balance_at: float = -math.inf
+    #: The balance policy's memory between this replica's steps (``balance_policy.Memory``).
+    memory: balance_policy.Memory = field(default_factory=balance_policy.Memory)
     member_renewed: float = -math.inf
     #: The view of the Leases (one step late) and, per Lease, when the view saw it change (or first saw it).
     view: dict[str, Lease] = field(default_factory=dict)
@@ -82,6 +91,12 @@ class Replica:
     #: The elector's first look at each Lease as it is: (holder, renew, when).
     first_look: dict[str, tuple[str, float, float]] = field(default_factory=dict)
     handoffs: int = 0
+    #: The last round of handoffs it decided: (when, the changefeeds).
+    last_round: tuple[float, tuple[str, ...]] = (-math.inf, ())
+
+    @property
+    def config(self) -> balance_policy.Config:
+        return balance_policy.Config(self.identity, self.started, DURATION, RETRY, True, self.max_leases, self.expected)
 
     def seen(self, name: str, now: float) -> shards.Seen | None:
         lease = self.view.get(name)
@@ -109,8 +124,14 @@ class World:
         self.events: list[float] = []
         #: changefeed -> since when no live replica holds it.
         self.unled: dict[str, float] = {}
+        #: changefeed -> when its current term began (its taker bootstraps for ``BOOTSTRAP`` seconds after).
+        self.taken: dict[str, float] = {}
+        #: How far apart the first replicas start: within 3 s, or (a quarter of the histories, drawn apart from the
+        #: history's own draws so that the others stay as they were) within 8 s, longer than the settle time: the
+        #: warm-up's ``expected`` is then what keeps the first up from taking everything.
+        spread = 8.0 if random.Random(f"{seed}/spread").random() < 0.25 else 3.0
         for _ in range(n):
-            self.join(rng.uniform(0.0, 3.0))
+            self.join(rng.uniform(0.0, 1.0) * spread)
         #: A roll under way: the old replica, stopped at that time (its successor joined already).
         self.rolling: tuple[Replica, float] | None = None
 
@@ -192,39 +213,22 @@ class World:
             del r.view[name]
             r.changed_at.pop(name, None)
 
-    def counts(self, r: Replica) -> dict[str, int]:
+    def view(self, r: Replica, asking: Collection[str] = ()) -> balance_policy.View:
+        """The replica's ``balance_policy.View``, from its view of the Leases (as the runner's ``_view``)."""
         members = {n: s for n in r.view if n.startswith(shards.MEMBER_PREFIX) and (s := r.seen(n, self.now))}
-        cfs = {cf: r.seen(shards.changefeed_lease(cf), self.now) for cf in self.changefeeds}
-        return shards.counts(r.identity, len(r.leading), members, cfs, self.mutants)
-
-    def may_bid(self, r: Replica, cf: str) -> bool:
-        """The runner's ``_may_bid``, over this replica's view."""
-        now = self.now
-        seen = r.seen(shards.changefeed_lease(cf), now)
-        until, released = r.handed_until.get(cf, (-math.inf, 0))
-        if shards.held_back(r.identity, until, released, now, seen, self.mutants):
-            return False
-        holder = shards.live_holder(seen, self.mutants)
-        if holder and holder != r.identity:
-            return False
-        leading = len(r.leading) + (0 if "bids-race-past-share" in self.mutants else len(r.bids - {cf}))
-        if now - r.started < RETRY:
-            return False
-        counts = self.counts(r)
-        members = len(counts)
-        if now - r.started < DURATION:
-            members = max(members, r.expected)
-        low = shards.share(len(self.changefeeds), members)[0]
-        return shards.may_bid(
-            leading,
-            len(self.changefeeds),
-            members,
-            r.max_leases,
-            others_short=any(c < low for m, c in counts.items() if m != r.identity),
-            free_for=seen.silent if seen is not None and seen.silent is not None else math.inf,
-            grace=2 * RETRY,
-            mutants=self.mutants,
+        return balance_policy.View(
+            config=r.config,
+            members=members,
+            changefeeds={cf: r.seen(shards.changefeed_lease(cf), self.now) for cf in self.changefeeds},
+            leading=frozenset(r.leading),
+            bids=frozenset(r.bids),
+            asking=frozenset(asking),
+            handing=frozenset(r.handing),
+            memory=r.memory,
         )
+
+    def counts(self, r: Replica) -> dict[str, int]:
+        return balance_policy.counts(self.view(r), self.mutants)
 
     def try_acquire(self, r: Replica, cf: str) -> None:
         """The elector's ``try_acquire``, against the API (a fresh read, as its GET is)."""
@@ -233,6 +237,7 @@ class World:
         if cur is None:
             if self.write_lease(name, None, Lease(r.identity, self.now, DURATION, 1)):
                 r.leading[cf] = 1
+                self.taken[cf] = self.now
                 self.trace.append(f"{self.now:7.2f} {r.identity} takes {cf} (epoch 1)")
             return
         look = r.first_look.get(name)
@@ -248,6 +253,7 @@ class World:
         epoch = cur.transitions + 1
         if self.write_lease(name, cur.version, Lease(r.identity, self.now, DURATION, epoch)):
             r.leading[cf] = epoch
+            self.taken[cf] = self.now
             self.trace.append(f"{self.now:7.2f} {r.identity} takes {cf} (epoch {epoch}) from {cur.holder!r}")
 
     def renew(self, r: Replica) -> None:
@@ -268,26 +274,6 @@ class World:
             if now - cur.renew >= RETRY:
                 self.write_lease(name, cur.version, Lease(r.identity, now, DURATION, epoch))
 
-    def balance(self, r: Replica) -> None:
-        """The runner's ``_balance``."""
-        now = self.now
-        if now - r.started < RETRY + DURATION or now < r.balance_at:
-            return
-        r.balance_at = now + RETRY
-        if now - r.handed_at < 2 * DURATION or r.handing:
-            return
-        leases = [r.seen(shards.changefeed_lease(cf), now) for cf in self.changefeeds]
-        free = sum(1 for seen in leases if not shards.live_holder(seen, self.mutants))
-        late = {
-            seen.holder
-            for n in r.view
-            if n.startswith(shards.MEMBER_PREFIX) and (seen := r.seen(n, now)) and (seen.silent or 0.0) >= 3 * RETRY
-        }
-        give = shards.hand_over(r.identity, self.counts(r), len(self.changefeeds), list(r.leading), free, late)
-        if give:
-            r.handed_at = now
-            r.handing.update(give)
-
     def step_replica(self, r: Replica) -> None:
         now = self.now
         self.observe(r)
@@ -303,26 +289,62 @@ class World:
                 else:
                     self.release(r, cf)
                 r.handoffs += 1
-                r.handed_until[cf] = (now + shards.hold_back(RETRY, DURATION, self.mutants), epoch)
+                r.memory = balance_policy.handed(r.memory, cf, epoch, now, r.config, self.mutants)
         r.handing.clear()
         for cf in r.leading:
             self.write(r, cf)
         if r.max_leases and len(r.leading) > r.max_leases:
             raise Violation(f"{r.identity} leads {len(r.leading)} changefeeds, past maxLeases {r.max_leases}")
-        self.balance(r)
-        # Bids answered (sent last step), then new ones: every loop asks at its own pace, all at once at start.
+        # Bids answered (sent last step), then the policy's step: the loops whose turn it is ask whether to bid (every
+        # loop asks at its own pace, all at once at start), and the balance is looked at.
         for cf in sorted(r.bids):
             r.bids.discard(cf)
             if cf not in r.leading:
                 self.try_acquire(r, cf)
-        for cf in self.changefeeds:
-            if cf in r.leading or now < r.next_try.get(cf, r.started):
-                continue
+        asking = [cf for cf in self.changefeeds if cf not in r.leading and now >= r.next_try.get(cf, r.started)]
+        for cf in asking:
             r.next_try[cf] = now + RETRY
-            if self.may_bid(r, cf):
-                r.bids.add(cf)
+        decision = balance_policy.step(self.view(r, asking), now, self.mutants)
+        r.memory = decision.memory
+        r.bids.update(decision.bids)
+        if decision.hand_over:
+            self.check_round(r)
+            r.last_round = (now, decision.hand_over)
+        r.handing.update(decision.hand_over)
 
     # -- checks ---------------------------------------------------------------------------------------
+
+    def check_start(self) -> None:
+        """Until the first event, no replica leads more than its share of the replicas the Deployment runs
+        (``expected``): they start seconds apart, and the first up must not take everything (its memory that of one
+        replica leading all) to hand most of it over once the others are seen (found by the scale-out bench)."""
+        if self.events:
+            return
+        high = shards.share(len(self.changefeeds), self.expected)[1]
+        for r in self.live():
+            if len(r.leading) > high:
+                raise Violation(
+                    f"{r.identity} leads {len(r.leading)} changefeeds at {self.now:.2f}s, before any event, past "
+                    f"the share {high} of the {self.expected} replicas started"
+                )
+
+    def check_round(self, r: Replica) -> None:
+        """A replica's round of handoffs comes only once its last round has landed: each changefeed it handed over
+        led again by a live replica that has bootstrapped it (``BOOTSTRAP``), unless an event came meanwhile (the
+        membership changed: a new round may be due at once). The counts settle first; before (no spacing), a replica
+        gave up another changefeed for a shortfall that the one in flight was about to fill."""
+        at, handed = r.last_round
+        if not handed or any(at < e <= self.now for e in self.events):
+            return
+        ids = {x.identity for x in self.live()}
+        for cf in handed:
+            lease = self.leases.get(shards.changefeed_lease(cf))
+            landed = lease is not None and lease.holder in ids and self.now - self.taken.get(cf, -math.inf) >= BOOTSTRAP
+            if not landed:
+                raise Violation(
+                    f"{r.identity} hands over again at {self.now:.2f}s while {cf}, handed over at {at:.2f}s, has not "
+                    f"landed (holder {lease and lease.holder!r})"
+                )
 
     def check_gaps(self) -> None:
         """No changefeed goes without a live holder for longer than the lease duration + ``LED_AGAIN`` (its holder
@@ -387,6 +409,7 @@ class World:
             for r in self.replicas:
                 if r.alive and self.now >= r.started:
                     self.step_replica(r)
+            self.check_start()
             self.check_gaps()
             self.now += STEP
         self.check_end()
@@ -417,7 +440,7 @@ def mutation_check_one(mutant: str, seeds: int = MUTANT_SEEDS) -> int | None:
 
 def mutation_check(seeds: int = MUTANT_SEEDS) -> dict[str, int | None]:
     """The first seed that catches each mutant (None: not caught within ``seeds``)."""
-    return {mutant: mutation_check_one(mutant, seeds) for mutant in sorted(shards.MUTANTS)}
+    return {mutant: mutation_check_one(mutant, seeds) for mutant in sorted(MUTANTS)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,12 @@
 """The balance simulator (``controller.sim.balance``): several replicas over C changefeeds, joining, crashing,
-stopping and rolled, each running ``controller.engine.shards``' decisions on its own view of the Leases."""
+stopping and rolled, each running the production balance policy (``controller.engine.balance_policy.step``) on its
+own view of the Leases."""
 
 from __future__ import annotations
 
 import pytest
 
-from controller.engine import shards
+from controller.engine import balance_policy, shards
 from controller.sim import balance
 
 
@@ -14,7 +15,7 @@ def test_the_seed_sweep_finds_nothing() -> None:
     assert problems == [], problems[0]
 
 
-@pytest.mark.parametrize("mutant", sorted(shards.MUTANTS))
+@pytest.mark.parametrize("mutant", sorted(balance.MUTANTS))
 def test_every_mutant_is_caught(mutant: str) -> None:
     assert balance.mutation_check_one(mutant) is not None, f"{mutant} not caught"
 
@@ -39,3 +40,39 @@ def test_same_seed_same_history() -> None:
     a.run()
     b.run()
     assert a.trace == b.trace
+
+
+def test_the_simulator_runs_the_policy_the_runner_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: the simulator had a transcription of the runner's balance glue. Now every bid and every handoff of
+    its replicas comes from ``balance_policy.step`` (the runner's): a step that decides nothing leaves them idle."""
+    assert balance_policy.MUTANTS <= balance.MUTANTS
+    assert shards.MUTANTS <= balance.MUTANTS
+    calls = 0
+    real = balance_policy.step
+
+    def step(view: balance_policy.View, now: float, mutants: object = ()) -> balance_policy.Decision:
+        nonlocal calls
+        calls += 1
+        return real(view, now, mutants)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(balance_policy, "step", step)
+    world = balance.World(3, ())
+    world.run()
+    assert calls > 1000
+    assert any(r.leading for r in world.live())
+    nothing = balance_policy.Decision((), (), balance_policy.Memory())
+    monkeypatch.setattr(balance_policy, "step", lambda view, now, mutants=(): nothing)
+    idle = balance.World(3, ())
+    idle.run()
+    assert not any(r.leading for r in idle.replicas)
+    assert balance.run_history(0) is not None  # and the checks say so
+
+
+def test_a_regression_of_the_policys_round_spacing_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spacing of rounds changed in the policy (not a mutant: the constant itself, as a regression would): the
+    transcribed copy had its own ``2 * DURATION`` and passed; the simulator now runs the policy and sees it."""
+    assert balance.run_history(10) is None
+    monkeypatch.setattr(balance_policy, "ROUND_DURATIONS", 0)
+    problem = balance.run_history(10)
+    assert problem is not None
+    assert "hands over again" in problem
