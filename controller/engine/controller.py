@@ -13,6 +13,8 @@ Rules (TiCDC's, kept):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from controller.engine.intents import Delete, Write
 from controller.engine.operators import ADVANCE, START
 from controller.engine.operators.common import fail, record
@@ -63,13 +65,14 @@ def advance_running(tick: Tick) -> None:
             tick.emit(f"{op.type} {op.name} {op.stage}", ADVANCE[op.type](tick, op))
 
 
-def admit(tick: Tick, op: SpanOperator, create: bool = False) -> bool:
+def admit(tick: Tick, op: SpanOperator, create: bool = False, confirm: Sequence[Write] = ()) -> bool:
     """Start a Pending operator if it may run now; False if it must wait for the in-flight limit.
 
     With ``create``, ``op`` is new: its Create leads the chain that starts it, so the record exists
-    before anything it does (and if it must wait, it is created Pending).
+    before anything it does (and if it must wait, it is created Pending). ``confirm``: consistent reads that
+    come first (``ConfirmPresent``: what the operator's reason rests on is still there).
     """
-    prefix: list[Write] = [tick.create(op)] if create else []
+    prefix: list[Write] = [*confirm, tick.create(op)] if create else [*confirm]
     busy = [s for s in op.spans if tick.owner.get(s, op.name) != op.name]
     if busy and op.source is not OpSource.MAINTAINER:
         reason = f"span {busy[0]!r} is owned by operator {tick.owner[busy[0]]!r}"

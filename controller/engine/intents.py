@@ -145,7 +145,37 @@ class ConfirmNoneLeft:
         return f"confirm nothing of changefeed {self.changefeed} is left"
 
 
-Write = Create | WriteStatus | Delete | AddFinalizer | RemoveFinalizer | FenceCapture | Event | ConfirmNoneLeft
+@dataclass(frozen=True, slots=True)
+class ConfirmPresent:
+    """Not a write: a consistent read (a GET, served from etcd) that fails the chain unless ``name`` is still there as
+    incarnation ``uid``. The executor takes what is gone out of its view at once, so the next decision sees it.
+
+    Why: a rule that removes something because of another object (an overlap no operator explains removes the newer
+    span because of the older one) must not act on a view that still shows that object after it was deleted: a
+    person's ``kubectl delete``, or another maintainer's, delivered late by its watch (simulator seed 300908: a
+    Merge's new span removed as overlapping a source a person had deleted, its DELETED 3 s late)."""
+
+    kind: Kind
+    name: str
+    uid: str = ""
+
+    def describe(self) -> str:
+        return f"confirm {self.kind} {self.name} is still there"
+
+
+Write = (
+    Create
+    | WriteStatus
+    | Delete
+    | AddFinalizer
+    | RemoveFinalizer
+    | FenceCapture
+    | Event
+    | ConfirmNoneLeft
+    | ConfirmPresent
+)
+#: Intents that read, not write (not counted as writes).
+READS = (ConfirmNoneLeft, ConfirmPresent)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,10 +23,11 @@ only these level-triggered rules, applied to whatever no in-flight operator owns
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 
 from controller.engine import controller, naming, placement
-from controller.engine.intents import Write
+from controller.engine.intents import ConfirmPresent, Write
 from controller.engine.operators.common import set_span
 from controller.engine.world import Tick, is_placement
 from controller.model import resources as conv
@@ -436,18 +437,23 @@ def _resolve_overlaps(tick: Tick, spans: list[Span]) -> None:
         return
     by_name = {s.name: s for s in free}
     doomed: set[str] = set()
+    kept: set[str] = set()
     for a, b in pairs:
         if a in doomed or b in doomed:
             continue
         sa, sb = by_name[a], by_name[b]
         newer = max(sa, sb, key=lambda s: (s.created, s.name))
         doomed.add(newer.name)
+        kept.add(a if newer is sb else b)
     victims = [by_name[n] for n in sorted(doomed)]
     tick.repairs.append(f"overlapping spans removed: {', '.join(s.name for s in victims)}")
-    _remove_spans(tick, victims, OVERLAP_REASON)
+    # Each span kept is read again first: one deleted since (by a person, by another maintainer) may still be in a
+    # view whose watch delivers late, and the overlap it makes is not there.
+    confirm = [ConfirmPresent(Kind.SPAN, n, by_name[n].uid) for n in sorted(kept - doomed)]
+    _remove_spans(tick, victims, OVERLAP_REASON, confirm)
 
 
-def _remove_spans(tick: Tick, spans: list[Span], reason: str) -> None:
+def _remove_spans(tick: Tick, spans: list[Span], reason: str, confirm: Sequence[Write] = ()) -> None:
     names = tuple(sorted(s.name for s in spans if not tick.busy(s.name)))
     if not names:
         return
@@ -466,4 +472,4 @@ def _remove_spans(tick: Tick, spans: list[Span], reason: str) -> None:
     )
     if op.name in tick.operators:
         return
-    controller.admit(tick, op, create=True)
+    controller.admit(tick, op, create=True, confirm=confirm)

@@ -49,7 +49,7 @@ STALE_VIEW = "StaleView"
 
 
 class StaleView(Exception):
-    """A consistent read (``ConfirmNoneLeft``) found what the decision's view did not show."""
+    """A consistent read (``ConfirmNoneLeft``, ``ConfirmPresent``) found what the decision's view did not show."""
 
 
 #: What a failed write raises; the chain is abandoned and the next decision starts from a fresh snapshot.
@@ -166,7 +166,7 @@ class Executor:
                     self._failed(reason)
                     log.debug("chain %r stopped at %s: %s", chain.why, w.describe(), exc)
                     return False
-                if not isinstance(w, I.ConfirmNoneLeft):
+                if not isinstance(w, I.READS):
                     out.writes += 1
                 if isinstance(w, I.Create):
                     out.created += 1
@@ -225,6 +225,8 @@ class Executor:
             await self._event(w)
         elif isinstance(w, I.ConfirmNoneLeft):
             await self._confirm_none_left(w)
+        elif isinstance(w, I.ConfirmPresent):
+            await self._confirm_present(w)
 
     async def _write_through(self, kind: str, obj: JSON, wake: bool = True) -> None:
         """Offer a write's response to the informer in its turn (the pacer's): responses that arrive together
@@ -235,6 +237,22 @@ class Executor:
             await self.pacer.pace()
         finally:
             self.informer.offer(kind, obj, notify=wake)
+
+    async def _confirm_present(self, w: I.ConfirmPresent) -> None:
+        """GET (no resourceVersion: a consistent read) ``w.name``: gone, or another incarnation, fails the chain and
+        takes the one the view held out of it at once (``Informer.gone``); there, it is offered (as fresh as any)."""
+        try:
+            obj = await self.client.get(RESOURCES[w.kind], self.namespace, w.name)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            self.informer.gone(w.kind.value, w.name, w.uid)
+            raise StaleView(f"{w.kind} {w.name} is gone") from None
+        if w.uid and (obj.get("metadata") or {}).get("uid") != w.uid:
+            self.informer.gone(w.kind.value, w.name, w.uid)
+            self.informer.offer(w.kind.value, obj)
+            raise StaleView(f"{w.kind} {w.name} is another incarnation")
+        self.informer.offer(w.kind.value, obj)
 
     async def _confirm_none_left(self, w: I.ConfirmNoneLeft) -> None:
         """LIST each kind the teardown removes (no resourceVersion: a consistent read, in pages) until

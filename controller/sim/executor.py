@@ -112,7 +112,7 @@ class Cache:
 class Outcome:
     writes: int = 0
     failed_chains: int = 0
-    stale_views: int = 0  # chains a consistent read (ConfirmNoneLeft) stopped
+    stale_views: int = 0  # chains a consistent read (ConfirmNoneLeft, ConfirmPresent) stopped
     killed: bool = False
     log: list[str] = field(default_factory=list)
     #: Creates that landed (AlreadyExists included) and creates the API refused (for ``maintainer.observed``).
@@ -169,7 +169,7 @@ def apply(
                 break
             done += 1
             out.created += isinstance(w, I.Create)
-            if not isinstance(w, I.ConfirmNoneLeft):
+            if not isinstance(w, I.READS):
                 out.writes += 1
         if error:
             out.failed_chains += 1
@@ -209,6 +209,16 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         _after(api, cache, w.kind, w.name, left, local)
     elif isinstance(w, I.AddFinalizer | I.RemoveFinalizer):
         _finalizer(api, cache, w, local)
+    elif isinstance(w, I.ConfirmPresent):
+        # A consistent read (a GET): the API's own state. Gone, or another incarnation: out of the view, and the
+        # chain stops (the production executor's Informer.gone).
+        cur = api.get(w.kind, w.name)
+        if cur is None or (w.uid and cur.uid != w.uid):
+            cache.remove(w.kind, w.name, api.rv if cur is None else Cache._rv(cur) - 1)
+            if cur is not None:
+                cache.offer(cur)
+            raise ApiError(409, STALE_VIEW, f"{w.kind} {w.name} is gone")
+        cache.offer(cur)
     elif isinstance(w, I.ConfirmNoneLeft):
         # A consistent read: the API's own state, not the cache (what a LIST without resourceVersion is).
         found = teardown.left_behind(

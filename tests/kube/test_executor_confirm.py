@@ -65,3 +65,37 @@ def test_the_release_waits_until_a_consistent_read_finds_nothing_left(api_server
             assert [o["metadata"]["name"] for o in (await client.list(res[Kind.CHANGEFEED], ns))[0]] == []
 
     asyncio.run(scenario())
+
+
+def test_a_span_confirmed_gone_stops_the_chain_and_leaves_the_view(api_server: ApiServerHandle) -> None:
+    """``ConfirmPresent`` (the overlap repair reads again the span it keeps, simulator seed 300908): a GET that finds
+    it gone, or another incarnation, stops the chain before its writes and takes it out of the view at once; one
+    still there lets the chain go on."""
+
+    async def scenario() -> None:
+        async with Client(Config(url=api_server.url)) as client:
+            ns = await namespace(client)
+            spec = {"changefeed": "cf", "tableID": 1, "startKey": "00", "endKey": "ff"}
+            kept = await client.create(RESOURCES[Kind.SPAN], ns, obj("Span", "kept", spec))
+            doomed = await client.create(RESOURCES[Kind.SPAN], ns, obj("Span", "doomed", spec))
+            informer = Informer(client, ns)  # no watch: only what the executor does reaches it
+            for o in (kept, doomed):
+                informer.offer(Kind.SPAN.value, o)
+            executor = Executor(client, informer, ns)
+            kept_uid = kept["metadata"]["uid"]
+
+            def chain() -> Decision:
+                writes = (I.ConfirmPresent(Kind.SPAN, "kept", kept_uid), I.Delete(Kind.SPAN, "doomed"))
+                return Decision(chains=(I.Chain(writes, "remove doomed"),), memory=Memory(epoch=1, identity="m"))
+
+            out = await executor.apply(chain())  # still there: the chain goes on
+            assert (out.failed, out.writes) == (0, 1)
+            doomed = await client.create(RESOURCES[Kind.SPAN], ns, obj("Span", "doomed", spec))
+            informer.offer(Kind.SPAN.value, doomed)
+            await client.delete(RESOURCES[Kind.SPAN], ns, "kept")  # by a person; the view still has it
+            out = await executor.apply(chain())
+            assert (out.failed, out.writes, dict(out.errors)) == (1, 0, {STALE_VIEW: 1})
+            assert informer.store.record(Kind.SPAN, "kept") is None
+            assert await client.get(RESOURCES[Kind.SPAN], ns, "doomed")  # nothing removed on a false premise
+
+    asyncio.run(scenario())

@@ -272,6 +272,8 @@ def describe(w: I.Write) -> tuple[str, ...]:
         return ("fence", "Capture", w.capture)
     if isinstance(w, I.ConfirmNoneLeft):
         return ("confirm", "Changefeed", w.changefeed)
+    if isinstance(w, I.ConfirmPresent):
+        return ("confirm", w.kind.value, w.name)
     return ("event", w.kind.value, w.name, w.reason)
 
 
@@ -422,6 +424,9 @@ class Store:
             elif isinstance(w, I.ConfirmNoneLeft) and left_behind(self.objects.values(), w.changefeed):
                 self.aborted += 1
                 return made  # the consistent read found something: the chain stops
+            elif isinstance(w, I.ConfirmPresent) and getattr(self.get(w.kind, w.name), "uid", None) != w.uid:
+                self.aborted += 1
+                return made  # what the chain rests on is gone: it stops
         return made
 
     def captures_step(self, progress: int = 10) -> None:

@@ -340,3 +340,35 @@ def test_a_dispatcher_view_in_doubt_neither_closes_unclaimed_dispatchers_nor_for
     after = statuses(decide(dataclasses.replace(lacking, stale=frozenset()), memory()), Kind.SPAN, "c2")
     assert after
     assert after[-1].state is SpanState.ABSENT
+
+
+def test_an_overlap_removal_first_reads_again_the_span_it_keeps():
+    """Simulator seed 300908 (the long run of issue 36): a person deleted a Merge's source while the Span watch ran
+    3 s late, and the Merge's new span was removed as an overlap with that source, which was gone. The Remove's chain
+    now starts with a consistent read of each span the overlap keeps (``ConfirmPresent``): gone, the chain stops."""
+    halves = pieces(1, 2)
+    old = span("old", key_range=halves[0], capture="c0", dispatcher="d-old", created=NOW - 100)
+    new = span("new", capture="c1", dispatcher="d-new", created=NOW - 10)
+    w = world(
+        changefeed(),
+        table(1),
+        capture("c0"),
+        capture("c1"),
+        old,
+        new,
+        span("rest", key_range=halves[1], capture="c0", dispatcher="d-rest", created=NOW - 100),
+        dispatcher("d-old", old, "c0"),
+        dispatcher("d-new", new, "c1"),
+    )
+    dec = decide(w, memory())
+    chains = [
+        c for c in dec.chains if any(isinstance(x, I.Create) and isinstance(x.obj, SpanOperator) for x in c.writes)
+    ]
+    assert len(chains) == 1
+    first, second = chains[0].writes[:2]
+    # The pair that dooms "new" is the one it makes with "old" (the first, in name order): that is the one read.
+    assert isinstance(first, I.ConfirmPresent)
+    assert (first.kind, first.name, first.uid) == (Kind.SPAN, "old", "uid-old")
+    assert isinstance(second, I.Create)
+    assert isinstance(second.obj, SpanOperator)
+    assert second.obj.spans == ("new",)
