@@ -205,7 +205,7 @@ class EtcdReader:
         self._client: Any = None
 
     async def __aenter__(self) -> EtcdReader:
-        import aetcd  # type: ignore[import-untyped]
+        import aetcd
 
         host, _, port = self.endpoints[0].removeprefix("http://").rpartition(":")
         if not host or not port.isdigit():
@@ -231,7 +231,7 @@ class EtcdReader:
             self._client = None
 
     async def _range(self, key: bytes, range_end: bytes | None, revision: int, limit: int = 0) -> Any:
-        import aetcd.rpc  # type: ignore[import-untyped]
+        import aetcd.rpc
 
         request = aetcd.rpc.RangeRequest(key=key, revision=revision, limit=limit)
         if range_end is not None:
