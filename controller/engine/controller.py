@@ -99,8 +99,6 @@ def admit_pending(tick: Tick) -> None:
 
 
 def garbage_collect(tick: Tick) -> None:
-    if not tick.view_current(Kind.OPERATOR, Kind.SPAN, Kind.DISPATCHER):
-        return  # a finished operator is what explains the spans it made while a view catches up
     cfg = tick.changefeed.scheduler
     if tick.index is None:
         ops = list(tick.operators.values())

@@ -181,8 +181,6 @@ def repair_spans(tick: Tick) -> None:
         if span.state is SpanState.REPLICATING:
             if _usable(tick, d) and d is not None and _belongs(tick, d, span):
                 continue
-            if d is None and not tick.view_current(Kind.DISPATCHER):
-                continue  # gone, or only not seen yet
             why = "its dispatcher is gone" if d is None else f"its dispatcher {d.name} is {d.state or 'lost'}"
             _absent(tick, span, d, f"span {span.name} was Replicating but {why}")
         elif is_placement(span):
@@ -205,7 +203,7 @@ def repair_spans(tick: Tick) -> None:
                     f"span {span.name} settle",
                     set_span(tick, span, state=SpanState.REPLICATING, operator="", capture=d.capture),
                 )
-            elif tick.table_live(span.table_id) and tick.view_current(Kind.OPERATOR, Kind.DISPATCHER):
+            elif tick.table_live(span.table_id):
                 _absent(tick, span, d, f"span {span.name} was {span.state} with no operator")
         elif span.state is SpanState.ABSENT and tick.table_live(span.table_id):
             mine = [x for x in tick.dispatchers_of_span(span.name) if _usable(tick, x)]
@@ -248,8 +246,6 @@ def _absent(tick: Tick, span: Span, d: Dispatcher | None, why: str) -> None:
 
 
 def repair_dispatchers(tick: Tick) -> None:
-    # A dispatcher no span claims is closed only on a view that shows every span, operator and dispatcher.
-    may_close = tick.view_current(Kind.SPAN, Kind.OPERATOR, Kind.DISPATCHER)
     owned_d = _owned_dispatchers(tick)
     if tick.index is None:
         pool = list(tick.dispatchers.values())
@@ -268,7 +264,7 @@ def repair_dispatchers(tick: Tick) -> None:
             # Claimed by exact match through adoption (span named differently)?
             claimer = _claimer(tick, d)
             if claimer is None:
-                if tick.mutant("bootstrap-skips-orphan-dispatchers") or not may_close:
+                if tick.mutant("bootstrap-skips-orphan-dispatchers"):
                     continue
                 tick.repairs.append(f"dispatcher {d.name}: its span {d.span} does not exist")
                 tick.emit(f"orphan {d.name}", tick.close_dispatcher(d))
@@ -280,7 +276,7 @@ def repair_dispatchers(tick: Tick) -> None:
         )
         if claimed and _usable(tick, d):
             continue
-        if claimed or not may_close:
+        if claimed:
             continue  # a Replicating span still names it: repair_spans decides about that span first
         tick.repairs.append(f"dispatcher {d.name}: span {span.name} does not claim it")
         tick.emit(f"unclaimed {d.name}", tick.close_dispatcher(d))
@@ -349,9 +345,8 @@ def coverage(tick: Tick) -> None:
                 tick.repairs.append(f"table {table.name} ({mode}): hole {hole} filled with {len(cut)} Absent span(s)")
                 for piece in cut:
                     _new_span(tick, table, mode, piece)
-            if tick.view_current(Kind.SPAN, Kind.OPERATOR):  # a span still in view after its delete overlaps
-                _resolve_overlaps(tick, spans)
-    if stray and tick.view_current(Kind.SPAN, Kind.TABLE):
+            _resolve_overlaps(tick, spans)
+    if stray:
         _remove_spans(tick, stray, "span of an unknown table or a disabled mode")
 
 

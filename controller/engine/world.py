@@ -81,7 +81,7 @@ class World:
     #: None: decide over everything (a full decision).
     index: Index | None = field(default=None, compare=False)
     #: The kinds whose view is in doubt: their watch broke and they have not been listed since, so they may still
-    #: hold what is gone and lack what is new. No rule removes anything on such a view (``Tick.view_current``).
+    #: hold what is gone and lack what is new. Nothing is decided on such a view (``engine.maintainer.decide``).
     stale: frozenset[Kind] = frozenset()
 
 
@@ -198,7 +198,7 @@ MUTANTS = frozenset(
         "outage-counts-as-silence",  # the maintainer counts time its view of Leases was broken as silence
         "progress-used-beyond-coverage",  # a capture's minimum used for Working dispatchers it did not cover
         "quiet-chains-everywhere",  # every chain's landing is declared to need no decision of its own
-        "destructive-on-stale-view",  # the rules that remove (repairs, GC, teardown) act on a view in doubt
+        "decides-on-stale-view",  # a decision is made on a view in doubt (a kind's watch broke, not listed since)
         *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process
     }
 )
@@ -300,15 +300,6 @@ class Tick:
         else:
             ops = [op for op in self.world.operators.values() if op.phase is OpPhase.RUNNING]
         return sorted(ops, key=lambda o: (o.created, o.name))
-
-    def view_current(self, *kinds: Kind) -> bool:
-        """Whether a rule that removes or takes something away, and whose premise is read from the view of
-        ``kinds``, may act: none of them is in doubt (``World.stale``). A view in doubt may still hold an object
-        that is gone (the overlap it makes looks unexplained) or lack one that is new (a span looks unclaimed);
-        rules that only add or wait go on."""
-        if not self.world.stale or self.mutant("destructive-on-stale-view"):
-            return True
-        return self.world.stale.isdisjoint(kinds)
 
     # -- candidates (an incremental decision visits these; a full one, everything) ----------------
 

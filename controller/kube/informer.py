@@ -7,8 +7,8 @@ Why our own and not Kopf's watchers: the maintainer must know when every kind ha
 watch streams, not only that the process is up (Kopf's best-known production failure is a watch that
 ends silently: nolar/kopf#1276, #996, #787). A stream the server ends resumes from the last resourceVersion it
 saw (bookmarks, when the server sends any, keep it fresh); one that broke (an error, an API restart) relists if
-it holds records, and its kind is in doubt until that LIST ends (``in_doubt``: the engine's rules that remove
-anything wait for it); 410 Gone relists. The resourceVersion a stream resumes from moves past an event only once
+it holds records, and its kind is in doubt until that LIST ends (``in_doubt``: the engine decides nothing on such
+a view); 410 Gone relists. The resourceVersion a stream resumes from moves past an event only once
 the event is applied: a LIST page or an event the cache fails to apply (an exception from the store, the index or
 ``on_change``: a bug, never taken for a transport error) is logged with its traceback, counted
 (``apply_failures``), and the stream relists whatever its kind (a kind of records is in doubt until then): what
@@ -952,7 +952,8 @@ class Informer:
         listed yet, or its watch broke and it has not been listed again. A watch resumed after a break replays
         what it missed, but nothing says when it has caught up; a real API server answers a watch resumed after its
         restart with 410, and each kind relists on its own schedule. Until then the view may still hold what was
-        deleted meanwhile (by another maintainer term, by hand), and no rule that removes anything may read it."""
+        deleted meanwhile (by another maintainer term, by hand) and lack what was made: the engine decides nothing
+        on it."""
         doubt: set[Kind] = set()
         for value in RECORD_ONLY:
             key = f"{value}/{changefeed}" if self.sharded and value in SHARDED else value

@@ -90,9 +90,10 @@ def sweep(
 #: Mutants of a race too rare for the sweep's first histories, with the seeds of the long run that found it
 #: (their histories with the mutant are the ones that failed then): tried first. Seed 11660 (50,000-history run
 #: on 85c3793): a release from a view whose Lease was older than the dispatcher it released.
-#: Seed 13542 (8,000 histories from seed 10000 with the mutant, issue 36): a successor's Dispatcher view in doubt
-#: after its start lacked a dispatcher a zombie had made, and the span was placed again beside it (single owner).
-PINNED: dict[str, tuple[int, ...]] = {"release-under-an-old-take": (11660,), "destructive-on-stale-view": (13542,)}
+#: Seeds 318736 and 320624 (the long run of issue 36, seeds from 300000, on a decide that still acted on a view in
+#: doubt, gating only its destructive rules): a successor's Dispatcher view in doubt lacked a zombie's dispatcher and
+#: a span was placed beside it (single owner); a Move's destination created with no record naming it.
+PINNED: dict[str, tuple[int, ...]] = {"release-under-an-old-take": (11660,), "decides-on-stale-view": (318736, 320624)}
 
 
 def mutation_check(start: int, limit: int, steps: int, jobs: int) -> int:

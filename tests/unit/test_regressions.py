@@ -314,7 +314,7 @@ def test_a_finished_split_is_not_undone_by_a_repair_on_a_span_view_still_showing
     assert _removals(lagging) == []
     assert created(lagging, Kind.SPAN) == []
     # The same view taken as current is what removed the children (the failure, and what the mutant
-    # destructive-on-stale-view brings back).
+    # decides-on-stale-view brings back).
     trusted = decide(_split_done_world(parent_in_view=True, stale=frozenset()), memory())
     assert any(o.startswith("remove-") for o in _removals(trusted))
     # The relist: the parent is gone from the view, which is current again.
