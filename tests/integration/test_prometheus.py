@@ -38,6 +38,7 @@ import urllib3
 import yaml
 
 from controller.model.states import OpPhase, Stage
+from controller.model.verification import LAST_VERIFY_ANNOTATION, Verification
 from tests.integration.harness import CHANGEFEED, Api, Snap, System, Watch, all_settled, set_hooks
 from tests.integration.test_metrics import HOST, free_port
 from tests.monitoring.tools import binary, dashboard_queries, grafana_to_promql, rule_groups
@@ -332,6 +333,20 @@ def test_alerts_fire_and_resolve_and_every_dashboard_query_has_data(
     system.signal("c2", signal.SIGKILL)
     rules = until_alerts(watch, prom, state("ChangefeedCapturesLost", "firing"), "ChangefeedCapturesLost")
     assert labels_of(rules["ChangefeedCapturesLost"])[0]["namespace"] == api.namespace
+
+    # A verification recorded as `kubectl changefeed verify` records it (this changefeed replicates nothing, so
+    # there is no sink to compare; tests/dataplane runs the verb itself): the verify series appear with its figures.
+    recorded = Verification(revision=4242, differences=3, keys=17, at=time.time())
+    api.patch("changefeeds", CHANGEFEED, {"metadata": {"annotations": {LAST_VERIFY_ANNOTATION: recorded.to_json()}}})
+
+    def verify_scraped(rules: dict[str, dict[str, Any]]) -> str | bool:
+        got = {}
+        for metric in ("differences", "revision"):
+            query = f'changefeed_maintainer_verify_{metric}{{namespace="{api.namespace}"}}'
+            got[metric] = [r["value"][1] for r in prom.get("/api/v1/query", query=query)["result"]]
+        return True if got == {"differences": ["3"], "revision": ["4242"]} else f"verify series: {got}"
+
+    until_alerts(watch, prom, verify_scraped, "the recorded verification scraped")
 
     # Every query of the dashboard returns data over the test's time range (as Grafana asks: a range query).
     empty = []
