@@ -39,6 +39,10 @@ VIEW_FRESH = 0.5
 #: what it held, deleted objects included, its events are lost (the LIST brings them), and it is in doubt
 #: (``World.stale``). Captures are not: their liveness has a clock of its own (``view``).
 RELIST_SPREAD = 4.0
+#: ... or, as often (a server whose watch cache is warm answers the relists at once), all within this many seconds:
+#: the maintainer decides again before the captures' next renewals show (``outage-counts-as-silence`` must not
+#: take their Leases then).
+RELIST_FAST = 0.2
 #: Seconds between a new maintainer's LIST of Spans and its LIST of SpanOperators, at most (``SimMaintainer.listing``).
 LIST_SKEW = 1.5
 RECORD_KINDS: tuple[Kind, ...] = tuple(k for k in KINDS if k is not Kind.CAPTURE)
@@ -110,8 +114,9 @@ class SimMaintainer:
         self.view.heard(now)
         if self.cut:
             self.cut = False
+            spread = RELIST_FAST if self.ctx.rng.random() < 0.5 else RELIST_SPREAD
             for kind in RECORD_KINDS:
-                self.break_watch(kind, self.ctx.rng.uniform(0.0, RELIST_SPREAD))
+                self.break_watch(kind, self.ctx.rng.uniform(0.0, spread))
         for waiting in (self.listing, self.relist_at):
             for kind, at in sorted(waiting.items(), key=lambda x: x[1]):
                 if now >= at:
@@ -327,9 +332,13 @@ class SimMaintainer:
             )
 
     def _check_refusal_reported(self, world: World, decision: Decision) -> None:
-        """A create the API refused shows in the next decision: the Changefeed's WritesRefused condition True
-        with the API's message (written by this decision, or already so), and an Event unless the condition
-        already said exactly that."""
+        """A create the API refused shows in the next decision made on a current view: the Changefeed's
+        WritesRefused condition True with the API's message (written by this decision, or already so), and an
+        Event unless the condition already said exactly that."""
+        if world.stale and not decision.chains:
+            # Nothing is decided on a view in doubt (engine.maintainer.decide): the memory keeps the refusal and
+            # the first decision on a current view reports it.
+            return
         refusal, self.unreported = self.unreported, None
         cf = world.changefeed
         if (
