@@ -271,9 +271,27 @@ class _Server:
                 raise
             return self
 
-    def _attempt(self, attempt: int) -> None:
+    def restart(self, down: float = 0.0, *, crash: bool = False) -> Self:
+        """Stop the server's process and start it again ``down`` seconds later on the same directory and ports:
+        what it stored is kept, its clients' connections are dropped (a restarted or crashed database, not a new
+        one). ``crash``: SIGKILL to its session (PostgreSQL then recovers from its WAL) instead of the polite
+        stop; a crash keeps the last commits of a PostgreSQL only with ``fsync=True``). A port taken meanwhile is an
+        error: clients know the server by it."""
+        with self._lock:
+            if self._dir is None or self._proc is None or self._proc.poll() is not None:
+                raise ServerError(f"{self.kind} server: restart of a server that is not running")
+            _stop_process(self._proc, () if crash else self.stop_steps)
+            time.sleep(down)
+            try:
+                self._attempt(0, same_ports=True)
+            except _PortTaken:
+                raise ServerError(f"{self.kind} server: its port was taken while it was down", self.log_path) from None
+            return self
+
+    def _attempt(self, attempt: int, *, same_ports: bool = False) -> None:
         assert self._log is not None
-        self._choose_ports()
+        if not same_ports:
+            self._choose_ports()
         argv = self._argv()
         self._log.write(f"--- attempt {attempt}: {' '.join(argv)}\n".encode())
         self._log.flush()

@@ -414,3 +414,27 @@ def test_a_stopped_server_starts_again_afresh(start_etcd: Callable[..., EtcdServ
     assert server.pid != first_pid
     assert server.directory != first_dir
     server.check()
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["stopped", "crashed"])
+def test_a_restarted_postgres_keeps_its_data_and_port(
+    start_postgres: Callable[..., PostgresServer], crash: bool
+) -> None:
+    """A crash keeps what was committed only on a durable server (``fsync=True``: with fsync and synchronous
+    commit off, the throwaway default, the last commits die with the WAL buffers; seen here)."""
+    server = start_postgres(fsync=crash)
+    directory, port, pid = server.directory, server.port, server.pid
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (k int PRIMARY KEY)")
+        conn.execute("INSERT INTO kept VALUES (1), (2)")
+        server.restart(0.2, crash=crash)
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")  # the connection of before is gone
+    assert (server.directory, server.port) == (directory, port)
+    assert server.pid != pid
+    server.check()
+    with psycopg.connect(server.dsn) as conn:
+        assert conn.execute("SELECT k FROM kept ORDER BY k").fetchall() == [(1,), (2,)]
+    server.stop()
+    with pytest.raises(ServerError, match="not running"):
+        server.restart()
