@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from controller.apiserver import start_server
 from controller.dataplane.servers import EtcdServer, PostgresServer
+from tests.integration.harness import CRD_DIR, Api, embedded_api
 
 #: etcd's progress-notification interval on the test servers (its default is 10 minutes).
 PROGRESS_INTERVAL = 0.3
@@ -70,3 +72,17 @@ def start_postgres() -> Iterator[Callable[..., PostgresServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def api() -> Iterator[Api]:
+    """The embedded Kubernetes API with the CRDs, namespace ``dp``, stopped when the test ends (tests whose
+    maintainer and captures run as processes: harness.System)."""
+    handle = start_server(CRD_DIR, bookmark_interval=0.5)
+    try:
+        api = embedded_api(handle.url, handle.kubeconfig_path, "dp", handle.ca_pem)
+        api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "dp"}})
+        yield api
+        api.pool.clear()
+    finally:
+        handle.stop()

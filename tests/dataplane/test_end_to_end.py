@@ -10,35 +10,20 @@ import asyncio
 import base64
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aetcd
 import aetcd.rpc
 import psycopg
-import pytest
 
-from controller.apiserver import start_server
 from controller.dataplane import schema
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import table_key
 from controller.model.states import OpPhase
-from tests.integration.harness import CHANGEFEED, CRD_DIR, Api, System, Watch, embedded_api
+from tests.integration.harness import CHANGEFEED, Api, System, Watch
 
 TABLE = 4242
-
-
-@pytest.fixture
-def api() -> Iterator[Api]:
-    handle = start_server(CRD_DIR, bookmark_interval=0.5)
-    try:
-        api = embedded_api(handle.url, handle.kubeconfig_path, "dp", handle.ca_pem)
-        api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "dp"}})
-        yield api
-        api.pool.clear()
-    finally:
-        handle.stop()
 
 
 def secret(api: Api, name: str, data: dict[str, str]) -> None:
