@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from controller.apiserver import start_server
+from controller.apiserver import ApiServerHandle, start_server
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from tests.integration.harness import CRD_DIR, Api, embedded_api
 
@@ -75,14 +75,21 @@ def start_postgres() -> Iterator[Callable[..., PostgresServer]]:
 
 
 @pytest.fixture
-def api() -> Iterator[Api]:
-    """The embedded Kubernetes API with the CRDs, namespace ``dp``, stopped when the test ends (tests whose
-    maintainer and captures run as processes: harness.System)."""
+def kube() -> Iterator[ApiServerHandle]:
+    """The embedded Kubernetes API server with the CRDs (its handle: ``restart(outage)``), stopped when the test
+    ends."""
     handle = start_server(CRD_DIR, bookmark_interval=0.5)
     try:
-        api = embedded_api(handle.url, handle.kubeconfig_path, "dp", handle.ca_pem)
-        api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "dp"}})
-        yield api
-        api.pool.clear()
+        yield handle
     finally:
         handle.stop()
+
+
+@pytest.fixture
+def api(kube: ApiServerHandle) -> Iterator[Api]:
+    """A client of :func:`kube` in namespace ``dp`` (tests whose maintainer and captures run as processes:
+    harness.System)."""
+    api = embedded_api(kube.url, kube.kubeconfig_path, "dp", kube.ca_pem)
+    api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "dp"}})
+    yield api
+    api.pool.clear()

@@ -20,6 +20,7 @@ from typing import Any
 import aetcd
 import pytest
 
+from controller.apiserver import ApiServerHandle
 from controller.cli.__main__ import main as kubectl_changefeed
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import table_key
@@ -101,6 +102,40 @@ def verify(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServe
     return rc, out + err
 
 
+def start_feed(api: Api, system: System, etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> Watch:
+    """A Changefeed from ``etcd`` to ``postgres`` (through Secrets), captures c0 and c1, maintainer m0, and the
+    table pre-split into 4 spans."""
+    secret(api, "source", {"endpoints": etcd.client_url})
+    secret(api, "sink", {"dsn": postgres.dsn})
+    api.create("changefeeds", "Changefeed", CHANGEFEED, {
+        "scheduler": {"balanceIntervalSeconds": 0},
+        "source": {"etcd": {"secretRef": {"name": "source"}}},
+        "sink": {"postgres": {"secretRef": {"name": "sink"}}},
+    })  # fmt: skip
+    for c in ("c0", "c1"):
+        system.capture(c)
+    system.maintainer("m0")
+    spec: dict[str, Any] = {"changefeed": CHANGEFEED, "tableID": table_id, "preSplit": {"spans": 4}}
+    api.create("tables", "Table", f"t{table_id}", spec, labels={"cdc.maintainer.dev/changefeed": CHANGEFEED})
+    return Watch(api, system)
+
+
+def checkpoint_past(watch: Watch, revision: int, what: str, timeout: float = 60) -> None:
+    watch.until(
+        lambda s: (s.changefeed is not None and s.changefeed.checkpoint_ts >= revision)
+        or f"checkpoint {s.changefeed and s.changefeed.checkpoint_ts} < {revision}",
+        what,
+        timeout,
+    )
+
+
+def verified(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServer, table_id: int) -> None:
+    """verify exits 0 and says 0 differences for the table."""
+    rc, out = verify(api, capsys, postgres)
+    assert rc == 0, out
+    assert re.fullmatch(CLEAN.format(table=table_id), out), out
+
+
 def settled_on(s: Snap, captures: set[str], table: int) -> object:
     """Every span of the table Replicating, its dispatcher Working on one of ``captures``, nothing in flight."""
     spans = s.spans_of(table)
@@ -120,19 +155,7 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
     table_id: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    secret(api, "source", {"endpoints": etcd.client_url})
-    secret(api, "sink", {"dsn": postgres.dsn})
-    api.create("changefeeds", "Changefeed", CHANGEFEED, {
-        "scheduler": {"balanceIntervalSeconds": 0},
-        "source": {"etcd": {"secretRef": {"name": "source"}}},
-        "sink": {"postgres": {"secretRef": {"name": "sink"}}},
-    })  # fmt: skip
-    for c in ("c0", "c1"):
-        system.capture(c)
-    system.maintainer("m0")
-    spec: dict[str, Any] = {"changefeed": CHANGEFEED, "tableID": table_id, "preSplit": {"spans": 4}}
-    api.create("tables", "Table", f"t{table_id}", spec, labels={"cdc.maintainer.dev/changefeed": CHANGEFEED})
-    watch = Watch(api, system)
+    watch = start_feed(api, system, etcd, postgres, table_id)
     with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
         snap = watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         first, second, third, fourth = sorted(snap.spans_of(table_id), key=lambda sp: sp.key_range.start)
@@ -217,19 +240,7 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
     is back everything written arrives. A durable server (fsync on): the rows a sink committed survive its
     crash (test_servers.py shows a throwaway one losing them)."""
     postgres = start_postgres(fsync=True)
-    secret(api, "source", {"endpoints": etcd.client_url})
-    secret(api, "sink", {"dsn": postgres.dsn})
-    api.create("changefeeds", "Changefeed", CHANGEFEED, {
-        "scheduler": {"balanceIntervalSeconds": 0},
-        "source": {"etcd": {"secretRef": {"name": "source"}}},
-        "sink": {"postgres": {"secretRef": {"name": "sink"}}},
-    })  # fmt: skip
-    for c in ("c0", "c1"):
-        system.capture(c)
-    system.maintainer("m0")
-    spec: dict[str, Any] = {"changefeed": CHANGEFEED, "tableID": table_id, "preSplit": {"spans": 4}}
-    api.create("tables", "Table", f"t{table_id}", spec, labels={"cdc.maintainer.dev/changefeed": CHANGEFEED})
-    watch = Watch(api, system)
+    watch = start_feed(api, system, etcd, postgres, table_id)
     with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         before = writer.last
@@ -259,3 +270,33 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
     rc, out = verify(api, capsys, postgres)
     assert rc == 0, out
     assert re.fullmatch(CLEAN.format(table=table_id), out), out
+
+
+def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
+    kube: ApiServerHandle,
+    api: Api,
+    system: System,
+    etcd: EtcdServer,
+    postgres: PostgresServer,
+    table_id: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A capture rolled (SIGTERM: it drains, its spans moved off before it exits, as a rollout's pod), then the
+    API server restarted with 30 s of outage (every client cut off: the captures pause their dispatchers at
+    their renew deadline, and resume them once their Leases are theirs again): the writer writes through both."""
+    watch = start_feed(api, system, etcd, postgres, table_id)
+    with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
+        watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
+        system.capture("c2")
+        assert system.signal("c0", signal.SIGTERM, wait=60) == 0, system.tails()
+        watch.until(lambda s: settled_on(s, {"c1", "c2"}, table_id), "the table replicated on c1 and c2", 60)
+        checkpoint_past(watch, writer.last, "the checkpoint to pass what was written through the drain")
+        verified(api, capsys, postgres, table_id)
+
+        kube.restart(30.0)
+        assert sum(proc.count("paused: stopped delivering") for proc in system.procs.values()) > 0, system.tails()
+        watch.until(lambda s: settled_on(s, {"c1", "c2"}, table_id), "the table replicated again after the outage", 60)
+        checkpoint_past(watch, writer.last, "the checkpoint to pass what was written through the outage")
+        verified(api, capsys, postgres, table_id)
+    checkpoint_past(watch, writer.last, "the checkpoint to pass the writer's last revision")
+    verified(api, capsys, postgres, table_id)
