@@ -34,6 +34,17 @@ def secret(api: Api, name: str, data: dict[str, str]) -> None:
     assert stored["type"] == "Opaque"
 
 
+def create_changefeed(api: Api, etcd: EtcdServer, postgres: PostgresServer) -> None:
+    """Changefeed ``cf`` from ``etcd`` to ``postgres``, their endpoints in the Secrets it names."""
+    secret(api, "source", {"endpoints": etcd.client_url})
+    secret(api, "sink", {"dsn": postgres.dsn})
+    api.create("changefeeds", "Changefeed", CHANGEFEED, {
+        "scheduler": {"balanceIntervalSeconds": 0},
+        "source": {"etcd": {"secretRef": {"name": "source"}}},
+        "sink": {"postgres": {"secretRef": {"name": "sink"}}},
+    })  # fmt: skip
+
+
 async def write(server: EtcdServer, count: int, seed: int) -> int:
     """``count`` random puts, overwrites and deletes over the table's keys; the last revision."""
     rng = random.Random(seed)
@@ -86,13 +97,7 @@ def compare(etcd: EtcdServer, postgres: PostgresServer, watch: Watch, last: int)
 def test_etcd_to_postgres_through_the_maintainer(
     api: Api, tmp_path: Path, etcd: EtcdServer, postgres: PostgresServer
 ) -> None:
-    secret(api, "source", {"endpoints": etcd.client_url})
-    secret(api, "sink", {"dsn": postgres.dsn})
-    api.create("changefeeds", "Changefeed", CHANGEFEED, {
-        "scheduler": {"balanceIntervalSeconds": 0},
-        "source": {"etcd": {"secretRef": {"name": "source"}}},
-        "sink": {"postgres": {"secretRef": {"name": "sink"}}},
-    })  # fmt: skip
+    create_changefeed(api, etcd, postgres)
     before = asyncio.run(write(etcd, 100, seed=1))  # rows that exist before: copied by the initial scan
     system = System(api, tmp_path)
     try:

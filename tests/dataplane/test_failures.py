@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import table_key
 from controller.model.states import DispatcherState, OpPhase, Stage
 from controller.model.verification import LAST_VERIFY_ANNOTATION, verification_from_json
-from tests.dataplane.test_end_to_end import secret
+from tests.dataplane.test_end_to_end import create_changefeed
 from tests.integration.harness import CHANGEFEED, Api, Snap, System, Watch, set_hooks
 
 #: What verify prints for a table that matched (rows ahead of R, checked at their own revision, in parentheses).
@@ -105,13 +104,7 @@ def verify(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServe
 def start_feed(api: Api, system: System, etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> Watch:
     """A Changefeed from ``etcd`` to ``postgres`` (through Secrets), captures c0 and c1, maintainer m0, and the
     table pre-split into 4 spans."""
-    secret(api, "source", {"endpoints": etcd.client_url})
-    secret(api, "sink", {"dsn": postgres.dsn})
-    api.create("changefeeds", "Changefeed", CHANGEFEED, {
-        "scheduler": {"balanceIntervalSeconds": 0},
-        "source": {"etcd": {"secretRef": {"name": "source"}}},
-        "sink": {"postgres": {"secretRef": {"name": "sink"}}},
-    })  # fmt: skip
+    create_changefeed(api, etcd, postgres)
     for c in ("c0", "c1"):
         system.capture(c)
     system.maintainer("m0")
@@ -131,9 +124,7 @@ def checkpoint_past(watch: Watch, revision: int, what: str, timeout: float = 60)
 
 def verified(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServer, table_id: int) -> None:
     """verify exits 0 and says 0 differences for the table."""
-    rc, out = verify(api, capsys, postgres)
-    assert rc == 0, out
-    assert re.fullmatch(CLEAN.format(table=table_id), out), out
+    verified(api, capsys, postgres, table_id)
 
 
 def settled_on(s: Snap, captures: set[str], table: int) -> object:
@@ -198,23 +189,11 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
 
         # Online: the writer still writes while verify compares etcd at the checkpoint with the sink.
         during = writer.last
-        watch.until(
-            lambda s: (s.changefeed is not None and s.changefeed.checkpoint_ts >= during)
-            or f"checkpoint {s.changefeed and s.changefeed.checkpoint_ts} < {during}",
-            "the checkpoint to pass what was written through the failures",
-            60,
-        )
-        rc, out = verify(api, capsys, postgres)
-        assert rc == 0, out
-        assert re.fullmatch(CLEAN.format(table=table_id), out), out
+        checkpoint_past(watch, during, "the checkpoint to pass what was written through the failures", 60)
+        verified(api, capsys, postgres, table_id)
         assert writer.changes > 100, writer.changes
     last = writer.last
-    watch.until(
-        lambda s: (s.changefeed is not None and s.changefeed.checkpoint_ts >= last)
-        or f"checkpoint {s.changefeed and s.changefeed.checkpoint_ts} < {last}",
-        "the checkpoint to pass the writer's last revision",
-        60,
-    )
+    checkpoint_past(watch, last, "the checkpoint to pass the writer's last revision", 60)
     rc, out = verify(api, capsys, postgres)
     assert rc == 0, out
     recorded = verification_from_json(
@@ -244,32 +223,16 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
     with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         before = writer.last
-        watch.until(
-            lambda s: (s.changefeed is not None and s.changefeed.checkpoint_ts >= before) or "checkpoint behind",
-            "the checkpoint to pass the writes before the crash",
-            30,
-        )
+        checkpoint_past(watch, before, "the checkpoint to pass the writes before the crash", 30)
         postgres.restart(3.0, crash=True)
         retried = sum(proc.count("sink transaction failed; retrying") for proc in system.procs.values())
         assert retried > 0, system.tails()  # the captures saw the sink down, and said so
         after = writer.last
-        watch.until(
-            lambda s: (s.changefeed is not None and s.changefeed.checkpoint_ts >= after) or "checkpoint behind",
-            "the checkpoint to pass what was written while the sink was down",
-            60,
-        )
-        rc, out = verify(api, capsys, postgres)
-        assert rc == 0, out
-        assert re.fullmatch(CLEAN.format(table=table_id), out), out
+        checkpoint_past(watch, after, "the checkpoint to pass what was written while the sink was down", 60)
+        verified(api, capsys, postgres, table_id)
     last = writer.last
-    watch.until(
-        lambda s: (s.changefeed is not None and s.changefeed.checkpoint_ts >= last) or "checkpoint behind",
-        "the checkpoint to pass the writer's last revision",
-        60,
-    )
-    rc, out = verify(api, capsys, postgres)
-    assert rc == 0, out
-    assert re.fullmatch(CLEAN.format(table=table_id), out), out
+    checkpoint_past(watch, last, "the checkpoint to pass the writer's last revision", 60)
+    verified(api, capsys, postgres, table_id)
 
 
 def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
