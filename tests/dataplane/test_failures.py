@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -124,7 +125,9 @@ def checkpoint_past(watch: Watch, revision: int, what: str, timeout: float = 60)
 
 def verified(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServer, table_id: int) -> None:
     """verify exits 0 and says 0 differences for the table."""
-    verified(api, capsys, postgres, table_id)
+    rc, out = verify(api, capsys, postgres)
+    assert rc == 0, out
+    assert re.fullmatch(CLEAN.format(table=table_id), out), out
 
 
 def settled_on(s: Snap, captures: set[str], table: int) -> object:

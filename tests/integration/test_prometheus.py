@@ -340,10 +340,13 @@ def test_alerts_fire_and_resolve_and_every_dashboard_query_has_data(
     api.patch("changefeeds", CHANGEFEED, {"metadata": {"annotations": {LAST_VERIFY_ANNOTATION: recorded.to_json()}}})
 
     def verify_scraped(rules: dict[str, dict[str, Any]]) -> str | bool:
+        # A range query as the dashboard's below: a sample scraped after its last step (steps are 1 s from
+        # ``began``) is not in it yet, though an instant query already shows it.
         got = {}
         for metric in ("differences", "revision"):
             query = f'changefeed_maintainer_verify_{metric}{{namespace="{api.namespace}"}}'
-            got[metric] = [r["value"][1] for r in prom.get("/api/v1/query", query=query)["result"]]
+            result = prom.get("/api/v1/query_range", query=query, start=began, end=time.time(), step="1s")["result"]
+            got[metric] = sorted({v for r in result for _, v in r["values"]})
         return True if got == {"differences": ["3"], "revision": ["4242"]} else f"verify series: {got}"
 
     until_alerts(watch, prom, verify_scraped, "the recorded verification scraped")
