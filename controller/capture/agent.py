@@ -79,7 +79,7 @@ from controller.kube.client import (
 )
 from controller.kube.probes import ProbeServer, parse_endpoint
 from controller.model import progress
-from controller.model.records import Capture, Dispatcher
+from controller.model.records import DISPATCHER_FAILED_PREFIX, Capture, Dispatcher
 from controller.model.resources import (
     CAPTURE_LABEL,
     DRAIN_FOR_SHUTDOWN,
@@ -1097,7 +1097,7 @@ class Agent:
         if failure and not run.failure_written:
             run.failure_written = True
             log.error("dispatcher failed", extra=fields(dispatcher=d.name, reason=failure))
-            await self._write(d, run.state, self.rt.checkpoint(d.name), f"failed: {failure}")
+            await self._write(d, run.state, self.rt.checkpoint(d.name), f"{DISPATCHER_FAILED_PREFIX}{failure}")
             return
         cp = self.rt.checkpoint(d.name)
         if run.state is DispatcherState.INITIALIZING and cp > d.start_ts:

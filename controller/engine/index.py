@@ -210,6 +210,7 @@ class DispatcherFacts:
     unclaimed: bool  # no span claims it (repair rule 3 looks at it)
     uid: str = ""
     working: bool = False  # Working (deleting or not): in the set its capture's report must cover
+    failed: bool = False  # its runtime stopped it for good (Dispatcher.failure), and it is not being deleted
 
 
 class Index:
@@ -254,6 +255,8 @@ class Index:
         self.unclaimed: set[str] = set()
         self.orphans: set[str] = set()
         self.deleting_dispatchers: set[str] = set()
+        #: Dispatchers their runtime stopped for good, not being deleted (the ReplicationFailed condition).
+        self.failed_dispatchers: set[str] = set()
         #: Per (capture, mode): the Working dispatchers (name -> uid) the maintainer believes that capture runs
         #: for this changefeed, and the digest of their uids (computed when first asked after a change).
         self.working: dict[ReportKey, dict[str, str]] = {}
@@ -632,6 +635,7 @@ class Index:
             unclaimed=not claimed,
             uid=d.uid,
             working=d.state is DispatcherState.WORKING,
+            failed=d.failure is not None and not d.deleting,
         )
 
     def _refresh_dispatcher(self, name: str) -> None:
@@ -654,6 +658,8 @@ class Index:
                 self.orphans.discard(name)
             if old.deleting and not (f is not None and f.deleting):
                 self.deleting_dispatchers.discard(name)
+            if old.failed and not (f is not None and f.failed):
+                self.failed_dispatchers.discard(name)
         self._working_change(name, old, f)
         if f is None:
             self.dispatcher_facts.pop(name, None)
@@ -671,6 +677,8 @@ class Index:
             self.orphans.add(name)
         if f.deleting:
             self.deleting_dispatchers.add(name)
+        if f.failed:
+            self.failed_dispatchers.add(name)
 
     def _working_change(self, name: str, old: DispatcherFacts | None, new: DispatcherFacts | None) -> None:
         """Keep ``working`` (and the digests' validity) current as dispatcher ``name`` goes from ``old`` to ``new``."""
@@ -817,6 +825,7 @@ class Index:
             "unclaimed",
             "orphans",
             "deleting_dispatchers",
+            "failed_dispatchers",
             "in_flight",
             "running",
             "tables_by_id",

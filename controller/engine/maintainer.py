@@ -65,6 +65,12 @@ DELETING = "Deleting"
 WRITES_REFUSED = "WritesRefused"
 #: The Event of a refusal (once per new refusal message).
 REFUSED_EVENT = "WriteRefused"
+#: Condition: True while dispatchers of this changefeed are stopped for good by their runtime (``Dispatcher.failure``:
+#: the source compacted past their position, as TiCDC's GC safepoint error): their checkpoints, and so the
+#: changefeed's, cannot move until a person acts. False once none is (the condition existed).
+REPLICATION_FAILED = "ReplicationFailed"
+#: The Event when that condition turns True or its message changes.
+FAILED_EVENT = "DispatcherFailed"
 
 
 @dataclass(frozen=True)
@@ -381,26 +387,44 @@ def _in_flight_count(tick: Tick) -> int:
     return len(tick.in_flight())
 
 
+def _failed_condition(tick: Tick) -> Condition | None:
+    """ReplicationFailed from the dispatchers of the view: True naming how many and the first one's failure,
+    False once none (for a changefeed that had the condition), None for one that never had it."""
+    cf = tick.changefeed
+    world = tick.world
+    if tick.index is not None:
+        names = sorted(tick.index.failed_dispatchers)
+    else:
+        names = sorted(n for n, d in world.dispatchers.items() if d.failure is not None and not d.deleting)
+    if names:
+        first = world.dispatchers[names[0]]
+        message = (
+            f"{len(names)} dispatcher(s) stopped for good, the checkpoint held at theirs; "
+            f"{first.name} (span {first.span}): {first.failure}"
+        )
+        return _condition(cf, REPLICATION_FAILED, True, "DispatcherFailed", message, tick.now)
+    return _condition(cf, REPLICATION_FAILED, False, "Replicating", "no dispatcher is stopped", tick.now)
+
+
 def _refused_condition(cf: Changefeed, refusal: Refusal | None, now: float) -> Condition | None:
     """WritesRefused as the last applies left it: True with the API's words, False once a create landed
     after a refusal, None (no such condition) for a changefeed that never had one."""
     if refusal is not None:
         message = f"the API refused {refusal.write}: {refusal.message} (retried at every decision)"
-        return Condition(
-            type=WRITES_REFUSED,
-            status="True",
-            reason=refusal.reason or "Refused",
-            message=message,
-            observed_generation=cf.generation,
-            last_transition=now,
-        )
-    if cf.condition(WRITES_REFUSED) is None:
+        return _condition(cf, WRITES_REFUSED, True, refusal.reason or "Refused", message, now)
+    return _condition(cf, WRITES_REFUSED, False, "Accepted", "the API accepts this maintainer's creates", now)
+
+
+def _condition(cf: Changefeed, kind: str, true: bool, reason: str, message: str, now: float) -> Condition | None:
+    """A condition of ``cf`` that is True while its trouble lasts: False is written only over one that was
+    there (None: a changefeed that never had it gets none)."""
+    if not true and cf.condition(kind) is None:
         return None
     return Condition(
-        type=WRITES_REFUSED,
-        status="False",
-        reason="Accepted",
-        message="the API accepts this maintainer's creates",
+        type=kind,
+        status="True" if true else "False",
+        reason=reason,
+        message=message,
         observed_generation=cf.generation,
         last_transition=now,
     )
@@ -439,6 +463,12 @@ def _status(
         conditions = _set_condition(replace(cf, conditions=conditions), refused)
         if refusal is not None and (old is None or (old.status, old.message) != ("True", refused.message)):
             events.append(tick.event(cf, REFUSED_EVENT, refused.message, warning=True))
+    failed = _failed_condition(tick)
+    if failed is not None and not tick.mutant("failures-not-reported"):
+        old = cf.condition(REPLICATION_FAILED)
+        conditions = _set_condition(replace(cf, conditions=conditions), failed)
+        if failed.status == "True" and (old is None or (old.status, old.message) != ("True", failed.message)):
+            events.append(tick.event(cf, FAILED_EVENT, failed.message, warning=True))
     for name in newly_lost:
         if tick.index is not None:
             held = tick.index.holding.get(name, 0)

@@ -312,6 +312,10 @@ class Span(Record):
 # Dispatcher
 
 
+#: How a capture's status message of a Dispatcher its runtime stopped for good begins (``Dispatcher.failure``).
+DISPATCHER_FAILED_PREFIX = "failed: "
+
+
 @dataclass(frozen=True, kw_only=True)
 class Dispatcher(Record):
     KIND: ClassVar[Kind] = Kind.DISPATCHER
@@ -357,6 +361,14 @@ class Dispatcher(Record):
     @property
     def known_checkpoint(self) -> int:
         return max(self.start_ts, self.checkpoint_ts)
+
+    @property
+    def failure(self) -> str | None:
+        """Why its runtime stopped it for good (the capture's status message ``failed: <why>``, e.g. the source
+        compacted past its position: its checkpoint cannot move again), None if it did not."""
+        if self.message.startswith(DISPATCHER_FAILED_PREFIX):
+            return self.message[len(DISPATCHER_FAILED_PREFIX) :]
+        return None
 
 
 # --------------------------------------------------------------------------------------------------

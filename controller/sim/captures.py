@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 
 from controller.model import progress
 from controller.model.keys import regions_touched
-from controller.model.records import Capture, Changefeed, Dispatcher, Table
+from controller.model.records import DISPATCHER_FAILED_PREFIX, Capture, Changefeed, Dispatcher, Table
 from controller.model.states import CLOSED_DISPATCHER_STATES as CLOSED
 from controller.model.states import DISPATCHER_FINALIZER, DispatcherState, Kind, Mode
 from controller.sim.api import ApiError, Watcher, WatchEvent
@@ -95,6 +95,18 @@ class Run:
     #: A Table deleted and its ID taken by a queued duplicate gets a new frontier; a dispatcher of the old
     #: one still running (a paused capture's) delivers, reports and resumes against its own (seed 89912).
     fr: Frontier | None = None
+    #: Why its runtime stopped it for good ("" while it runs): it delivers nothing more, and every status
+    #: write says so (``Dispatcher.failure``), until the quiet phase, where a person has repaired its source.
+    failure: str = ""
+
+
+#: One advance in this many stops a Working dispatcher for good (as etcd compacted past its position), chosen by
+#: a hash of (seed, dispatcher, checkpoint) rather than the seed's random stream, which stays as it was.
+FAILURE_ODDS = 1000
+
+
+def _fails(seed: int, name: str, cp: int) -> bool:
+    return zlib.crc32(f"{seed}/{name}/{cp}".encode()) % FAILURE_ODDS == 0
 
 
 @dataclass
@@ -734,7 +746,16 @@ class Captures:
             run.state = DispatcherState.WORKING
             ctx.trace.add(f"  {cap.name}: {d.name} Working")
         else:
-            run.cp = max(run.cp, min(ctx.upstream(), run.cp + ctx.rng.randint(0, 200)))
+            if not run.failure and not ctx.quiet and _fails(ctx.seed, d.name, run.cp):
+                run.failure = "the source was compacted past this dispatcher's position (injected)"
+                run.written = None  # said in its next status write
+                ctx.bump("dispatcher failed")
+                ctx.trace.add(f"  {cap.name}: {d.name} stopped for good at {run.cp}")
+            elif run.failure and ctx.quiet:
+                run.failure, run.written = "", None  # a person repaired the source: it delivers again
+                ctx.bump("dispatcher failure cleared")
+            if not run.failure:
+                run.cp = max(run.cp, min(ctx.upstream(), run.cp + ctx.rng.randint(0, 200)))
         fr = self.run_frontier(run)
         if fr is not None:
             fr.raise_to(d.key_range, run.cp)
@@ -746,7 +767,8 @@ class Captures:
 
     def _write_run(self, cap: SimCapture, run: Run, d: Dispatcher) -> None:
         traffic = self._traffic(d)
-        if self._status(cap, d, run.state, run.cp):
+        message = f"{DISPATCHER_FAILED_PREFIX}{run.failure}" if run.failure else ""
+        if self._status(cap, d, run.state, run.cp, message):
             run.written, run.traffic = run.state, traffic
 
     def _close(self, cap: SimCapture, d: Dispatcher) -> None:

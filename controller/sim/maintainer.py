@@ -20,10 +20,20 @@ from dataclasses import dataclass, replace
 from controller.engine import intents as I
 from controller.engine.intents import Create, Delete, WriteStatus
 from controller.engine.liveness import Silence, ViewClock
-from controller.engine.maintainer import REFUSED_EVENT, WRITES_REFUSED, Decision, Memory, Refusal, decide, observed
+from controller.engine.maintainer import (
+    FAILED_EVENT,
+    REFUSED_EVENT,
+    REPLICATION_FAILED,
+    WRITES_REFUSED,
+    Decision,
+    Memory,
+    Refusal,
+    decide,
+    observed,
+)
 from controller.engine.repair import OVERLAP_REASON
 from controller.engine.world import Options, World, is_placement
-from controller.model.records import Capture, Changefeed, Dispatcher, Span, SpanOperator
+from controller.model.records import Capture, Changefeed, Condition, Dispatcher, Span, SpanOperator
 from controller.model.states import Kind, OpPhase, SpanState
 from controller.sim import executor
 from controller.sim.api import KINDS, Watcher
@@ -175,6 +185,7 @@ class SimMaintainer:
         self._check_agreement(world, decision)
         self._check_premises(world, decision)
         self._check_refusal_reported(world, decision)
+        self._check_failures_reported(world, decision)
         self.memory = decision.memory
         who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
         if decision.fenced:
@@ -348,14 +359,7 @@ class SimMaintainer:
             or any(c.why.startswith("publish epoch") for c in decision.chains)
         ):
             return
-        written = [
-            w.obj
-            for c in decision.chains
-            for w in c.writes
-            if isinstance(w, WriteStatus) and isinstance(w.obj, Changefeed) and w.obj.name == cf.name
-        ]
-        old = cf.condition(WRITES_REFUSED)
-        cond = written[-1].condition(WRITES_REFUSED) if written else old
+        old, cond = _conditions(cf, decision, WRITES_REFUSED)
         if (
             cond is None
             or cond.status != "True"
@@ -366,10 +370,33 @@ class SimMaintainer:
                 f"refusal: {self.identity}'s next decision does not report that the API refused {refusal.write}"
             )
             return
-        told = any(isinstance(w, I.Event) and w.reason == REFUSED_EVENT for c in decision.chains for w in c.writes)
-        if not told and (old is None or (old.status, old.message) != (cond.status, cond.message)):
+        if not _told(decision, REFUSED_EVENT, old, cond):
             self.ctx.fail(f"refusal: no Event says that the API refused {refusal.write}")
         self.ctx.bump("refusals reported")
+
+    def _check_failures_reported(self, world: World, decision: Decision) -> None:
+        """A dispatcher its runtime stopped for good (``Dispatcher.failure``, in the view) shows in the decision: the
+        Changefeed's ReplicationFailed condition True (written by it, or already so) naming how many, and an Event
+        when that changed; with none left, the condition (if any) False."""
+        cf = world.changefeed
+        if decision.fenced or cf.deleting or any(c.why.startswith("publish epoch") for c in decision.chains):
+            return
+        if world.stale and not decision.chains:
+            return  # nothing is decided on a view in doubt
+        failed = sorted(n for n, d in world.dispatchers.items() if d.failure is not None and not d.deleting)
+        old, cond = _conditions(cf, decision, REPLICATION_FAILED)
+        if failed:
+            if cond is None or cond.status != "True" or not cond.message.startswith(f"{len(failed)} dispatcher(s)"):
+                self.ctx.fail(
+                    f"failures: {self.identity}'s decision does not report {len(failed)} dispatcher(s) stopped "
+                    f"for good ({failed[0]}): {cond}"
+                )
+                return
+            if not _told(decision, FAILED_EVENT, old, cond):
+                self.ctx.fail(f"failures: no Event says that {failed[0]} stopped for good")
+            self.ctx.bump("failures reported")
+        elif cond is not None and cond.status == "True":
+            self.ctx.fail(f"failures: {self.identity} reports dispatchers stopped though none is: {cond.message}")
 
     def _check_agreement(self, world: World, decision: Decision) -> None:
         """The incremental decision (over the index's candidates) must be the full one (every rule over
@@ -416,3 +443,22 @@ def _difference(a: Decision, b: Decision) -> str:
     if a.next_due != b.next_due:
         return f"next due {a.next_due} vs {b.next_due}"
     return f"memory {a.memory} vs {b.memory}"
+
+
+def _conditions(cf: Changefeed, decision: Decision, kind: str) -> tuple[Condition | None, Condition | None]:
+    """The changefeed's condition ``kind`` in the view, and as the decision leaves it (its last status write of
+    the Changefeed, else the view's)."""
+    written = [
+        w.obj
+        for c in decision.chains
+        for w in c.writes
+        if isinstance(w, WriteStatus) and isinstance(w.obj, Changefeed) and w.obj.name == cf.name
+    ]
+    old = cf.condition(kind)
+    return old, (written[-1].condition(kind) if written else old)
+
+
+def _told(decision: Decision, reason: str, old: Condition | None, cond: Condition) -> bool:
+    """The decision writes an Event of ``reason``, or needs none: the condition already said exactly this."""
+    told = any(isinstance(w, I.Event) and w.reason == reason for c in decision.chains for w in c.writes)
+    return told or (old is not None and (old.status, old.message) == (cond.status, cond.message))
