@@ -313,7 +313,16 @@ class StateCollector(Collector):
             "(Active, Paused, Draining, CoolingDown), 0 for the others.",
             labels=["changefeed", "state"],
         )
+        stopped = GaugeMetricFamily(
+            PREFIX + "dispatchers_failed",
+            "Dispatchers of the changefeed that their runtime stopped for good (e.g. the source compacted past "
+            "their position), not being deleted: the checkpoint is held at theirs (condition ReplicationFailed).",
+            labels=["changefeed"],
+        )
         for name in leading:
+            idx = store.indexes.get(name)
+            if idx is not None:
+                stopped.add_metric([name], float(len(idx.failed_dispatchers)))
             cf = store.record(Kind.CHANGEFEED, name)
             if isinstance(cf, Changefeed):
                 behind = checkpoint_lag(cf.checkpoint_ts, now)
@@ -326,6 +335,7 @@ class StateCollector(Collector):
         yield lag
         yield checkpoint
         yield scheduler
+        yield stopped
         yield from self._verifications(leading)
         yield from self._reports(leading, now)
 
