@@ -13,6 +13,7 @@ import random
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from controller.apiserver import ApiServerHandle
 from controller.cli.__main__ import main as kubectl_changefeed
 from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.engine.maintainer import FAILED_EVENT, REPLICATION_FAILED
 from controller.model.keys import table_key
 from controller.model.states import DispatcherState, OpPhase, Stage
 from controller.model.verification import LAST_VERIFY_ANNOTATION, verification_from_json
@@ -266,3 +268,55 @@ def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
         verified(api, capsys, postgres, table_id)
     checkpoint_past(watch, writer.last, "the checkpoint to pass the writer's last revision")
     verified(api, capsys, postgres, table_id)
+
+
+def test_etcd_compacted_past_the_checkpoint_stops_the_changefeed_with_a_clear_failure(
+    api: Api,
+    system: System,
+    start_etcd: Callable[..., EtcdServer],
+    postgres: PostgresServer,
+    table_id: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every capture down while the writer goes on, and etcd compacted meanwhile past the changefeed's checkpoint
+    (TiCDC's GC safepoint passed): the history the dispatchers need is gone. The capture that comes back starts
+    them from the checkpoint, etcd refuses the watch, and they stop for good: the Changefeed says so (condition
+    ReplicationFailed, a DispatcherFailed Event), its checkpoint does not move past what was delivered, and
+    verify refuses to compare at a revision etcd no longer has, rather than report differences."""
+    etcd = start_etcd()
+    watch = start_feed(api, system, etcd, postgres, table_id)
+    with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
+        watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
+        checkpoint_past(watch, writer.last, "the checkpoint to pass the first writes")
+        system.signal("c0", signal.SIGKILL)
+        system.signal("c1", signal.SIGKILL)
+        held = watch.poll().changefeed
+        assert held is not None
+        time.sleep(1.0)  # more writes nobody delivers
+    compacted = writer.last
+    asyncio.run(compact(etcd, compacted))
+    system.capture("c2")
+
+    def failed(s: Snap) -> object:
+        cond = s.changefeed.condition(REPLICATION_FAILED) if s.changefeed is not None else None
+        return (cond is not None and cond.status == "True") or f"ReplicationFailed: {cond}"
+
+    snap = watch.until(failed, "the Changefeed to report its dispatchers stopped for good", 60)
+    assert snap.changefeed is not None
+    cond = snap.changefeed.condition(REPLICATION_FAILED)
+    assert cond is not None
+    assert f"compacted to revision {compacted}" in cond.message, cond.message
+    assert snap.changefeed.checkpoint_ts < compacted  # nothing after the checkpoint is claimed delivered
+    events = api.ok("GET", f"/api/v1/namespaces/{api.namespace}/events")["items"]
+    told = [e for e in events if e.get("reason") == FAILED_EVENT and e["involvedObject"]["name"] == CHANGEFEED]
+    assert told, [e.get("reason") for e in events]
+    assert told[0]["type"] == "Warning"
+    rc, out = verify(api, capsys, postgres)
+    assert rc != 0, out
+    assert "compacted" in out, out
+
+
+async def compact(server: EtcdServer, revision: int) -> None:
+    options = {"grpc.enable_http_proxy": 0}
+    async with aetcd.Client(host=server.host, port=server.port, timeout=5, options=options) as c:
+        await c.compact(revision, physical=True)
