@@ -209,7 +209,8 @@ MUTANTS = frozenset(
 #: the capture's re-acquiring; 1 history of 50,000 had it (seed 11660) before the history stream changed and
 #: nothing was decided on a view in doubt, none of the roughly 20,000 searched since with the mutant (seeds from
 #: 1,500 and from 100,000, 2026-12-04):
-#: tests/unit/test_fencing.py::test_a_release_from_a_view_older_than_the_dispatcher_does_not_land.
+#: tests/unit/test_fencing.py::test_the_old_rule_releases_from_a_view_older_than_the_dispatcher (the mutant releases
+#: the finalizer that test_a_release_from_a_view_older_than_the_dispatcher_does_not_land shows the rule keeping).
 DIRECT_MUTANTS = frozenset({"release-under-an-old-take"})
 
 

@@ -101,7 +101,8 @@ class Run:
 
 
 #: One advance in this many stops a Working dispatcher for good (as etcd compacted past its position), chosen by
-#: a hash of (seed, dispatcher, checkpoint) rather than the seed's random stream, which stays as it was.
+#: a hash of (seed, dispatcher, checkpoint) rather than drawn from the seed's random stream: a history with no such
+#: failure is as it was.
 FAILURE_ODDS = 1000
 
 

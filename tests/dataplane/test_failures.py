@@ -290,8 +290,6 @@ def test_etcd_compacted_past_the_checkpoint_stops_the_changefeed_with_a_clear_fa
         checkpoint_past(watch, writer.last, "the checkpoint to pass the first writes")
         system.signal("c0", signal.SIGKILL)
         system.signal("c1", signal.SIGKILL)
-        held = watch.poll().changefeed
-        assert held is not None
         time.sleep(1.0)  # more writes nobody delivers
     compacted = writer.last
     asyncio.run(compact(etcd, compacted))
