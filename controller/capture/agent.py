@@ -57,7 +57,8 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from controller.capture.dataplane import Endpoints, RoutedRuntime
@@ -1182,7 +1183,20 @@ class Agent:
                     )
             entries.extend(progress.build(running, self.incarnation, 0.0).entries)
         self.rt.flush()
-        return progress.Progress(incarnation=self.incarnation, at=round_time(time.time()), entries=tuple(entries))
+        return progress.Progress(
+            incarnation=self.incarnation, at=round_time(time.time()), entries=tuple(self._timed(entries))
+        )
+
+    def _timed(self, entries: list[progress.ProgressEntry]) -> Iterator[progress.ProgressEntry]:
+        """Each entry with the wall time its checkpoint stands for, where the runtime counts in source revisions
+        (``checkpoint_time`` of the slowest dispatcher; a TSO's is its own physical part)."""
+        when = getattr(self.rt, "checkpoint_time", None)
+        for e in entries:
+            t = None
+            if when is not None and e.slowest:
+                with contextlib.suppress(KeyError):
+                    t = when(e.slowest)
+            yield e if t is None else replace(e, checkpoint_time=round(t, 3))
 
     async def _close(self, d: Dispatcher, raw: JSON) -> None:
         name = d.name

@@ -29,8 +29,10 @@ So :meth:`DataplaneRuntime.checkpoint` only ever returns committed values, and :
 has nothing to do: every checkpoint returned so far is already durable downstream.
 
 Lag in seconds: the runtime remembers, per changefeed, when it first saw each new head revision (any watch
-response's ``header.revision``); a dispatcher's lag is now minus the time the head first passed its
-checkpoint (0 when caught up): :meth:`DataplaneRuntime.lag_seconds`.
+response's ``header.revision``). A dispatcher's checkpoint stands for the wall time the head first passed it
+(now when caught up): :meth:`DataplaneRuntime.checkpoint_time`, which the agent puts in its progress report
+(``ProgressEntry.checkpoint_time``) for the maintainer's lag; :meth:`DataplaneRuntime.lag_seconds` is now
+minus it.
 
 Compaction. A watch from a compacted revision is cancelled by etcd (``compact_revision`` set): the
 dispatcher stops, its checkpoint does not move, and :meth:`~DataplaneRuntime.failed` says why. Nothing is
@@ -185,12 +187,13 @@ class _Feed:
             if len(self.heads) > 4096:  # keep it bounded: drop every other old entry (lag gets coarser, never lower)
                 self.heads = self.heads[:2048:2] + self.heads[2048:]
 
-    def lag(self, checkpoint: int) -> float:
-        """Seconds since the head first passed ``checkpoint`` (0: no head seen above it)."""
+    def checkpoint_time(self, checkpoint: int) -> float:
+        """The wall time ``checkpoint`` stands for: when this capture first saw the source's head pass it (now
+        if it has seen none above it: the span is caught up)."""
         for revision, at in self.heads:
             if revision > checkpoint:
-                return max(0.0, self.runtime.clock() - at)
-        return 0.0
+                return at
+        return self.runtime.clock()
 
     # -- the sink ------------------------------------------------------------------------------------------
 
@@ -469,10 +472,15 @@ class DataplaneRuntime:
         """The last error of the sink of this dispatcher's changefeed while it retries ("" when it writes)."""
         return self._runs[name].feed.sink_error
 
+    def checkpoint_time(self, name: str) -> float:
+        """The wall time this dispatcher's checkpoint stands for (``_Feed.checkpoint_time``): its lag in seconds
+        is now minus it, 0 when caught up."""
+        d = self._runs[name]
+        return d.feed.checkpoint_time(d.checkpoint())
+
     def lag_seconds(self, name: str) -> float:
         """Wall-clock seconds between now and when the source's head first passed this dispatcher's checkpoint."""
-        d = self._runs[name]
-        return d.feed.lag(d.checkpoint())
+        return max(0.0, self.clock() - self.checkpoint_time(name))
 
     def write_rate(self, name: str) -> float:
         d = self._runs[name]
@@ -578,6 +586,10 @@ class RoutedRuntime:
     def flush(self) -> None:
         self.default.flush()
         self.data.flush()
+
+    def checkpoint_time(self, name: str) -> float | None:
+        """The wall time a real dispatcher's checkpoint stands for; None for the logical clock (a TSO)."""
+        return self.data.checkpoint_time(name) if name in self._real else None
 
     def failed(self, name: str) -> str | None:
         """Why a real dispatcher stopped for good (None: it did not, or it is not a real one)."""

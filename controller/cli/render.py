@@ -13,6 +13,7 @@ import yaml
 
 from controller.cli.snapshot import Snapshot, span_states
 from controller.model import resources as conv
+from controller.model.progress import entry_lag, source_checkpoint_time
 from controller.model.records import SpanOperator
 from controller.model.states import Mode, OpPhase
 from controller.model.tso import physical_seconds
@@ -51,9 +52,11 @@ def checkpoint(ts: int, now: float) -> str:
     return f"{ts} ({stamp}, lag {max(0.0, now - wall):.1f}s)"
 
 
-def checkpoint_lag(ts: int, now: float) -> float | None:
-    """Seconds the checkpoint is behind ``now``; None when unknown."""
-    return None if ts <= 0 else max(0.0, now - physical_seconds(ts))
+def revision_checkpoint(ts: int, wall: float | None, now: float) -> str:
+    """``<ts> (revision, lag <n>s)`` for a changefeed counted in its source's revisions; ``-`` for 0."""
+    if ts <= 0:
+        return "-"
+    return f"{ts} (revision" + ("" if wall is None else f", lag {max(0.0, now - wall):.1f}s") + ")"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -241,7 +244,18 @@ def render_status(snap: Snapshot, changefeed: str) -> str:
     sched = scheduler_line(snap.changefeed_status.get(changefeed, {}), snap.now)
     if sched is not None:
         field("Scheduler", sched)
-    field("Checkpoint", checkpoint(cf.checkpoint_ts, snap.now))
+    if cf.source_secret:
+        held = {(s.capture, s.mode) for s in spans if s.capture}
+        wall = source_checkpoint_time(
+            e
+            for c in snap.captures.values()
+            if c.progress is not None
+            for e in c.progress.entries
+            if e.changefeed == changefeed and (c.name, e.mode) in held
+        )
+        field("Checkpoint", revision_checkpoint(cf.checkpoint_ts, wall, snap.now))
+    else:
+        field("Checkpoint", checkpoint(cf.checkpoint_ts, snap.now))
     states = span_states(spans)
     field("Spans", f"{len(spans)}" + (": " + ", ".join(f"{k} {v}" for k, v in states.items()) if states else ""))
     caps = sorted(snap.captures.values(), key=lambda c: c.name)
@@ -294,7 +308,7 @@ def progress_rows(snap: Snapshot, changefeed: str) -> list[list[object]]:
         for e in c.progress.entries:
             if e.changefeed != changefeed:
                 continue
-            lag = checkpoint_lag(e.checkpoint_ts, snap.now) if e.dispatchers else None
+            lag = entry_lag(e, snap.now) if e.dispatchers else None
             slowest = span_of.get(e.slowest, e.slowest) if e.dispatchers else ""
             shown = "-" if lag is None else f"{lag:.1f}s"
             when = f"{age(snap.now - c.progress.at)} ago"

@@ -42,6 +42,7 @@ from controller.kube.heap import HeapReserve
 from controller.kube.informer import LEASE, Informer
 from controller.kube.tenure import Tenure
 from controller.maintainer.stats import Stats
+from controller.model.progress import entry_lag
 from controller.model.records import Capture, Changefeed, SpanOperator
 from controller.model.states import Kind, OpPhase, OpType, SchedulerState
 from controller.model.tso import physical_ms
@@ -96,13 +97,6 @@ class Maintainer(Protocol):
     def counts(self) -> dict[str, int]: ...
 
     def snapshot(self, name: str) -> World | None: ...
-
-
-def checkpoint_lag(checkpoint_ts: int, now: float) -> float | None:
-    """Seconds between ``now`` and the physical time of a TiDB TSO (physical ms << 18); None for 0 (unknown)."""
-    if checkpoint_ts <= 0:
-        return None
-    return now - physical_ms(checkpoint_ts) / 1000.0
 
 
 def operator_age(op: SpanOperator, now: float) -> float:
@@ -299,12 +293,13 @@ class StateCollector(Collector):
 
         lag = GaugeMetricFamily(
             PREFIX + "checkpoint_lag_seconds",
-            "Now minus the physical time of the changefeed's status.checkpointTs (absent while it is 0).",
+            "Now minus the wall time the changefeed's status.checkpointTs stands for (a TSO's physical time; for a "
+            "changefeed with a source, when its captures saw the source's head pass it), absent while unknown.",
             labels=["changefeed"],
         )
         checkpoint = GaugeMetricFamily(
             PREFIX + "checkpoint_timestamp_seconds",
-            "Physical time (Unix seconds) of the changefeed's status.checkpointTs (absent while it is 0).",
+            "Wall time (Unix seconds) the changefeed's status.checkpointTs stands for (see checkpoint_lag_seconds).",
             labels=["changefeed"],
         )
         scheduler = GaugeMetricFamily(
@@ -325,10 +320,10 @@ class StateCollector(Collector):
                 stopped.add_metric([name], float(len(idx.failed_dispatchers)))
             cf = store.record(Kind.CHANGEFEED, name)
             if isinstance(cf, Changefeed):
-                behind = checkpoint_lag(cf.checkpoint_ts, now)
-                if behind is not None:
-                    lag.add_metric([name], behind)
-                    checkpoint.add_metric([name], physical_ms(cf.checkpoint_ts) / 1000.0)
+                wall = self._checkpoint_time(cf)
+                if wall is not None:
+                    lag.add_metric([name], max(0.0, now - wall))
+                    checkpoint.add_metric([name], wall)
                 for sched in SchedulerState:
                     if sched.value:
                         scheduler.add_metric([name, sched.value], float(cf.scheduler_status.state is sched))
@@ -402,6 +397,14 @@ class StateCollector(Collector):
             value=m.stats.failed_chains,
         )
 
+    def _checkpoint_time(self, cf: Changefeed) -> float | None:
+        """The wall time the changefeed's checkpoint stands for: a TSO's physical part, or for a changefeed
+        counted in source revisions what its captures' reports say (``engine.progress.checkpoint_time``)."""
+        if not cf.source_secret:
+            return physical_ms(cf.checkpoint_ts) / 1000.0 if cf.checkpoint_ts > 0 else None
+        world = self.maintainer.snapshot(cf.name)
+        return None if world is None or cf.checkpoint_ts <= 0 else progress.checkpoint_time(world)
+
     def _informer(self) -> Iterable[Metric]:
         """The informer's relists and failures to apply, per kind (every kind from 0: ``increase()`` sees the first)."""
         informer = self.maintainer.informer
@@ -427,7 +430,7 @@ class StateCollector(Collector):
         labels = ["changefeed", "mode", "capture"]
         lag = GaugeMetricFamily(
             PREFIX + "capture_checkpoint_lag_seconds",
-            "Now minus the physical time of the lowest checkpoint a capture reports for a changefeed and mode "
+            "Now minus the wall time of the lowest checkpoint a capture reports for a changefeed and mode "
             "(its slowest dispatcher there).",
             labels=labels,
         )
@@ -455,7 +458,7 @@ class StateCollector(Collector):
                 key = [name, entry.mode.value, capture]
                 count.add_metric(key, float(entry.dispatchers))
                 used.add_metric(key, 1.0 if exact else 0.0)
-                behind = checkpoint_lag(entry.checkpoint_ts, now)
+                behind = entry_lag(entry, now)
                 if behind is not None and entry.dispatchers:
                     lag.add_metric(key, behind)
                     d = world.dispatchers.get(entry.slowest)

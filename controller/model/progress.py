@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from controller.model.ordering import in_order
 from controller.model.states import GROUP, Mode
+from controller.model.tso import physical_seconds
 
 #: The annotation of a capture's Lease that carries its report (JSON, see ``resources.progress_to_json``).
 PROGRESS_ANNOTATION = f"{GROUP}/progress"
@@ -63,6 +64,11 @@ class ProgressEntry:
     digest: str
     #: The dispatcher holding the minimum (for people: metrics and the kubectl plugin).
     slowest: str = ""
+    #: For a changefeed counted in source revisions (not TSOs): the wall time (Unix seconds) that
+    #: ``checkpoint_ts`` stands for, i.e. until when the source had nothing newer than it, as this capture saw
+    #: the source's head (the report's own time when caught up). None for a TSO, whose physical part is its
+    #: time. The checkpoint's lag in seconds is ``now - checkpoint_time``.
+    checkpoint_time: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +145,26 @@ def build(
             )
         )
     return Progress(incarnation=incarnation, at=at, entries=tuple(entries))
+
+
+def source_checkpoint_time(entries: Iterable[ProgressEntry]) -> float | None:
+    """The wall time a changefeed's checkpoint stands for, from its captures' entries that carry one (the
+    earliest over those covering dispatchers); None when none does (a TSO changefeed, or no report yet)."""
+    times = [e.checkpoint_time for e in entries if e.dispatchers and e.checkpoint_time is not None]
+    return min(times) if times else None
+
+
+def entry_lag(entry: ProgressEntry, now: float) -> float | None:
+    """Seconds an entry's checkpoint is behind ``now``: from the wall time it carries (a source's revision),
+    else from its TSO's physical part; None for a TSO of 0 (unknown)."""
+    if entry.checkpoint_time is not None:
+        return max(0.0, now - entry.checkpoint_time)
+    return checkpoint_lag(entry.checkpoint_ts, now)
+
+
+def checkpoint_lag(ts: int, now: float) -> float | None:
+    """Seconds between ``now`` and the physical time of a TiDB TSO (physical ms << 18); None for 0 (unknown)."""
+    return None if ts <= 0 else max(0.0, now - physical_seconds(ts))
 
 
 def traffic_changed(written: tuple[float, int], now: tuple[float, int]) -> bool:

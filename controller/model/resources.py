@@ -593,19 +593,23 @@ def progress_to_json(progress: Progress) -> str:
     doc = {
         "incarnation": progress.incarnation,
         "at": format_time(progress.at, micro=True),
-        "changefeeds": [
-            {
-                "changefeed": e.changefeed,
-                "mode": e.mode.value,
-                "checkpointTs": e.checkpoint_ts,
-                "dispatchers": e.dispatchers,
-                "digest": e.digest,
-                "slowest": e.slowest,
-            }
-            for e in progress.entries
-        ],
+        "changefeeds": [_entry_to_json(e) for e in progress.entries],
     }
     return json.dumps(doc, separators=(",", ":"))
+
+
+def _entry_to_json(e: ProgressEntry) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "changefeed": e.changefeed,
+        "mode": e.mode.value,
+        "checkpointTs": e.checkpoint_ts,
+        "dispatchers": e.dispatchers,
+        "digest": e.digest,
+        "slowest": e.slowest,
+    }
+    if e.checkpoint_time is not None:
+        doc["checkpointTime"] = round(e.checkpoint_time, 3)
+    return doc
 
 
 def progress_from_json(text: object) -> Progress | None:
@@ -622,6 +626,11 @@ def progress_from_json(text: object) -> Progress | None:
             digest = item["digest"]
             if not isinstance(digest, str) or not isinstance(item["changefeed"], str):
                 return None
+            when = item.get("checkpointTime")
+            if when is not None and (
+                isinstance(when, bool) or not isinstance(when, int | float) or not 0 <= when < math.inf
+            ):
+                return None
             entries.append(
                 ProgressEntry(
                     changefeed=item["changefeed"],
@@ -630,6 +639,7 @@ def progress_from_json(text: object) -> Progress | None:
                     dispatchers=count,
                     digest=digest,
                     slowest=str(item.get("slowest") or ""),
+                    checkpoint_time=None if when is None else float(when),
                 )
             )
         incarnation = doc["incarnation"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import aetcd
 import aetcd.rpc
 import psycopg
+import pytest
 
+from controller.cli.__main__ import main as kubectl_changefeed
 from controller.dataplane import schema
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import table_key
@@ -94,8 +97,18 @@ def compare(etcd: EtcdServer, postgres: PostgresServer, watch: Watch, last: int)
     assert expected, "the writer wrote nothing?"
 
 
+def lag_shown(api: Api, capsys: pytest.CaptureFixture[str]) -> float:
+    """The checkpoint lag ``kubectl changefeed status`` prints for the changefeed (a revision, with seconds)."""
+    capsys.readouterr()
+    assert kubectl_changefeed(["--kubeconfig", str(api.kubeconfig), "-n", api.namespace, "status", "-c", CHANGEFEED]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"Checkpoint:\s+\d+ \(revision, lag (\d+\.\d)s\)", out)
+    assert found, out
+    return float(found.group(1))
+
+
 def test_etcd_to_postgres_through_the_maintainer(
-    api: Api, tmp_path: Path, etcd: EtcdServer, postgres: PostgresServer
+    api: Api, tmp_path: Path, etcd: EtcdServer, postgres: PostgresServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     create_changefeed(api, etcd, postgres)
     before = asyncio.run(write(etcd, 100, seed=1))  # rows that exist before: copied by the initial scan
@@ -118,6 +131,10 @@ def test_etcd_to_postgres_through_the_maintainer(
         took = time.monotonic() - started
         print(f"writer: 400 changes in {took:.2f}s ({400 / took:.0f}/s)")
         compare(etcd, postgres, watch, last)
+        # The lag is in wall-clock seconds (the captures' reports carry the time a revision stands for), not
+        # the revision read as a TSO (which would be 1970): small once caught up.
+        lag = lag_shown(api, capsys)
+        assert lag < 30, lag
 
         # A user Move of one span to the other capture; more writes; the same comparison.
         snap = watch.poll()

@@ -68,8 +68,10 @@ async def until(check: Callable[[], bool], within: float = 15.0, what: str = "co
         await asyncio.sleep(0.02)
 
 
-async def with_runtime(e: Endpoints, body: Callable[[DataplaneRuntime], Awaitable[T]]) -> T:
-    rt = DataplaneRuntime(batch_interval=0.02)
+async def with_runtime(
+    e: Endpoints, body: Callable[[DataplaneRuntime], Awaitable[T]], clock: Callable[[], float] = time.time
+) -> T:
+    rt = DataplaneRuntime(batch_interval=0.02, clock=clock)
     rt.configure(CF, e)
     try:
         return await body(rt)
@@ -235,6 +237,35 @@ def test_pause_holds_and_resume_goes_on(etcd: EtcdServer, postgres: PostgresServ
             assert len(rows(postgres, table_id)) == 20
 
     run(with_runtime(endpoints(etcd, postgres), body))
+
+
+def test_a_checkpoint_stands_for_the_wall_time_the_head_first_passed_it(
+    etcd: EtcdServer, postgres: PostgresServer, table_id: int
+) -> None:
+    """The lag in seconds of a changefeed counted in revisions: a paused dispatcher's checkpoint stands for when
+    this capture first saw the head pass it, a caught-up one's for now (a clock the test sets)."""
+    wall = [1_000.0]
+    lo, hi = KeyRange(table_key(table_id), k(table_id, b"m")), KeyRange(k(table_id, b"m"), table_key(table_id + 1))
+
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            start = (await c.put(k(table_id, b"a"), b"1")).header.revision
+            rt.start(dispatcher(table_id, "lo", start, lo))
+            rt.start(dispatcher(table_id, "hi", start, hi))
+            assert rt.checkpoint_time("lo") == 1_000.0  # nothing above its checkpoint seen: caught up
+            rt.pause("lo")
+            wall[0] = 2_000.0
+            later = (await c.put(k(table_id, b"x"), b"2")).header.revision  # hi's range
+            await until(lambda: rt.checkpoint("hi") >= later, what="hi to commit the put")
+            wall[0] = 2_005.0
+            assert rt.checkpoint_time("lo") == 2_000.0  # the head passed it when hi's watch saw the put
+            assert rt.lag_seconds("lo") == 5.0
+            assert rt.checkpoint_time("hi") == 2_005.0 and rt.lag_seconds("hi") == 0.0
+            rt.resume("lo")
+            await until(lambda: rt.checkpoint("lo") >= later, what="lo to catch up")
+            assert rt.lag_seconds("lo") == 0.0
+
+    run(with_runtime(endpoints(etcd, postgres), body, clock=lambda: wall[0]))
 
 
 def test_endpoints_never_show_credentials() -> None:

@@ -35,7 +35,7 @@ from controller.cli.snapshot import Snapshot, snapshot_from, span_states
 from controller.kube.client import ApiError, BadResponse, Config
 from controller.model import resources as conv
 from controller.model.keys import KeyRange, table_key
-from controller.model.progress import Progress, ProgressEntry
+from controller.model.progress import Progress, ProgressEntry, checkpoint_lag
 from controller.model.records import Capture, Changefeed, Condition, Span, SpanOperator, Table, Target
 from controller.model.states import Mode, OpPhase, OpSource, OpType, SpanState, Stage
 from controller.model.tso import physical_seconds
@@ -432,8 +432,8 @@ def test_small_formats() -> None:
     assert render.elapsed(1.25) == "1.2s"
     assert physical_seconds(tso(NOW)) == NOW
     assert render.checkpoint(0, NOW) == "-"
-    assert render.checkpoint_lag(0, NOW) is None
-    assert render.checkpoint_lag(tso(NOW - 2.5), NOW) == pytest.approx(2.5)
+    assert checkpoint_lag(0, NOW) is None
+    assert checkpoint_lag(tso(NOW - 2.5), NOW) == pytest.approx(2.5)
     text = render.checkpoint(tso(NOW - 2.5), NOW)
     assert text.startswith(str(tso(NOW - 2.5)))
     assert "lag 2.5s" in text
@@ -506,6 +506,25 @@ def test_status_shows_the_captures_progress_reports() -> None:
     assert row.split() == ["c0", "default", "1", "4.0s", "a", "2s", "ago"]  # span a runs dispatcher a-d
     assert "elsewhere" not in text
     assert "none" in render.render_status(snap(), CF).split("Progress reported by the captures")[1].splitlines()[1]
+
+
+def test_status_shows_a_source_changefeeds_checkpoint_as_a_revision_with_the_lag_its_reports_carry() -> None:
+    def reported(name: str, behind: float) -> Capture:
+        entry = ProgressEntry(changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=900, dispatchers=1, digest="d",
+                              slowest="a-d", checkpoint_time=NOW - behind)  # fmt: skip
+        return replace(capture(name), progress=Progress(incarnation="i1", at=NOW - 1, entries=(entry,)))
+
+    fed = Changefeed(name=CF, source_secret="src", sink_secret="dst", checkpoint_ts=900)
+    # c0 holds span a, c1 span b; c2 holds none of this changefeed's spans: its older report does not count.
+    text = render.render_status(
+        snap(captures=[reported("c0", 2.0), reported("c1", 0.5), reported("c2", 60.0)], changefeeds=[fed]), CF
+    )
+    assert "Checkpoint:   900 (revision, lag 2.0s)" in text
+    assert "1970" not in text and "not a TSO" not in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("c1") and "default" in line)
+    assert row.split()[3] == "0.5s"
+    waiting = render.render_status(snap(changefeeds=[fed]), CF)
+    assert "Checkpoint:   900 (revision)" in waiting  # no report yet: no lag to show
 
 
 def test_status_tolerates_a_maintainer_without_scheduler_status() -> None:

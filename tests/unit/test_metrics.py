@@ -19,7 +19,8 @@ from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import ApiError, BadResponse, Client
 from controller.kube.executor import Executor, failure_reason
 from controller.maintainer import __main__ as cli
-from controller.maintainer.metrics import PREFIX, MetricsServer, checkpoint_lag
+from controller.maintainer.metrics import PREFIX, MetricsServer
+from controller.model.progress import checkpoint_lag
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
@@ -247,6 +248,46 @@ def test_capture_reports_lag_coverage_and_slowest_span() -> None:
     assert h.value("capture_report_covered", capture="c1", **key) == 1
     assert h.value("capture_report_covered", capture="c2", **key) == 0
     assert h.value("slowest_span_lag_seconds", capture="c1", span="s2", **key) is not None
+
+
+def test_a_changefeed_counted_in_source_revisions_lags_by_the_wall_time_its_reports_carry() -> None:
+    """Its checkpointTs is an etcd revision (read as a TSO it would be 1970): the lag is now minus the wall time
+    the captures' reports say the checkpoint stands for, the earliest over captures running its dispatchers."""
+    h = Harness()
+    now = time.time()
+    h.offer(Changefeed(name=CF, source_secret="src", sink_secret="dst", checkpoint_ts=1234))
+    rng = KeyRange.of_table(1)
+    ds = {
+        c: h.offer(Dispatcher(name=f"d-{c}", changefeed=CF, span=f"s-{c}", table_id=1, key_range=rng, capture=c,
+                              start_ts=1, epoch=1, state=DispatcherState.WORKING))
+        for c in ("c1", "c2")
+    }  # fmt: skip
+
+    def report(capture: str, behind: float) -> None:
+        entry = ProgressEntry(
+            changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=1234 + int(behind), dispatchers=1,
+            digest=digest([ds[capture].uid]), slowest=f"d-{capture}", checkpoint_time=now - behind,
+        )  # fmt: skip
+        h.rv += 1
+        cap = Capture(name=capture, renew_time=now, lease_duration=10,
+                      progress=Progress(incarnation="i", at=now, entries=(entry,)))  # fmt: skip
+        lease = conv.lease_resource(cap)
+        lease["metadata"]["resourceVersion"] = str(h.rv)
+        h.m.informer.offer("Lease", lease)
+
+    report("c1", 4.0)
+    report("c2", 1.0)
+    lag = h.value("checkpoint_lag_seconds", changefeed=CF)
+    assert lag is not None and 3.5 < lag < 30, lag  # c1's, the earlier
+    stamp = h.value("checkpoint_timestamp_seconds", changefeed=CF)
+    assert stamp is not None and abs(stamp - (now - 4.0)) < 0.01
+    key = {"changefeed": CF, "mode": "default"}
+    assert 0.5 < (h.value("capture_checkpoint_lag_seconds", capture="c2", **key) or 0) < 30
+
+    # c1's dispatcher moved away (Stopped): its frozen report no longer holds the changefeed's lag.
+    h.offer(ds["c1"].evolve(state=DispatcherState.STOPPED, resource_version=""))
+    lag = h.value("checkpoint_lag_seconds", changefeed=CF)
+    assert lag is not None and 0.5 < lag < 3.5, lag
 
 
 def test_leader_epoch_bootstrap_and_runner_counters() -> None:

@@ -99,6 +99,10 @@ def test_report_round_trips_through_the_lease_annotation() -> None:
     obj = {"apiVersion": "cdc.maintainer.dev/v1alpha1", "kind": "Capture", "metadata": {"name": "c0"}, "spec": {}}
     assert capture_from_resources(obj, lease).progress == p
     assert progress_from_json(progress_to_json(p)) == p
+    timed = replace(p, entries=tuple(replace(e, checkpoint_time=1_765_000_000.125) for e in p.entries))
+    assert '"checkpointTime":1765000000.125' in progress_to_json(timed)
+    assert progress_from_json(progress_to_json(timed)) == timed
+    assert "checkpointTime" not in progress_to_json(p)  # a TSO's time is its own
 
 
 def test_a_report_that_does_not_parse_is_ignored_and_the_capture_stays_valid() -> None:
@@ -108,7 +112,10 @@ def test_a_report_that_does_not_parse_is_ignored_and_the_capture_stays_valid() -
                 '{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[{"changefeed":"cf","mode":"nope",'
                 '"checkpointTs":1,"dispatchers":1,"digest":"d"}]}',
                 '{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[{"changefeed":"cf","mode":"default",'
-                '"checkpointTs":-1,"dispatchers":1,"digest":"d"}]}'):  # fmt: skip
+                '"checkpointTs":-1,"dispatchers":1,"digest":"d"}]}',
+                *('{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[{"changefeed":"cf","mode":"default",'
+                  f'"checkpointTs":1,"dispatchers":1,"digest":"d","checkpointTime":{t}}}]}}'
+                  for t in ("-1", '"soon"', "true", "NaN", "Infinity"))):  # fmt: skip
         lease = lease_resource(cap)
         lease["metadata"]["annotations"] = {progress.PROGRESS_ANNOTATION: bad}
         got = capture_from_resources(obj, lease)
