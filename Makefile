@@ -12,8 +12,9 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-# The whole system on an embedded Kubernetes API: maintainer + 3 captures as processes, the examples
-# applied, then the maintainer SIGKILLed with a Move, a Split and a Merge in flight, and the recovery.
+# The whole system on an embedded Kubernetes API with a real etcd and PostgreSQL (from the wheels): maintainer +
+# 3 captures as processes, the examples applied, rows written throughout, then the maintainer SIGKILLed with a
+# Move, a Split and a Merge in flight, the recovery, and verify's row-by-row comparison (its exit code).
 demo: venv
 	$(PY) -m controller.demo --scenario failover
 

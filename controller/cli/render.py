@@ -245,14 +245,11 @@ def render_status(snap: Snapshot, changefeed: str) -> str:
     if sched is not None:
         field("Scheduler", sched)
     if cf.source_secret:
-        held = {(s.capture, s.mode) for s in spans if s.capture}
         wall = source_checkpoint_time(
-            e
-            for c in snap.captures.values()
-            if c.progress is not None
-            for e in c.progress.entries
-            if e.changefeed == changefeed and (c.name, e.mode) in held
-        )
+            cf.checkpoint_ts,
+            (e for c in snap.captures.values() if c.progress is not None for e in c.progress.entries
+             if e.changefeed == changefeed),
+        )  # fmt: skip
         field("Checkpoint", revision_checkpoint(cf.checkpoint_ts, wall, snap.now))
     else:
         field("Checkpoint", checkpoint(cf.checkpoint_ts, snap.now))

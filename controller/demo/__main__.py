@@ -3,9 +3,19 @@
 With no kubeconfig or context it serves an embedded Kubernetes API in this process (kubectl works
 against it: the kubeconfig path is printed); with ``--kubeconfig``/``--context`` it uses that cluster
 (the CRDs are created if missing). The maintainer and every capture run as real subprocesses, the way
-they run in pods. ``--scenario failover`` then holds a Move, a Split and a Merge in flight with the
-capture hooks, SIGKILLs the maintainer, starts a new one, releases the hooks and shows every operator
-finish with its original intent.
+they run in pods.
+
+By default (``--source etcd``) the changefeed replicates real data: a real etcd and a real PostgreSQL start
+on loopback from the pinned wheels (``controller.dataplane.servers``; stopped and removed at the end,
+whatever happens), the Changefeed names them through two Secrets, and a writer puts, overwrites and deletes
+rows of the three example tables at ``--rate`` changes a second throughout. Each progress line shows the
+rows downstream, the source's head and the checkpoint revision, and the lag in seconds. ``--source none``
+runs the logical-clock runtime instead (it replicates nothing).
+
+``--scenario failover`` then holds a Move, a Split and a Merge in flight with the capture hooks, SIGKILLs the
+maintainer, starts a new one, releases the hooks and shows every operator finish with its original intent.
+With a source, the writer is then stopped, the checkpoint awaited past its last revision, and
+``kubectl changefeed verify`` compares etcd with PostgreSQL row by row: the demo's exit code is verify's.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ import yaml
 
 from controller import logs
 from controller.kube.client import RESOURCES, ApiError, Client, Config, Resource
+from controller.model.progress import PROGRESS_ANNOTATION, HeadCurve, ProgressEntry
+from controller.model.resources import progress_from_json
 from controller.model.states import Kind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,10 +96,12 @@ class System:
 
 
 async def apply_file(client: Client, namespace: str, path: Path) -> list[dict[str, Any]]:
+    return await apply_docs(client, namespace, [doc for doc in yaml.safe_load_all(path.read_text()) if doc])
+
+
+async def apply_docs(client: Client, namespace: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     applied = []
-    for doc in yaml.safe_load_all(path.read_text()):
-        if not doc:
-            continue
+    for doc in docs:
         kind = Kind(doc["kind"])
         doc.setdefault("metadata", {})["namespace"] = namespace
         try:
@@ -131,6 +145,84 @@ async def snapshot(client: Client, ns: str) -> dict[Kind, list[dict[str, Any]]]:
     return {k: items for k, (items, _) in zip(kinds, lists, strict=True)}
 
 
+async def leases(client: Client, ns: str) -> list[dict[str, Any]]:
+    answer = await client.request("list", "GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases")
+    items: list[dict[str, Any]] = answer.get("items") or []
+    return items
+
+
+class DataPlane:
+    """The demo's real source and sink (the servers, the writer) and how to look at them."""
+
+    TABLES = (101, 102, 103)  # examples/tables.yaml
+
+    def __init__(self, rate: float, stack: contextlib.ExitStack) -> None:
+        from controller.dataplane.servers import EtcdServer, PostgresServer
+        from controller.dataplane.writer import Writer
+
+        print("starting etcd and PostgreSQL on loopback (from the pinned wheels)", flush=True)
+        self.etcd = stack.enter_context(EtcdServer(progress_notify_interval=0.5))
+        self.postgres = stack.enter_context(PostgresServer())
+        print(f"  etcd {self.etcd.client_url}, PostgreSQL on 127.0.0.1:{self.postgres.port}", flush=True)
+        self.writer = Writer(self.etcd.host, self.etcd.port, self.TABLES, rate=rate, batch=20, keys=2_000)
+        stack.callback(self.stop_writer)
+        #: What the captures' reports said of the source's head so far (the lag of the changefeed's checkpoint).
+        self.heads = HeadCurve()
+
+    def stop_writer(self) -> int:
+        if self.writer.running:
+            self.writer.stop()
+        return self.writer.last
+
+    async def secrets(self, client: Client, ns: str) -> None:
+        for name, data in (
+            ("demo-source", {"endpoints": self.etcd.client_url}),
+            ("demo-sink", {"dsn": self.postgres.dsn}),
+        ):
+            body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data}
+            try:
+                await client.request("create", "POST", f"/api/v1/namespaces/{ns}/secrets", body=body)
+            except ApiError as exc:
+                if not exc.already_exists:
+                    raise
+                await client.request("replace", "PUT", f"/api/v1/namespaces/{ns}/secrets/{name}", body=body)
+
+    def downstream_rows(self) -> int:
+        """Live rows in the sink's tables of changefeed demo (0 before the first commit)."""
+        import psycopg
+
+        from controller.dataplane import schema
+
+        total = 0
+        with psycopg.connect(self.postgres.dsn, connect_timeout=5) as conn:
+            for table_id in self.TABLES:
+                try:
+                    with conn.transaction():
+                        row = conn.execute(
+                            f"SELECT count(*) FROM {schema.qualified('demo', table_id)} WHERE NOT deleted"
+                        ).fetchone()
+                except psycopg.errors.UndefinedTable:
+                    continue
+                total += row[0] if row else 0
+        return total
+
+    async def line(self, checkpoint: int, leases: list[dict[str, Any]]) -> str:
+        """Rows written and downstream, the source's head, the lag (from the captures' progress reports)."""
+        rows = await asyncio.to_thread(self.downstream_rows)
+        entries: list[ProgressEntry] = []
+        for lease in leases:
+            report = progress_from_json(
+                ((lease.get("metadata") or {}).get("annotations") or {}).get(PROGRESS_ANNOTATION)
+            )
+            if report is not None:
+                entries.extend(e for e in report.entries if e.changefeed == "demo")
+        self.heads.see_entries(entries)
+        self.heads.forget_below(checkpoint)
+        wall = self.heads.time_of(checkpoint)
+        lag = "-" if wall is None else f"{max(0.0, time.time() - wall):.1f}s"
+        return f"  data: written={self.writer.changes} head={self.writer.last} rows downstream={rows} lag={lag}"
+
+
 def progress_line(snap: dict[Kind, list[dict[str, Any]]]) -> str:
     spans = Counter(s.get("status", {}).get("state", "New") for s in snap[Kind.SPAN])
     per_capture = Counter(
@@ -149,15 +241,25 @@ def progress_line(snap: dict[Kind, list[dict[str, Any]]]) -> str:
     )
 
 
-async def watch_until(client: Client, ns: str, done: Any, within: float, every: float = 1.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        snap = await snapshot(client, ns)
-        print(time.strftime("%H:%M:%S"), progress_line(snap), flush=True)
-        if done(snap):
-            return True
-        await asyncio.sleep(every)
-    return False
+class Monitor:
+    """Prints a progress line every ``every`` seconds (and the data plane's, when there is one) until done."""
+
+    def __init__(self, client: Client, ns: str, data: DataPlane | None) -> None:
+        self.client, self.ns, self.data = client, ns, data
+
+    async def until(self, done: Any, within: float, every: float = 1.0) -> bool:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            snap = await snapshot(self.client, self.ns)
+            print(time.strftime("%H:%M:%S"), progress_line(snap), flush=True)
+            if self.data is not None:
+                cfs = snap[Kind.CHANGEFEED]
+                checkpoint = int((cfs[0].get("status") or {}).get("checkpointTs") or 0) if cfs else 0
+                print(await self.data.line(checkpoint, await leases(self.client, self.ns)), flush=True)
+            if done(snap):
+                return True
+            await asyncio.sleep(every)
+        return False
 
 
 def all_replicating(snap: dict[Kind, list[dict[str, Any]]]) -> bool:
@@ -175,7 +277,7 @@ async def set_hook(client: Client, ns: str, capture: str, hook: str, value: str 
     await client.patch(RESOURCES[Kind.CAPTURE], ns, capture, {"metadata": {"annotations": {hook: value}}})
 
 
-async def failover(client: Client, system: System, ns: str, maintainer: str) -> str:
+async def failover(client: Client, system: System, ns: str, maintainer: str, monitor: Monitor) -> str:
     snap = await snapshot(client, ns)
     spans = sorted(
         (s for s in snap[Kind.SPAN] if s.get("status", {}).get("state") == "Replicating"),
@@ -209,7 +311,7 @@ async def failover(client: Client, system: System, ns: str, maintainer: str) -> 
         phases = {o["metadata"]["name"]: o.get("status", {}).get("stage") for o in snap[Kind.OPERATOR]}
         return all(phases.get(n) == "RemoveOrigin" for n, _ in ops)
 
-    await watch_until(client, ns, held, 30)
+    await monitor.until(held, 30)
     print(f"SIGKILL {maintainer} with three operators in flight", flush=True)
     system.kill(maintainer)
     new = system.start_maintainer()
@@ -217,7 +319,7 @@ async def failover(client: Client, system: System, ns: str, maintainer: str) -> 
     await asyncio.sleep(3)
     for c in system.capture_names:
         await set_hook(client, ns, c, HOLD_CLOSE, None)
-    ok = await watch_until(client, ns, settled, 90)
+    ok = await monitor.until(settled, 90)
     snap = await snapshot(client, ns)
     for o in snap[Kind.OPERATOR]:
         if o["metadata"]["name"] in dict(ops):
@@ -229,6 +331,12 @@ async def failover(client: Client, system: System, ns: str, maintainer: str) -> 
 
 
 async def run(a: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as stack:  # the servers, whatever happens
+        data = DataPlane(a.rate, stack) if a.source == "etcd" else None
+        return await run_system(a, data)
+
+
+async def run_system(a: argparse.Namespace, data: DataPlane | None) -> int:
     handle = None
     kubeconfig = a.kubeconfig
     if not kubeconfig and not a.context:
@@ -244,26 +352,58 @@ async def run(a: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     client = Client(Config.load(kubeconfig, a.context))
     system = System(kubeconfig, a.namespace, a.captures, log_dir, a.log_format)
+    monitor = Monitor(client, a.namespace, data)
     try:
         if handle is None:
             await ensure_crds(client)
         maintainer = system.start_maintainer()
         system.start_captures()
         print(f"maintainer and {a.captures} captures started; logs in {log_dir}/", flush=True)
-        await apply_file(client, a.namespace, ROOT / "examples" / "changefeed.yaml")
+        changefeed = yaml.safe_load((ROOT / "examples" / "changefeed.yaml").read_text())
+        if data is not None:
+            await data.secrets(client, a.namespace)
+            changefeed["spec"]["source"] = {"etcd": {"secretRef": {"name": "demo-source"}}}
+            changefeed["spec"]["sink"] = {"postgres": {"secretRef": {"name": "demo-sink"}}}
+            data.writer.start()
+            print(f"writer: {a.rate:.0f} puts, overwrites and deletes a second over tables {data.TABLES}", flush=True)
+        await apply_docs(client, a.namespace, [changefeed])
         await apply_file(client, a.namespace, ROOT / "examples" / "tables.yaml")
-        ok = await watch_until(client, a.namespace, all_replicating, a.timeout)
+        ok = await monitor.until(all_replicating, a.timeout)
         print("all spans Replicating" if ok else "spans not all Replicating in time", flush=True)
         if ok and a.scenario == "failover":
-            maintainer = await failover(client, system, a.namespace, maintainer)
+            maintainer = await failover(client, system, a.namespace, maintainer, monitor)
         if a.duration:
-            await watch_until(client, a.namespace, lambda _: False, a.duration, every=2.0)
+            await monitor.until(lambda _: False, a.duration, every=2.0)
+        if ok and data is not None:
+            ok = await verify(client, a.namespace, kubeconfig, data, monitor)
         return 0 if ok else 1
     finally:
         await client.close()
         system.stop()
         if handle is not None:
             handle.stop()
+
+
+async def verify(client: Client, ns: str, kubeconfig: str, data: DataPlane, monitor: Monitor) -> bool:
+    """Stop the writer, wait for the checkpoint to pass its last revision, and run ``kubectl changefeed
+    verify`` (the plugin, as a person would): True when it found no difference."""
+    last = data.stop_writer()
+    print(f"writer stopped at revision {last} after {data.writer.changes} changes; waiting for the checkpoint",
+          flush=True)  # fmt: skip
+
+    def past(snap: dict[Kind, list[dict[str, Any]]]) -> bool:
+        cfs = snap[Kind.CHANGEFEED]
+        return bool(cfs) and int((cfs[0].get("status") or {}).get("checkpointTs") or 0) >= last
+
+    if not await monitor.until(past, 60):
+        print("the checkpoint did not pass the writer's last revision in time", flush=True)
+        return False
+    cmd = [sys.executable, "-m", "controller.cli", "--kubeconfig", kubeconfig, "-n", ns, "verify", "-c", "demo"]
+    print("$ kubectl changefeed verify -c demo", flush=True)
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT)
+    rc = await proc.wait()
+    print("verify: 0 differences" if rc == 0 else f"verify failed (exit {rc})", flush=True)
+    return rc == 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--namespace", default="default")
     p.add_argument("--captures", type=int, default=3)
     p.add_argument("--scenario", choices=["none", "failover"], default="none")
+    p.add_argument("--source", choices=["etcd", "none"], default="etcd",
+                   help="etcd: replicate a real etcd into a real PostgreSQL (started on loopback); none: the logical "
+                   "clock, which replicates nothing")  # fmt: skip
+    p.add_argument("--rate", type=float, default=200.0, help="the writer's changes a second (with --source etcd)")
     p.add_argument("--duration", type=float, default=0.0, help="keep running and printing this many seconds")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--port", type=int, default=0, help="port of the embedded API (0: any)")

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from controller.engine.world import Tick, World
-from controller.model.progress import ProgressEntry, digest, source_checkpoint_time
+from controller.model.progress import ProgressEntry, digest
 from controller.model.records import Dispatcher
 from controller.model.states import DispatcherState, Mode
 
@@ -53,15 +53,6 @@ def entries(world: World) -> Iterator[tuple[str, ProgressEntry, bool]]:
             if entry.changefeed == cf:
                 ds = groups.get((name, entry.mode), [])
                 yield name, entry, bool(ds) and exact(entry, ds)
-
-
-def checkpoint_time(world: World) -> float | None:
-    """For a changefeed counted in source revisions: the wall time its checkpoint stands for, the earliest
-    over the reports of the captures the maintainer sees running its dispatchers (exactly covered or not: a
-    lost capture's frozen report keeps its lag growing until its spans are elsewhere). None for a TSO
-    changefeed or before any such report."""
-    groups = believed(world)
-    return source_checkpoint_time(e for capture, e, _ in entries(world) if groups.get((capture, e.mode)))
 
 
 def exact(entry: ProgressEntry, ds: list[Dispatcher]) -> bool:

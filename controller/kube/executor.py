@@ -160,9 +160,7 @@ class Executor:
                     out.errors[reason] += 1
                     if isinstance(w, I.Create) and isinstance(exc, ApiError) and exc.status in REFUSAL_CODES:
                         out.refusals.append(Refusal(w.describe(), exc.reason, exc.message))
-                        log.warning(
-                            "the API refused %s: %s %s: %s", w.describe(), exc.status, exc.reason, exc.message
-                        )
+                        log.warning("the API refused %s: %s %s: %s", w.describe(), exc.status, exc.reason, exc.message)
                     self._failed(reason)
                     log.debug("chain %r stopped at %s: %s", chain.why, w.describe(), exc)
                     return False

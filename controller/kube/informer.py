@@ -1175,9 +1175,7 @@ class Informer:
     def _failed(self, stream: Stream, failures: int, error: object, backoff: float) -> None:
         """The first failure of a run of them, then one in 20: an outage retries every second."""
         if failures == 1 or failures % 20 == 0:
-            log.warning(
-                "watch %s broke (%d attempts): %r; retrying in %.2fs", stream.key, failures, error, backoff
-            )
+            log.warning("watch %s broke (%d attempts): %r; retrying in %.2fs", stream.key, failures, error, backoff)
 
     async def _gate(self) -> bool:
         # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` swallows a cancellation that lands as the lock
@@ -1225,9 +1223,7 @@ class Informer:
         await self._unfrozen()
         listing = store.begin_listing(kind, stream.changefeed)
         listed_rv = ""
-        pages = self.client.list_pages(
-            stream.res, self.namespace, label_selector=stream.selector, limit=self.page_size
-        )
+        pages = self.client.list_pages(stream.res, self.namespace, label_selector=stream.selector, limit=self.page_size)
         async for items, page_rv in pages:
             for i in range(0, len(items), CHUNK):
                 # A page converted a chunk at a time, paced: 500 objects hold the loop up to 100 ms.

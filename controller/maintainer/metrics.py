@@ -39,10 +39,10 @@ from controller.engine import progress
 from controller.engine.maintainer import Memory
 from controller.engine.world import World
 from controller.kube.heap import HeapReserve
-from controller.kube.informer import LEASE, Informer
+from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE, Informer
 from controller.kube.tenure import Tenure
 from controller.maintainer.stats import Stats
-from controller.model.progress import entry_lag
+from controller.model.progress import HeadCurve, entry_lag
 from controller.model.records import Capture, Changefeed, SpanOperator
 from controller.model.states import Kind, OpPhase, OpType, SchedulerState
 from controller.model.tso import physical_ms
@@ -70,7 +70,6 @@ __all__ = [
     "MaintainerMetrics",
     "MetricsServer",
     "StateCollector",
-    "checkpoint_lag",
     "operator_age",
 ]
 
@@ -399,11 +398,12 @@ class StateCollector(Collector):
 
     def _checkpoint_time(self, cf: Changefeed) -> float | None:
         """The wall time the changefeed's checkpoint stands for: a TSO's physical part, or for a changefeed
-        counted in source revisions what its captures' reports say (``engine.progress.checkpoint_time``)."""
+        counted in source revisions what the captures' reports said of its revision (``MaintainerMetrics.head``)."""
+        if cf.checkpoint_ts <= 0:
+            return None
         if not cf.source_secret:
-            return physical_ms(cf.checkpoint_ts) / 1000.0 if cf.checkpoint_ts > 0 else None
-        world = self.maintainer.snapshot(cf.name)
-        return None if world is None or cf.checkpoint_ts <= 0 else progress.checkpoint_time(world)
+            return physical_ms(cf.checkpoint_ts) / 1000.0
+        return self.maintainer.metrics.head_time(cf.name, cf.checkpoint_ts)
 
     def _informer(self) -> Iterable[Metric]:
         """The informer's relists and failures to apply, per kind (every kind from 0: ``increase()`` sees the first)."""
@@ -502,6 +502,26 @@ class MaintainerMetrics:
             GCCollector(registry=self.registry)
         #: SpanOperator name -> (uid, terminal) as last seen, to observe each operator's end exactly once.
         self._seen: dict[str, tuple[str, bool]] = {}
+        #: Changefeed -> when its source's head passed each revision, from every report this process saw.
+        self.heads: dict[str, HeadCurve] = {}
+
+    def head_time(self, changefeed: str, checkpoint: int) -> float | None:
+        """The wall time a changefeed's ``checkpoint`` (a source revision) stands for (``HeadCurve.time_of``),
+        from every report seen so far and the current ones."""
+        curve = self.heads.setdefault(changefeed, HeadCurve())
+        for c in self.maintainer.informer.store.all(Kind.CAPTURE).values():
+            if isinstance(c, Capture) and c.progress is not None:
+                curve.see_entries(e for e in c.progress.entries if e.changefeed == changefeed)
+        curve.forget_below(checkpoint)
+        return curve.time_of(checkpoint)
+
+    def _heard(self, lease: str) -> None:
+        """A capture's Lease changed: what its report says of the source's head, per changefeed."""
+        capture = self.maintainer.informer.store.record(Kind.CAPTURE, lease.removeprefix(CAPTURE_LEASE_PREFIX))
+        if isinstance(capture, Capture) and capture.progress is not None:
+            for e in capture.progress.entries:
+                if e.checkpoint_time is not None:
+                    self.heads.setdefault(e.changefeed, HeadCurve()).see_entries((e,))
 
     def write_error(self, reason: str) -> None:
         """The executor's ``on_error`` callback."""
@@ -515,6 +535,12 @@ class MaintainerMetrics:
         none of them), once per uid (a relist or a late event of the same object changes nothing), and
         only while this process leads its changefeed. A failed one is also counted by changefeed and type.
         """
+        if kind == LEASE and name.startswith(CAPTURE_LEASE_PREFIX):
+            try:
+                self._heard(name)
+            except Exception:  # metrics must never break the informer
+                log.exception("metrics: could not read the report of Lease %r", name)
+            return
         if kind != Kind.OPERATOR.value:
             return
         try:

@@ -29,7 +29,9 @@ maintainer checks them with :func:`digest`; ``controller.model.resources`` (de)s
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -147,11 +149,57 @@ def build(
     return Progress(incarnation=incarnation, at=at, entries=tuple(entries))
 
 
-def source_checkpoint_time(entries: Iterable[ProgressEntry]) -> float | None:
-    """The wall time a changefeed's checkpoint stands for, from its captures' entries that carry one (the
-    earliest over those covering dispatchers); None when none does (a TSO changefeed, or no report yet)."""
-    times = [e.checkpoint_time for e in entries if e.dispatchers and e.checkpoint_time is not None]
-    return min(times) if times else None
+class HeadCurve:
+    """When the source's head passed each revision, as far as the captures' reports tell: the pairs
+    (``checkpoint_ts`` c, ``checkpoint_time`` t) of their entries, each saying "by t the source held every change
+    up to c" (the head had just passed c, or stood at it). So a revision C <= c stood for a time at or before t,
+    and the time of a changefeed's checkpoint C is at most the least t over the pairs with c >= C: what
+    :meth:`time_of` gives (a lag never over-stated by the curve; as fine as the reports are frequent).
+
+    Kept as the pairs no other pair makes useless (c and t both increasing), ``limit`` of them at most (every
+    other one of the older half dropped past it: coarser, still never over-stated), and those below a
+    checkpoint that has passed them dropped (:meth:`forget_below`)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self.points: list[tuple[int, float]] = []
+
+    def see(self, revision: int, at: float) -> None:
+        points = self.points
+        i = bisect.bisect_left(points, (revision, -math.inf))
+        if i < len(points) and points[i][1] <= at:
+            return  # a pair at or above this revision is already as early
+        end = i + 1 if i < len(points) and points[i][0] == revision else i
+        start = i
+        while start > 0 and points[start - 1][1] >= at:
+            start -= 1  # lower revisions said no earlier than this one: useless now
+        points[start:end] = [(revision, at)]
+        if len(points) > self.limit:
+            half = len(points) // 2
+            points[:half] = points[1:half:2]
+
+    def see_entries(self, entries: Iterable[ProgressEntry]) -> None:
+        for e in entries:
+            if e.dispatchers and e.checkpoint_time is not None:
+                self.see(e.checkpoint_ts, e.checkpoint_time)
+
+    def time_of(self, checkpoint: int) -> float | None:
+        """The wall time ``checkpoint`` stands for, at most; None if no report reached it."""
+        i = bisect.bisect_left(self.points, (checkpoint, -math.inf))
+        return self.points[i][1] if i < len(self.points) else None
+
+    def forget_below(self, checkpoint: int) -> None:
+        """Drop what a checkpoint that only grows no longer needs (the pairs below it)."""
+        i = bisect.bisect_left(self.points, (checkpoint, -math.inf))
+        del self.points[:i]
+
+
+def source_checkpoint_time(checkpoint: int, entries: Iterable[ProgressEntry]) -> float | None:
+    """The wall time a changefeed's ``checkpoint`` stands for, from its captures' current entries alone (see
+    :class:`HeadCurve`); None when none carries a time at or above it (a TSO changefeed, or no report yet)."""
+    curve = HeadCurve()
+    curve.see_entries(entries)
+    return curve.time_of(checkpoint)
 
 
 def entry_lag(entry: ProgressEntry, now: float) -> float | None:

@@ -518,8 +518,10 @@ class Captures:
             cap = self.all[name]
             if cap.alive:
                 self._step_one(cap)
-                if cap.alive and cap.stopping_until is not None and (
-                    (not self._holding(cap) and not self._assigned(cap)) or self.ctx.now >= cap.stopping_until
+                if (
+                    cap.alive
+                    and cap.stopping_until is not None
+                    and ((not self._holding(cap) and not self._assigned(cap)) or self.ctx.now >= cap.stopping_until)
                 ):
                     self._exit(cap)
             elif cap.respawn_at is not None and self.ctx.now >= cap.respawn_at:

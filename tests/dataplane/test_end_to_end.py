@@ -100,7 +100,9 @@ def compare(etcd: EtcdServer, postgres: PostgresServer, watch: Watch, last: int)
 def lag_shown(api: Api, capsys: pytest.CaptureFixture[str]) -> float:
     """The checkpoint lag ``kubectl changefeed status`` prints for the changefeed (a revision, with seconds)."""
     capsys.readouterr()
-    assert kubectl_changefeed(["--kubeconfig", str(api.kubeconfig), "-n", api.namespace, "status", "-c", CHANGEFEED]) == 0
+    assert (
+        kubectl_changefeed(["--kubeconfig", str(api.kubeconfig), "-n", api.namespace, "status", "-c", CHANGEFEED]) == 0
+    )
     out = capsys.readouterr().out
     found = re.search(r"Checkpoint:\s+\d+ \(revision, lag (\d+\.\d)s\)", out)
     assert found, out

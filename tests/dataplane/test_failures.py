@@ -9,10 +9,8 @@ etcd at a revision at or below the changefeed's checkpoint with the sink, online
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,63 +22,30 @@ import pytest
 from controller.apiserver import ApiServerHandle
 from controller.cli.__main__ import main as kubectl_changefeed
 from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.dataplane.writer import Writer
 from controller.engine.maintainer import FAILED_EVENT, REPLICATION_FAILED
-from controller.model.keys import table_key
 from controller.model.states import DispatcherState, OpPhase, Stage
 from controller.model.verification import LAST_VERIFY_ANNOTATION, verification_from_json
 from tests.dataplane.test_end_to_end import create_changefeed
 from tests.integration.harness import CHANGEFEED, Api, Snap, System, Watch, set_hooks
 
 #: What verify prints for a table that matched (rows ahead of R, checked at their own revision, in parentheses).
-CLEAN = r"table {table} \(default\): \d+ keys at revision \d+: 0 differences( \(.*\))?\n"
+CLEAN = r"table {table} \(default\): [\d,]+ keys at revision \d+: 0 differences( \(.*\))?\n"
 
 
-class Writer:
-    """Puts (70 %), overwrites and deletes (20 %) random keys of one table from a thread of its own, about
-    ``rate`` changes a second, until stopped; ``last`` is the revision of its last change."""
+#: The writer's pace: changes a second (in etcd transactions of 50), over 65,536 keys of the table.
+RATE = 1_000.0
+#: What each failure is written through, at least: changes made from the failure on, and keys touched in all.
+CHANGES = 10_000
 
-    def __init__(self, server: EtcdServer, table: int, rate: float, seed: int) -> None:
-        self.server, self.table, self.period, self.rng = server, table, 1.0 / rate, random.Random(seed)
-        self.last = 0
-        self.changes = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
 
-    def __enter__(self) -> Writer:
-        self._thread.start()
-        return self
+def writer(etcd: EtcdServer, table_id: int) -> Writer:
+    return Writer(etcd.host, etcd.port, [table_id], rate=RATE, batch=50, keys=65_536, seed=table_id)
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        if self.error is not None:
-            raise AssertionError(f"the writer failed: {self.error!r}")
-        return self.last
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._write())
-        except BaseException as exc:  # reported by stop()
-            self.error = exc
-
-    async def _write(self) -> None:
-        server = self.server
-        options = {"grpc.enable_http_proxy": 0}
-        async with aetcd.Client(host=server.host, port=server.port, timeout=5, options=options) as c:
-            while not self._stop.is_set():
-                key = table_key(self.table) + bytes([self.rng.randrange(256)]) + b"-%d" % self.rng.randrange(4)
-                if self.rng.random() < 0.2:
-                    answer = await c.delete(key)
-                    if answer is not None:
-                        self.last = max(self.last, answer.header.revision)
-                else:
-                    self.last = (await c.put(key, b"v%d" % self.rng.randrange(10**6))).header.revision
-                self.changes += 1
-                await asyncio.sleep(self.period)
+def written_through(w: Writer, since: int) -> None:
+    """Let the writer make ``CHANGES`` changes from ``since`` on, over at least ``CHANGES`` keys in all."""
+    w.wait_for(since + CHANGES, touched=CHANGES)
 
 
 @pytest.fixture
@@ -152,7 +117,7 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     watch = start_feed(api, system, etcd, postgres, table_id)
-    with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
+    with writer(etcd, table_id) as w:
         snap = watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         first, second, third, fourth = sorted(snap.spans_of(table_id), key=lambda sp: sp.key_range.start)
         target = "c1" if first.capture == "c0" else "c0"
@@ -172,6 +137,7 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
             return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
 
         watch.until(held, "the Move, the Split and the Merge held in RemoveOrigin", 30)
+        failure = w.changes
         system.signal("m0", signal.SIGKILL)
         system.signal("c1", signal.SIGKILL)  # half the dispatchers, held mid-close, die with their capture
         system.capture("c2")
@@ -193,11 +159,11 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
         assert len(snap.spans_of(table_id)) == 4  # 1 moved + 2 split halves + 1 merged
 
         # Online: the writer still writes while verify compares etcd at the checkpoint with the sink.
-        during = writer.last
+        written_through(w, failure)
+        during = w.last
         checkpoint_past(watch, during, "the checkpoint to pass what was written through the failures", 60)
         verified(api, capsys, postgres, table_id)
-        assert writer.changes > 100, writer.changes
-    last = writer.last
+    last = w.last
     checkpoint_past(watch, last, "the checkpoint to pass the writer's last revision", 60)
     rc, out = verify(api, capsys, postgres)
     assert rc == 0, out
@@ -208,7 +174,9 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
     assert recorded.differences == 0
     assert recorded.revision >= last
     assert recorded.keys > 0
-    print(f"writer: {writer.changes} changes; verified {recorded.keys} keys at revision {recorded.revision}")
+    assert recorded.keys >= CHANGES // 2, recorded.keys  # live keys at the revision (tombstones not counted)
+    print(f"writer: {w.changes} changes over {len(w.touched)} keys; verified {recorded.keys} keys at revision "
+          f"{recorded.revision}")  # fmt: skip
 
 
 def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
@@ -225,17 +193,19 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
     crash (test_servers.py shows a throwaway one losing them)."""
     postgres = start_postgres(fsync=True)
     watch = start_feed(api, system, etcd, postgres, table_id)
-    with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
+    with writer(etcd, table_id) as w:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
-        before = writer.last
+        before = w.last
         checkpoint_past(watch, before, "the checkpoint to pass the writes before the crash", 30)
+        failure = w.changes
         postgres.restart(3.0, crash=True)
         retried = sum(proc.count("sink transaction failed; retrying") for proc in system.procs.values())
         assert retried > 0, system.tails()  # the captures saw the sink down, and said so
-        after = writer.last
+        written_through(w, failure)
+        after = w.last
         checkpoint_past(watch, after, "the checkpoint to pass what was written while the sink was down", 60)
         verified(api, capsys, postgres, table_id)
-    last = writer.last
+    last = w.last
     checkpoint_past(watch, last, "the checkpoint to pass the writer's last revision", 60)
     verified(api, capsys, postgres, table_id)
 
@@ -253,20 +223,24 @@ def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
     API server restarted with 30 s of outage (every client cut off: the captures pause their dispatchers at
     their renew deadline, and resume them once their Leases are theirs again): the writer writes through both."""
     watch = start_feed(api, system, etcd, postgres, table_id)
-    with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
+    with writer(etcd, table_id) as w:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         system.capture("c2")
+        failure = w.changes
         assert system.signal("c0", signal.SIGTERM, wait=60) == 0, system.tails()
         watch.until(lambda s: settled_on(s, {"c1", "c2"}, table_id), "the table replicated on c1 and c2", 60)
-        checkpoint_past(watch, writer.last, "the checkpoint to pass what was written through the drain")
+        checkpoint_past(watch, w.last, "the checkpoint to pass what was written through the drain")
         verified(api, capsys, postgres, table_id)
 
+        written_through(w, failure)
+        failure = w.changes
         kube.restart(30.0)
         assert sum(proc.count("paused: stopped delivering") for proc in system.procs.values()) > 0, system.tails()
         watch.until(lambda s: settled_on(s, {"c1", "c2"}, table_id), "the table replicated again after the outage", 60)
-        checkpoint_past(watch, writer.last, "the checkpoint to pass what was written through the outage")
+        written_through(w, failure)
+        checkpoint_past(watch, w.last, "the checkpoint to pass what was written through the outage")
         verified(api, capsys, postgres, table_id)
-    checkpoint_past(watch, writer.last, "the checkpoint to pass the writer's last revision")
+    checkpoint_past(watch, w.last, "the checkpoint to pass the writer's last revision")
     verified(api, capsys, postgres, table_id)
 
 
@@ -285,13 +259,13 @@ def test_etcd_compacted_past_the_checkpoint_stops_the_changefeed_with_a_clear_fa
     verify refuses to compare at a revision etcd no longer has, rather than report differences."""
     etcd = start_etcd()
     watch = start_feed(api, system, etcd, postgres, table_id)
-    with Writer(etcd, table_id, rate=40, seed=table_id) as writer:
+    with writer(etcd, table_id) as w:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
-        checkpoint_past(watch, writer.last, "the checkpoint to pass the first writes")
+        checkpoint_past(watch, w.last, "the checkpoint to pass the first writes")
         system.signal("c0", signal.SIGKILL)
         system.signal("c1", signal.SIGKILL)
         time.sleep(1.0)  # more writes nobody delivers
-    compacted = writer.last
+    compacted = w.last
     asyncio.run(compact(etcd, compacted))
     system.capture("c2")
 

@@ -331,10 +331,7 @@ def test_kubectl_scale_of_the_captures_works_up_to_max_replicas(tmp_path: Path) 
         procs.append(pod(statefulset, third))
         wait_for(
             "the new capture's Lease renewed",
-            lambda: any(
-                (lease.get("spec") or {}).get("holderIdentity") == third
-                for lease in api.list("leases")
-            ),
+            lambda: any((lease.get("spec") or {}).get("holderIdentity") == third for lease in api.list("leases")),
             procs,
         )
         table = {"apiVersion": "cdc.maintainer.dev/v1alpha1", "kind": "Table", "metadata": {"name": "scaled"}}

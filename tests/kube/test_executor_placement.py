@@ -31,7 +31,6 @@ from tests.kube.test_informer_relist import namespace
 TABLE = KeyRange.of_table(1)
 
 
-
 def placed(capture: str, dispatcher: str) -> Span:
     """A span as the engine creates it placed (``placement.create_placed``)."""
     return Span(

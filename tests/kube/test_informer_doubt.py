@@ -31,9 +31,9 @@ class FlakyClient:
         self.release = asyncio.Event()
         self.last_success = time.monotonic()  # what ``Informer.healthy`` reads: the API answered just now
 
-    async def list_pages(self, res: Resource, namespace: str, label_selector: str = "", **_: object) -> AsyncIterator[
-        tuple[list[JSON], str]
-    ]:
+    async def list_pages(
+        self, res: Resource, namespace: str, label_selector: str = "", **_: object
+    ) -> AsyncIterator[tuple[list[JSON], str]]:
         n = self.lists[res.kind] = self.lists.get(res.kind, 0) + 1
         if res.kind == "Span" and n > 1:
             await self.release.wait()

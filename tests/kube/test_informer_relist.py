@@ -36,7 +36,6 @@ def server() -> Iterator[ApiServerHandle]:
         handle.stop()
 
 
-
 async def namespace(client: Client) -> str:
     ns = f"relist-{uuid.uuid4().hex[:6]}"
     body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}

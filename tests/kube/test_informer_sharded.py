@@ -21,8 +21,6 @@ from tests.kube.conftest import until
 JSON = dict[str, Any]
 
 
-
-
 def body(kind: Kind, name: str, changefeed: str, label: str | None, **spec: object) -> JSON:
     meta: JSON = {"name": name}
     if label is not None:

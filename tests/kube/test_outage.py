@@ -33,7 +33,6 @@ CRDS = Path(__file__).resolve().parents[2] / "crds"
 CF = "cf"
 
 
-
 class CutOff(Client):
     """A client that can be cut off from the API: every request and watch then fails to connect; ``hang``
     makes requests hang instead (an API that went silent)."""
@@ -58,7 +57,6 @@ class CutOff(Client):
         async for event in super().watch(res, namespace, resource_version, **kw):
             await self._gate()
             yield event
-
 
 
 async def namespace(client: Client) -> str:

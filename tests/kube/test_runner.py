@@ -30,7 +30,6 @@ CRDS = Path(__file__).resolve().parents[2] / "crds"
 CF = "cf"
 
 
-
 class TimingOutClient(Client):
     """Status writes time out the first ``n`` times (no answer from the API)."""
 
@@ -43,7 +42,6 @@ class TimingOutClient(Client):
             self.n -= 1
             raise TimeoutError("no answer")
         return await super().patch(res, namespace, name, patch, sub)
-
 
 
 async def setup(client: Client) -> str:
@@ -365,6 +363,7 @@ def test_a_captures_renewal_wakes_its_changefeeds_not_the_supervisor(server: Api
     """A capture's Lease renews (and carries its progress report) every couple of seconds: that wakes the
     changefeeds the report concerns and nothing else. A change every changefeed looks at (a new capture, a
     Lease taken) still kicks the supervisor, which passes it on to every changefeed's loop."""
+
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
             m = Maintainer(client, settings("unused"))

@@ -22,8 +22,6 @@ from tests.kube.test_runner import GatedClient
 JSON = dict[str, Any]
 
 
-
-
 def settings(ns: str, identity: str = "m1") -> Settings:
     return Settings(
         namespace=ns,

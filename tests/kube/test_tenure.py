@@ -185,7 +185,6 @@ def test_a_batch_of_young_collections_makes_a_step_due_before_the_period() -> No
     """A step's pause is what was promoted since the last one: after BATCH young collections (each promotes at
     most about 7,700 objects) the step runs at once, however long the period, so its pause stays bounded."""
 
-
     t = Tenure(60.0)
 
     async def main() -> None:

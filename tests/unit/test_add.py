@@ -125,7 +125,9 @@ def test_target_lost_closes_dispatcher_then_span_absent():
     recs[2] = capture("c1", alive=False)
     dec = decide(world(*recs), memory())
     assert flat(dec) == [
-        ("delete", "Dispatcher", "dnew"), ("fence", "Capture", "c1"), ("unfinalize", "Dispatcher", "dnew")
+        ("delete", "Dispatcher", "dnew"),
+        ("fence", "Capture", "c1"),
+        ("unfinalize", "Dispatcher", "dnew"),
     ]
     gone = [r for r in recs if r.name != "dnew"]
     dec = decide(world(*gone), memory())

@@ -77,9 +77,16 @@ def test_fenced_maintainer_writes_nothing(cf_epoch, holder, mem_epoch):
 
 
 def test_bootstrapped_condition_and_one_event():
-    op = operator("mv", OpType.MOVE, ("s1",), OpPhase.RUNNING, Stage.REMOVE_ORIGIN, target="c1",
-                  origins=(Origin(span="s1", dispatcher="d1", capture="c0"),),
-                  targets=(Target(span="s1", key_range=KeyRange.of_table(1), capture="c1", dispatcher="dn"),))
+    op = operator(
+        "mv",
+        OpType.MOVE,
+        ("s1",),
+        OpPhase.RUNNING,
+        Stage.REMOVE_ORIGIN,
+        target="c1",
+        origins=(Origin(span="s1", dispatcher="d1", capture="c0"),),
+        targets=(Target(span="s1", key_range=KeyRange.of_table(1), capture="c1", dispatcher="dn"),),
+    )
     s = span("s1", state=SpanState.SCHEDULING, operator="mv")
     ghost = dispatcher("ghost", span("nope", table_id=9), "c0")
     dec = restart(table(1), *CAPS, s, op, ghost)
@@ -100,8 +107,16 @@ def test_bootstrapped_condition_and_one_event():
 
 def test_move_at_remove_origin_with_origin_gone_advances_to_same_destination():
     t = Target(span="s1", key_range=KeyRange.of_table(1), capture="c2", dispatcher="recorded-dest")
-    op = operator("mv", OpType.MOVE, ("s1",), OpPhase.RUNNING, Stage.REMOVE_ORIGIN, target="c2",
-                  origins=(Origin(span="s1", dispatcher="d1", capture="c0", checkpoint_ts=140),), targets=(t,))
+    op = operator(
+        "mv",
+        OpType.MOVE,
+        ("s1",),
+        OpPhase.RUNNING,
+        Stage.REMOVE_ORIGIN,
+        target="c2",
+        origins=(Origin(span="s1", dispatcher="d1", capture="c0", checkpoint_ts=140),),
+        targets=(t,),
+    )
     s = span("s1", state=SpanState.SCHEDULING, operator="mv", capture="c0", dispatcher="d1")
     dec = restart(table(1), *CAPS, s, op)
     got = [w for w in flat(dec) if w[0] != "event"]
@@ -120,9 +135,16 @@ CHILDREN = tuple(Target(span=f"child{i}", key_range=r, start_ts=130) for i, r in
 
 
 def split_op(stage, targets=CHILDREN):
-    return operator("sp", OpType.SPLIT, ("s1",), OpPhase.RUNNING, stage,
-                    origins=(Origin(span="s1", dispatcher="d1", capture="c0", checkpoint_ts=130),),
-                    targets=targets, checkpoint_ts=130)
+    return operator(
+        "sp",
+        OpType.SPLIT,
+        ("s1",),
+        OpPhase.RUNNING,
+        stage,
+        origins=(Origin(span="s1", dispatcher="d1", capture="c0", checkpoint_ts=130),),
+        targets=targets,
+        checkpoint_ts=130,
+    )
 
 
 PARENT = span("s1", state=SpanState.REMOVING, operator="sp")
@@ -162,10 +184,19 @@ def test_merge_with_one_source_gone_other_stopped():
     b = span("b", key_range=P[1], state=SpanState.REMOVING, operator="mg")
     db = dispatcher("db", b, "c1", DispatcherState.STOPPED, checkpoint_ts=160, deleting=True)
     merged = Target(span="merged", key_range=KeyRange.of_table(1))
-    op = operator("mg", OpType.MERGE, ("a", "b"), OpPhase.RUNNING, Stage.REMOVE_ORIGIN,
-                  origins=(Origin(span="a", dispatcher="da", capture="c0", checkpoint_ts=150),
-                           Origin(span="b", dispatcher="db", capture="c1", checkpoint_ts=140)),
-                  targets=(merged,), checkpoint_ts=140)
+    op = operator(
+        "mg",
+        OpType.MERGE,
+        ("a", "b"),
+        OpPhase.RUNNING,
+        Stage.REMOVE_ORIGIN,
+        origins=(
+            Origin(span="a", dispatcher="da", capture="c0", checkpoint_ts=150),
+            Origin(span="b", dispatcher="db", capture="c1", checkpoint_ts=140),
+        ),
+        targets=(merged,),
+        checkpoint_ts=140,
+    )
     dec = restart(table(1), *CAPS, a, b, db, op)
     assert created(dec, Kind.SPAN) == []
     assert created(dec, Kind.DISPATCHER) == []
@@ -191,9 +222,15 @@ def test_rejected_dispatcher_of_in_flight_add_replaced_under_new_epoch_name():
 
 
 def test_table_deleted_while_operator_in_flight():
-    op = operator("mv", OpType.MOVE, ("s1",), OpPhase.RUNNING, Stage.ADD_DEST, target="c1",
-                  targets=(Target(span="s1", key_range=KeyRange.of_table(1), capture="c1", dispatcher="dn",
-                                  start_ts=100),))
+    op = operator(
+        "mv",
+        OpType.MOVE,
+        ("s1",),
+        OpPhase.RUNNING,
+        Stage.ADD_DEST,
+        target="c1",
+        targets=(Target(span="s1", key_range=KeyRange.of_table(1), capture="c1", dispatcher="dn", start_ts=100),),
+    )
     s = span("s1", state=SpanState.SCHEDULING, operator="mv", capture="c1", dispatcher="dn")
     dn = dispatcher("dn", s, "c1", DispatcherState.INITIALIZING)
     dec = restart(table(1, deleting=True), *CAPS, s, op, dn)
@@ -296,8 +333,9 @@ def user_op(st: Store, type_: OpType) -> SpanOperator:
     if type_ is OpType.SPLIT:
         return SpanOperator(name="op", changefeed="cf", type=type_, spans=(s0.name,), split_into=3, created=st.now)
     if type_ is OpType.MERGE:
-        return SpanOperator(name="op", changefeed="cf", type=type_, spans=(spans[0].name, spans[1].name),
-                            created=st.now)
+        return SpanOperator(
+            name="op", changefeed="cf", type=type_, spans=(spans[0].name, spans[1].name), created=st.now
+        )
     return SpanOperator(name="op", changefeed="cf", type=type_, spans=(s0.name,), created=st.now)
 
 

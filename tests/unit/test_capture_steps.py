@@ -143,4 +143,3 @@ def test_a_transport_error_is_retried_at_the_next_pass_as_before(
             assert [r.getMessage() for r in caplog.records] == ["dispatcher step failed"] * 2
 
     asyncio.run(main())
-

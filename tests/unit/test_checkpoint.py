@@ -63,14 +63,28 @@ def test_absent_span_holds_it_back():
 
 
 def test_in_flight_operator_holds_it_back():
-    op = operator("mv", OpType.MOVE, ("a",), OpPhase.RUNNING, Stage.ADD_DEST, checkpoint_ts=170,
-                  targets=(Target(span="a", key_range=P[0], capture="c1", dispatcher="x", start_ts=170),))
+    op = operator(
+        "mv",
+        OpType.MOVE,
+        ("a",),
+        OpPhase.RUNNING,
+        Stage.ADD_DEST,
+        checkpoint_ts=170,
+        targets=(Target(span="a", key_range=P[0], capture="c1", dispatcher="x", start_ts=170),),
+    )
     assert compute(table(1), capture("c0"), A, B, C, DA, DB, DC, op) == 170
 
 
 def test_undone_target_start_ts_holds_it_back():
-    op = operator("sp", OpType.SPLIT, ("gone",), OpPhase.RUNNING, Stage.ADD_SPANS, checkpoint_ts=0,
-                  targets=(Target(span="kid", key_range=P[0], capture="c1", dispatcher="x", start_ts=120),))
+    op = operator(
+        "sp",
+        OpType.SPLIT,
+        ("gone",),
+        OpPhase.RUNNING,
+        Stage.ADD_SPANS,
+        checkpoint_ts=0,
+        targets=(Target(span="kid", key_range=P[0], capture="c1", dispatcher="x", start_ts=120),),
+    )
     assert compute(table(1), capture("c0"), A, B, C, DA, DB, DC, op) == 120
 
 

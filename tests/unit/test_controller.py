@@ -41,15 +41,29 @@ DA = dispatcher("da", A, "c0")
 DB = dispatcher("db", B, "c0")
 BASE = [table(1), capture("c0"), capture("c1"), A, B, DA, DB]
 MOVE_A = operator(
-    "mv1", OpType.MOVE, ("a",), OpPhase.RUNNING, Stage.REMOVE_ORIGIN, target="c1",
+    "mv1",
+    OpType.MOVE,
+    ("a",),
+    OpPhase.RUNNING,
+    Stage.REMOVE_ORIGIN,
+    target="c1",
     origins=(Origin(span="a", dispatcher="da", capture="c0"),),
-    targets=(Target(span="a", key_range=P[0], capture="c1", dispatcher="na"),), created=NOW - 20,
+    targets=(Target(span="a", key_range=P[0], capture="c1", dispatcher="na"),),
+    created=NOW - 20,
 )
 
 
 def test_second_operator_on_owned_span_fails_span_busy():
-    running = [table(1), capture("c0"), capture("c1"), replace(A, state=SpanState.SCHEDULING, operator="mv1"), B,
-               replace(DA, deleting=True), DB, MOVE_A]
+    running = [
+        table(1),
+        capture("c0"),
+        capture("c1"),
+        replace(A, state=SpanState.SCHEDULING, operator="mv1"),
+        B,
+        replace(DA, deleting=True),
+        DB,
+        MOVE_A,
+    ]
     op = operator("mv2", OpType.MOVE, ("a",), target="c0")
     dec = decide(world(*running, op), memory())
     assert [w for w in flat(dec) if w[2] == "mv2"] == [
@@ -63,8 +77,16 @@ def test_second_operator_on_owned_span_fails_span_busy():
 
 def test_in_flight_limit_keeps_pending_waiting():
     cf = changefeed(scheduler=SchedulerConfig(max_in_flight_operators=1))
-    running = [table(1), capture("c0"), capture("c1"), replace(A, state=SpanState.SCHEDULING, operator="mv1"), B,
-               replace(DA, deleting=True), DB, MOVE_A]
+    running = [
+        table(1),
+        capture("c0"),
+        capture("c1"),
+        replace(A, state=SpanState.SCHEDULING, operator="mv1"),
+        B,
+        replace(DA, deleting=True),
+        DB,
+        MOVE_A,
+    ]
     op = operator("mv2", OpType.MOVE, ("b",), target="c1")
     dec = decide(world(*running, op, cf=cf), memory())
     assert [w for w in flat(dec) if w[2] == "mv2"] == []
@@ -80,8 +102,9 @@ def test_in_flight_limit_admits_oldest_first():
 
 
 def finished(name, source, age):
-    return operator(name, OpType.MOVE, ("a",), OpPhase.SUCCEEDED, source=source, created=NOW - 5000,
-                    finished_at=NOW - age)
+    return operator(
+        name, OpType.MOVE, ("a",), OpPhase.SUCCEEDED, source=source, created=NOW - 5000, finished_at=NOW - age
+    )
 
 
 @pytest.mark.parametrize(
@@ -103,8 +126,16 @@ def test_table_deleted_mid_move_cancels_and_removes():
     """The Move is canceled first; the table's Remove is created Pending in the same decision and claims the
     spans only in the next one (the cancel might not land), then closes every dispatcher of the table."""
     tbl = table(1, deleting=True)
-    recs = [tbl, capture("c0"), capture("c1"), replace(A, state=SpanState.SCHEDULING, operator="mv1"), B,
-            replace(DA, deleting=True), DB, MOVE_A]
+    recs = [
+        tbl,
+        capture("c0"),
+        capture("c1"),
+        replace(A, state=SpanState.SCHEDULING, operator="mv1"),
+        B,
+        replace(DA, deleting=True),
+        DB,
+        MOVE_A,
+    ]
     dec = decide(world(*recs), memory())
     got = flat(dec)
     (rm,) = created(dec, Kind.OPERATOR)
@@ -129,8 +160,15 @@ def test_table_deleted_mid_move_cancels_and_removes():
 
 
 def test_table_deleted_remove_finishes_then_finalizer_released():
-    rm = operator("rm", OpType.REMOVE, ("a", "b"), OpPhase.RUNNING, Stage.REMOVE_ORIGIN, delete_spans=True,
-                  source=OpSource.MAINTAINER)
+    rm = operator(
+        "rm",
+        OpType.REMOVE,
+        ("a", "b"),
+        OpPhase.RUNNING,
+        Stage.REMOVE_ORIGIN,
+        delete_spans=True,
+        source=OpSource.MAINTAINER,
+    )
     tbl = table(1, deleting=True)
     a = replace(A, state=SpanState.REMOVING, operator="rm")
     b = replace(B, state=SpanState.REMOVING, operator="rm")

@@ -67,8 +67,14 @@ def test_coverage_redo_mode_checked_separately():
 def test_unexplained_overlap_and_explained_by_one_operator():
     problems = invariants.unexplained_overlaps(world(*GOOD, WIDE))
     assert [p.split(" of table")[0] for p in problems] == ["overlap: spans a and w", "overlap: spans w and b"]
-    merge = operator("mg", OpType.MERGE, ("a", "b"), OpPhase.RUNNING, Stage.CREATE_SPANS,
-                     targets=(Target(span="w", key_range=WIDE.key_range),))
+    merge = operator(
+        "mg",
+        OpType.MERGE,
+        ("a", "b"),
+        OpPhase.RUNNING,
+        Stage.CREATE_SPANS,
+        targets=(Target(span="w", key_range=WIDE.key_range),),
+    )
     assert invariants.unexplained_overlaps(world(*GOOD, WIDE, merge)) == []
 
 
@@ -99,13 +105,12 @@ def test_settled_reports_each_problem():
     op = operator("o", OpType.ADD, ("a",), OpPhase.RUNNING, Stage.ADD_DEST)
     assert invariants.settled(world(*GOOD, op)) == ["lost operator: o (Add) still Running in AddDest"]
     absent = replace(A, state=SpanState.ABSENT)
-    assert invariants.settled(world(*GOOD[:3], absent, B, DB)) == [
-        "liveness: span a is Absent, not Replicating"
-    ]
+    assert invariants.settled(world(*GOOD[:3], absent, B, DB)) == ["liveness: span a is Absent, not Replicating"]
     orphan = dispatcher("orph", span("gone", table_id=1), "c0")
     assert "orphan: dispatcher orph has no span (gone)" in invariants.settled(world(*GOOD, orphan))
-    assert invariants.settled(world(*GOOD[:3], replace(A, capture="c0"), B, replace(DA, capture="c2"), DB,
-                                    capture("c2", alive=False))) == ["liveness: span a runs on lost capture c2"]
+    assert invariants.settled(
+        world(*GOOD[:3], replace(A, capture="c0"), B, replace(DA, capture="c2"), DB, capture("c2", alive=False))
+    ) == ["liveness: span a runs on lost capture c2"]
     stopped = replace(DA, state=DispatcherState.STOPPED)
     assert len(invariants.settled(world(*GOOD[:5], stopped, DB))) == 1
     gone_table = world(table(1, deleting=True), A, B)

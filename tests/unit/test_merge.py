@@ -130,10 +130,25 @@ def test_all_sources_gone_creates_merged_from_min_checkpoint():
 
 def test_add_spans_merged_working_succeeds():
     t = replace(MERGED, capture="c1", dispatcher="dm", start_ts=125)
-    m = span("merged", key_range=t.key_range, state=SpanState.SCHEDULING, operator="mg", capture="c1",
-             dispatcher="dm", checkpoint_ts=125)
-    op = operator("mg", OpType.MERGE, ("a", "b"), OpPhase.RUNNING, Stage.ADD_SPANS, origins=ORIGINS, targets=(t,),
-                  checkpoint_ts=125)
+    m = span(
+        "merged",
+        key_range=t.key_range,
+        state=SpanState.SCHEDULING,
+        operator="mg",
+        capture="c1",
+        dispatcher="dm",
+        checkpoint_ts=125,
+    )
+    op = operator(
+        "mg",
+        OpType.MERGE,
+        ("a", "b"),
+        OpPhase.RUNNING,
+        Stage.ADD_SPANS,
+        origins=ORIGINS,
+        targets=(t,),
+        checkpoint_ts=125,
+    )
     dm = dispatcher("dm", m, "c1", DispatcherState.WORKING, checkpoint_ts=130)
     dec = decide(world(table(1), *CAPS, C, DC, m, dm, op), memory())
     assert flat(dec) == [("status", "Span", "merged"), ("status", "SpanOperator", "mg")]
@@ -146,10 +161,25 @@ def test_add_spans_merged_destination_lost_succeeds_partially_placed_and_leaves_
     """Found on a real cluster (with Split): the sources gone, the merged span created, its destination lost.
     Was: Failed (DestinationLost) with a warning Event, though the merge had done what was asked."""
     t = replace(MERGED, capture="c1", dispatcher="dm", start_ts=125)
-    m = span("merged", key_range=t.key_range, state=SpanState.SCHEDULING, operator="mg", capture="c1",
-             dispatcher="dm", checkpoint_ts=125)
-    op = operator("mg", OpType.MERGE, ("a", "b"), OpPhase.RUNNING, Stage.ADD_SPANS, origins=ORIGINS, targets=(t,),
-                  checkpoint_ts=125)
+    m = span(
+        "merged",
+        key_range=t.key_range,
+        state=SpanState.SCHEDULING,
+        operator="mg",
+        capture="c1",
+        dispatcher="dm",
+        checkpoint_ts=125,
+    )
+    op = operator(
+        "mg",
+        OpType.MERGE,
+        ("a", "b"),
+        OpPhase.RUNNING,
+        Stage.ADD_SPANS,
+        origins=ORIGINS,
+        targets=(t,),
+        checkpoint_ts=125,
+    )
     dec = decide(world(table(1), capture("c0"), capture("c1", alive=False), C, DC, m, op), memory())
     assert flat(dec)[:2] == [("status", "Span", "merged"), ("status", "SpanOperator", "mg")]
     assert ("event", "SpanOperator", "mg", "OperatorFailed") not in flat(dec)
@@ -221,5 +251,9 @@ def test_every_capture_lost_maintainer_killed_at_any_write_finishes_with_the_sam
     assert len(outcomes) == 1
     ((phase, reason, _, rng, state, sources_gone),) = outcomes
     assert (phase, reason, rng, state, sources_gone) == (
-        OpPhase.SUCCEEDED, "PartiallyPlaced", MERGED.key_range, SpanState.ABSENT, True
+        OpPhase.SUCCEEDED,
+        "PartiallyPlaced",
+        MERGED.key_range,
+        SpanState.ABSENT,
+        True,
     )

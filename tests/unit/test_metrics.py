@@ -20,11 +20,10 @@ from controller.kube.client import ApiError, BadResponse, Client
 from controller.kube.executor import Executor, failure_reason
 from controller.maintainer import __main__ as cli
 from controller.maintainer.metrics import PREFIX, MetricsServer
-from controller.model.progress import checkpoint_lag
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
-from controller.model.progress import Progress, ProgressEntry, digest
+from controller.model.progress import Progress, ProgressEntry, checkpoint_lag, digest
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, SchedulerStatus, Span, SpanOperator
 from controller.model.states import DispatcherState, Kind, Mode, OpPhase, OpType, SchedulerState, SpanState, Stage
 from controller.model.tso import tso
@@ -251,8 +250,9 @@ def test_capture_reports_lag_coverage_and_slowest_span() -> None:
 
 
 def test_a_changefeed_counted_in_source_revisions_lags_by_the_wall_time_its_reports_carry() -> None:
-    """Its checkpointTs is an etcd revision (read as a TSO it would be 1970): the lag is now minus the wall time
-    the captures' reports say the checkpoint stands for, the earliest over captures running its dispatchers."""
+    """Its checkpointTs is an etcd revision (read as a TSO it would be 1970). Each report entry says "by t the
+    source held everything up to c": the checkpoint's time is the earliest t over the pairs with c at or above
+    it, from every report this process saw (the reports are replaced; what they told is kept)."""
     h = Harness()
     now = time.time()
     h.offer(Changefeed(name=CF, source_secret="src", sink_secret="dst", checkpoint_ts=1234))
@@ -262,10 +262,12 @@ def test_a_changefeed_counted_in_source_revisions_lags_by_the_wall_time_its_repo
                               start_ts=1, epoch=1, state=DispatcherState.WORKING))
         for c in ("c1", "c2")
     }  # fmt: skip
+    for c in ds:
+        h.offer(Capture(name=c))
 
-    def report(capture: str, behind: float) -> None:
+    def report(capture: str, revision: int, behind: float) -> None:
         entry = ProgressEntry(
-            changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=1234 + int(behind), dispatchers=1,
+            changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=revision, dispatchers=1,
             digest=digest([ds[capture].uid]), slowest=f"d-{capture}", checkpoint_time=now - behind,
         )  # fmt: skip
         h.rv += 1
@@ -275,19 +277,25 @@ def test_a_changefeed_counted_in_source_revisions_lags_by_the_wall_time_its_repo
         lease["metadata"]["resourceVersion"] = str(h.rv)
         h.m.informer.offer("Lease", lease)
 
-    report("c1", 4.0)
-    report("c2", 1.0)
-    lag = h.value("checkpoint_lag_seconds", changefeed=CF)
-    assert lag is not None and 3.5 < lag < 30, lag  # c1's, the earlier
-    stamp = h.value("checkpoint_timestamp_seconds", changefeed=CF)
-    assert stamp is not None and abs(stamp - (now - 4.0)) < 0.01
-    key = {"changefeed": CF, "mode": "default"}
-    assert 0.5 < (h.value("capture_checkpoint_lag_seconds", capture="c2", **key) or 0) < 30
+    def lag() -> float:
+        value = h.value("checkpoint_lag_seconds", changefeed=CF)
+        assert value is not None
+        return value
 
-    # c1's dispatcher moved away (Stopped): its frozen report no longer holds the changefeed's lag.
-    h.offer(ds["c1"].evolve(state=DispatcherState.STOPPED, resource_version=""))
-    lag = h.value("checkpoint_lag_seconds", changefeed=CF)
-    assert lag is not None and 0.5 < lag < 3.5, lag
+    report("c1", 1240, 1.0)
+    report("c2", 1236, 4.0)
+    assert 3.9 < lag() < 30  # c2's pair: by now - 4 the source held 1236 >= 1234
+    stamp = h.value("checkpoint_timestamp_seconds", changefeed=CF)
+    assert stamp is not None
+    assert abs(stamp - (now - 4.0)) < 0.01
+    key = {"changefeed": CF, "mode": "default"}
+    assert 0.9 < (h.value("capture_checkpoint_lag_seconds", capture="c1", **key) or 0) < 30
+
+    # The checkpoint passes 1236: only c1's pair is at or above it. c1's next report (a later time for a later
+    # revision) does not make the checkpoint younger: the earlier report said more about 1237.
+    h.offer(Changefeed(name=CF, source_secret="src", sink_secret="dst", checkpoint_ts=1237))
+    report("c1", 1245, 0.5)
+    assert 0.9 < lag() < 3.9
 
 
 def test_leader_epoch_bootstrap_and_runner_counters() -> None:

@@ -187,7 +187,9 @@ def test_add_dest_destination_lost():
     caps = [capture("c0"), capture("c1", alive=False)]
     dec = decide(world(*at_add_dest(DispatcherState.INITIALIZING, caps=caps)), memory())
     assert flat(dec) == [
-        ("delete", "Dispatcher", "dnew"), ("fence", "Capture", "c1"), ("unfinalize", "Dispatcher", "dnew")
+        ("delete", "Dispatcher", "dnew"),
+        ("fence", "Capture", "c1"),
+        ("unfinalize", "Dispatcher", "dnew"),
     ]
     dec = decide(world(*at_add_dest(caps=caps)), memory())
     rec = last_status(dec, Kind.OPERATOR, "mv")

@@ -11,7 +11,7 @@ from controller.engine.intents import Chain
 from controller.engine.maintainer import CHECKPOINT_INTERVAL, Decision, decide
 from controller.engine.world import Options, Tick
 from controller.model import progress
-from controller.model.progress import Progress, ProgressEntry, Running, build, digest, traffic_changed
+from controller.model.progress import HeadCurve, Progress, ProgressEntry, Running, build, digest, traffic_changed
 from controller.model.resources import capture_from_resources, lease_resource, progress_from_json, progress_to_json
 from controller.model.states import Mode
 from tests.unit.fixtures import (
@@ -121,6 +121,32 @@ def test_a_report_that_does_not_parse_is_ignored_and_the_capture_stays_valid() -
         got = capture_from_resources(obj, lease)
         assert got.progress is None, bad
         assert got.renew_time == cap.renew_time
+
+
+def test_the_head_curve_gives_the_earliest_time_known_at_or_above_a_revision() -> None:
+    curve = HeadCurve()
+    assert curve.time_of(10) is None
+    curve.see(20, 100.0)
+    curve.see(30, 105.0)
+    curve.see(25, 104.0)
+    assert curve.time_of(10) == 100.0  # by 100 the source held 20 >= 10
+    assert curve.time_of(21) == 104.0
+    assert curve.time_of(31) is None  # nothing known that far: no time claimed
+    curve.see(40, 101.0)  # a later revision known earlier (another capture's report): the pairs below are useless
+    assert curve.points == [(20, 100.0), (40, 101.0)]
+    curve.see(15, 120.0)  # known later than something above it: tells nothing
+    assert curve.points == [(20, 100.0), (40, 101.0)]
+    curve.forget_below(21)
+    assert curve.points == [(40, 101.0)]
+    small = HeadCurve(limit=8)
+    for i in range(100):
+        small.see(i, float(i))
+        assert len(small.points) <= 8
+        assert small.time_of(i) == float(i)  # the newest is always kept
+    for r in range(100):  # older ones coarser: a time at or after the true one, a lag never over-stated
+        when = small.time_of(r)
+        assert when is not None
+        assert when >= r
 
 
 def test_traffic_is_rewritten_only_when_it_changes_materially() -> None:

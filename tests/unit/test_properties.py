@@ -174,9 +174,10 @@ class Harness:
             preds = [(r, cp) for n, (r, m, cp) in self.reached.items() if m == d.mode and r.overlaps(d.key_range)]
             if not preds:
                 continue
-            bounds = sorted({d.key_range.start, d.key_range.end} | {
-                k for r, _ in preds for k in (r.start, r.end) if d.key_range.start < k < d.key_range.end
-            })
+            bounds = sorted(
+                {d.key_range.start, d.key_range.end}
+                | {k for r, _ in preds for k in (r.start, r.end) if d.key_range.start < k < d.key_range.end}
+            )
             for lo, hi in itertools.pairwise(bounds):
                 seg = KeyRange(lo, hi)
                 cps = [cp for r, cp in preds if r.contains_range(seg)]
@@ -201,8 +202,9 @@ class Harness:
                 continue
             d = w.dispatchers.get(s.dispatcher)
             reached = max(s.known_checkpoint, d.known_checkpoint if d is not None else 0)
-            recorded = [o.checkpoint_ts for op in w.operators.values() if op.in_flight
-                        for o in op.origins if o.span == s.name]
+            recorded = [
+                o.checkpoint_ts for op in w.operators.values() if op.in_flight for o in op.origins if o.span == s.name
+            ]
             reached = max(reached, min(recorded, default=0))  # a closed origin's final checkpoint, as recorded
             assert cp <= reached, f"changefeed checkpoint {cp} passed span {s.name} ({s.state}) at {reached}"
 

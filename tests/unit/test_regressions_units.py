@@ -55,8 +55,16 @@ def test_split_closes_the_dispatcher_of_a_child_span_deleted_by_hand():
     child1 = span("child1", key_range=P[1], state=SpanState.SCHEDULING, operator="sp", capture="c1", dispatcher="k1")
     k0 = dispatcher("k0", replace(child1, name="child0", key_range=P[0]), "c0", DispatcherState.INITIALIZING)
     k1 = dispatcher("k1", child1, "c1", DispatcherState.WORKING, checkpoint_ts=140)
-    op = operator("sp", OpType.SPLIT, ("s1",), OpPhase.RUNNING, Stage.ADD_SPANS, targets=targets, checkpoint_ts=130,
-                  origins=(Origin(span="s1", dispatcher="d1", capture="c0", checkpoint_ts=130),))
+    op = operator(
+        "sp",
+        OpType.SPLIT,
+        ("s1",),
+        OpPhase.RUNNING,
+        Stage.ADD_SPANS,
+        targets=targets,
+        checkpoint_ts=130,
+        origins=(Origin(span="s1", dispatcher="d1", capture="c0", checkpoint_ts=130),),
+    )
     dec = decide(world(table(1), *CAPS, child1, k0, k1, op), memory())
     assert ("delete", "Dispatcher", "k0") in flat(dec)
     # Once k0 is gone the target is given up and the Split finishes with the shape it could keep.
@@ -81,8 +89,16 @@ def test_merge_never_starts_below_the_checkpoint_when_a_source_span_vanished():
 
     a = span("a", key_range=P[0], state=SpanState.REMOVING, operator="mg", checkpoint_ts=150)
     merged = Target(span="merged", key_range=KeyRange(P[0].start, P[1].end))
-    op = operator("mg", OpType.MERGE, ("a", "b"), OpPhase.RUNNING, Stage.REMOVE_ORIGIN, targets=(merged,),
-                  origins=(Origin(span="a", dispatcher="da", capture="c0", checkpoint_ts=150),), checkpoint_ts=100)
+    op = operator(
+        "mg",
+        OpType.MERGE,
+        ("a", "b"),
+        OpPhase.RUNNING,
+        Stage.REMOVE_ORIGIN,
+        targets=(merged,),
+        origins=(Origin(span="a", dispatcher="da", capture="c0", checkpoint_ts=150),),
+        checkpoint_ts=100,
+    )
     dec = decide(world(table(1), *CAPS, a, op), memory())
     spans = created(dec, Kind.SPAN)
     (m,) = [s for s in spans if s.name == "merged"]

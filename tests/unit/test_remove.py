@@ -140,10 +140,25 @@ def test_table_remove_does_not_turn_an_invalid_span_into_an_accepted_one():
     a = span("a", key_range=P[0], state=SpanState.REMOVING, operator="user-rm", capture="c0", dispatcher="da")
     b = span("b", key_range=P[1], capture="c1", dispatcher="db")
     u = span("u", state=SpanState.INVALID, message="overlaps span 'a'", created=NOW - 1)
-    rm = operator("user-rm", OpType.REMOVE, ("a",), OpPhase.RUNNING, Stage.REMOVE_ORIGIN,
-                  origins=(Origin(span="a", dispatcher="da", capture="c0"),))
+    rm = operator(
+        "user-rm",
+        OpType.REMOVE,
+        ("a",),
+        OpPhase.RUNNING,
+        Stage.REMOVE_ORIGIN,
+        origins=(Origin(span="a", dispatcher="da", capture="c0"),),
+    )
     st = Store()
-    st.add(Changefeed(name="cf", start_ts=100, epoch=3, holder="m1"), table(1, deleting=True), *CAPS, a, b, u, rm,
-           replace(dispatcher("da", a, "c0"), deleting=True), dispatcher("db", b, "c1"))
+    st.add(
+        Changefeed(name="cf", start_ts=100, epoch=3, holder="m1"),
+        table(1, deleting=True),
+        *CAPS,
+        a,
+        b,
+        u,
+        rm,
+        replace(dispatcher("da", a, "c0"), deleting=True),
+        dispatcher("db", b, "c1"),
+    )
     st.apply(decide(st.world(), memory()))
     assert invariants.unexplained_overlaps(st.world()) == []

@@ -147,12 +147,21 @@ def test_add_spans_all_working_succeeds():
         replace(CHILDREN[1], capture="c1", dispatcher="k1", start_ts=130),
     )
     kids = [
-        span(f"child{i}", key_range=t.key_range, state=SpanState.SCHEDULING, operator="sp", capture=t.capture,
-             dispatcher=t.dispatcher, checkpoint_ts=130)
+        span(
+            f"child{i}",
+            key_range=t.key_range,
+            state=SpanState.SCHEDULING,
+            operator="sp",
+            capture=t.capture,
+            dispatcher=t.dispatcher,
+            checkpoint_ts=130,
+        )
         for i, t in enumerate(targets)
     ]
-    ds = [dispatcher(t.dispatcher, k, t.capture, DispatcherState.WORKING, checkpoint_ts=140)
-          for t, k in zip(targets, kids, strict=True)]
+    ds = [
+        dispatcher(t.dispatcher, k, t.capture, DispatcherState.WORKING, checkpoint_ts=140)
+        for t, k in zip(targets, kids, strict=True)
+    ]
     recs = at(Stage.ADD_SPANS, *kids, ds[0], targets=targets, parent=False, cp=130)
     dec = decide(world(*recs), memory())
     # child0 settles first, then the progress is recorded, then child1's missing dispatcher is re-issued
@@ -171,14 +180,29 @@ def test_add_spans_child_destination_lost_partially_placed():
         replace(CHILDREN[1], capture="c1", dispatcher="k1", start_ts=130),
     )
     kids = [
-        span(f"child{i}", key_range=t.key_range, state=SpanState.SCHEDULING, operator="sp", capture=t.capture,
-             dispatcher=t.dispatcher, checkpoint_ts=130)
+        span(
+            f"child{i}",
+            key_range=t.key_range,
+            state=SpanState.SCHEDULING,
+            operator="sp",
+            capture=t.capture,
+            dispatcher=t.dispatcher,
+            checkpoint_ts=130,
+        )
         for i, t in enumerate(targets)
     ]
     k0 = dispatcher("k0", kids[0], "c0", DispatcherState.WORKING, checkpoint_ts=140)
     k1 = dispatcher("k1", kids[1], "c1", DispatcherState.INITIALIZING, checkpoint_ts=130)
-    op = operator("sp", OpType.SPLIT, ("s1",), OpPhase.RUNNING, Stage.ADD_SPANS, origins=(ORIGIN,), targets=targets,
-                  checkpoint_ts=130)
+    op = operator(
+        "sp",
+        OpType.SPLIT,
+        ("s1",),
+        OpPhase.RUNNING,
+        Stage.ADD_SPANS,
+        origins=(ORIGIN,),
+        targets=targets,
+        checkpoint_ts=130,
+    )
     dec = decide(world(table(1), *caps, *kids, k0, k1, op), memory())
     assert flat(dec) == [
         ("status", "Span", "child0"),
@@ -207,12 +231,27 @@ def test_add_spans_child_destination_lost_partially_placed():
 
 def _placing(targets, caps):
     kids = [
-        span(f"child{i}", key_range=t.key_range, state=SpanState.SCHEDULING, operator="sp", capture=t.capture,
-             dispatcher=t.dispatcher, checkpoint_ts=130)
+        span(
+            f"child{i}",
+            key_range=t.key_range,
+            state=SpanState.SCHEDULING,
+            operator="sp",
+            capture=t.capture,
+            dispatcher=t.dispatcher,
+            checkpoint_ts=130,
+        )
         for i, t in enumerate(targets)
     ]
-    op = operator("sp", OpType.SPLIT, ("s1",), OpPhase.RUNNING, Stage.ADD_SPANS, origins=(ORIGIN,), targets=targets,
-                  checkpoint_ts=130)
+    op = operator(
+        "sp",
+        OpType.SPLIT,
+        ("s1",),
+        OpPhase.RUNNING,
+        Stage.ADD_SPANS,
+        origins=(ORIGIN,),
+        targets=targets,
+        checkpoint_ts=130,
+    )
     return [table(1), *caps, *kids, op]
 
 
@@ -327,7 +366,13 @@ def test_restarted_maintainer_keeps_the_recorded_reason_of_a_child_given_up():
     StatefulSet pod). The outcome is the record's, not re-judged from the world: was "KeysBusy" ("another
     span's dispatcher runs these keys"), since c1 is alive now."""
     lost = replace(
-        CHILDREN[1], capture="c1", dispatcher="k1", start_ts=130, done=True, lost=True, lost_reason="DestinationLost",
+        CHILDREN[1],
+        capture="c1",
+        dispatcher="k1",
+        start_ts=130,
+        done=True,
+        lost=True,
+        lost_reason="DestinationLost",
         lost_message="destination capture c1 lost; left Absent for the basic scheduler",
     )
     targets = (replace(CHILDREN[0], capture="c0", dispatcher="k0", start_ts=130), lost)
@@ -344,8 +389,16 @@ def test_restarted_maintainer_keeps_the_recorded_reason_of_a_child_given_up():
 def test_every_child_deleted_by_hand_fails_span_deleted():
     """The one way a split that created its children still fails: a person deleted all of them."""
     targets = tuple(replace(t, capture="c0", dispatcher=f"k{i}", start_ts=130) for i, t in enumerate(CHILDREN))
-    op = operator("sp", OpType.SPLIT, ("s1",), OpPhase.RUNNING, Stage.ADD_SPANS, origins=(ORIGIN,), targets=targets,
-                  checkpoint_ts=130)
+    op = operator(
+        "sp",
+        OpType.SPLIT,
+        ("s1",),
+        OpPhase.RUNNING,
+        Stage.ADD_SPANS,
+        origins=(ORIGIN,),
+        targets=targets,
+        checkpoint_ts=130,
+    )
     dec = decide(world(table(1), *CAPS, op), memory())
     rec = last_status(dec, Kind.OPERATOR, "sp")
     assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "SpanDeleted")
