@@ -103,7 +103,8 @@ class Writer:
             with self._progress:
                 self._progress.notify_all()
 
-    def _ops(self) -> list[rpc.RequestOp]:
+    def next_ops(self) -> list[rpc.RequestOp]:
+        """The next transaction's changes (the writer's mix), for a caller that writes them itself."""
         picked: dict[bytes, bool] = {}  # key -> delete; one change per key in a transaction (etcd refuses more)
         while len(picked) < self.batch:
             key = row_key(self.rng.choice(self.tables), self.rng.randrange(self.keys))
@@ -123,7 +124,7 @@ class Writer:
         async with aetcd.Client(host=self.host, port=self.port, timeout=5, options=options) as client:
             due = time.monotonic()
             while not self._stop.is_set():
-                ops = self._ops()
+                ops = self.next_ops()
                 answer = await client.kvstub.Txn(rpc.TxnRequest(success=ops), timeout=5)
                 deleted = sum(r.response_delete_range.deleted for r in answer.responses)
                 puts = sum(1 for op in ops if op.HasField("request_put"))
