@@ -1184,19 +1184,26 @@ class Agent:
             entries.extend(progress.build(running, self.incarnation, 0.0).entries)
         self.rt.flush()
         return progress.Progress(
-            incarnation=self.incarnation, at=round_time(time.time()), entries=tuple(self._timed(entries))
+            incarnation=self.incarnation, at=round_time(time.time()), entries=tuple(self._annotated(entries))
         )
 
-    def _timed(self, entries: list[progress.ProgressEntry]) -> Iterator[progress.ProgressEntry]:
-        """Each entry with the wall time its checkpoint stands for, where the runtime counts in source revisions
-        (``checkpoint_time`` of the slowest dispatcher; a TSO's is its own physical part)."""
+    def _annotated(self, entries: list[progress.ProgressEntry]) -> Iterator[progress.ProgressEntry]:
+        """Each entry with what the real runtime knows of it: the wall time its checkpoint stands for (where
+        it counts in source revisions: ``checkpoint_time`` of the slowest dispatcher; a TSO's is its own
+        physical part), and the sink's error while its transactions fail (``sink_error``)."""
         when = getattr(self.rt, "checkpoint_time", None)
+        sink = getattr(self.rt, "sink_error", None)
         for e in entries:
-            t = None
-            if when is not None and e.slowest:
+            t, error = None, ""
+            if e.slowest:
                 with contextlib.suppress(KeyError):
-                    t = when(e.slowest)
-            yield e if t is None else replace(e, checkpoint_time=round(t, 3))
+                    t = when(e.slowest) if when is not None else None
+                    error = sink(e.slowest) if sink is not None else ""
+            if t is not None:
+                e = replace(e, checkpoint_time=round(t, 3))
+            if error:
+                e = replace(e, sink_error=error[: progress.SINK_ERROR_LIMIT])
+            yield e
 
     async def _close(self, d: Dispatcher, raw: JSON) -> None:
         name = d.name

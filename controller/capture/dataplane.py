@@ -141,6 +141,11 @@ class _Feed:
         self.changefeed = changefeed
         self.endpoints = endpoints
         self.dispatchers: dict[str, _Disp] = {}
+        #: Rows waiting in every dispatcher's ``rows`` (the writer's "enough for a transaction" test), and the
+        #: dispatchers whose resolved revision moved since the writer last looked: neither costs a walk over
+        #: every dispatcher per watch response or per batch.
+        self.pending_rows = 0
+        self.dirty: set[str] = set()
         self.wake = asyncio.Event()
         self.client: aetcd.Client | None = None
         self._client_lock = asyncio.Lock()
@@ -214,19 +219,22 @@ class _Feed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), rt.batch_interval)
             self.wake.clear()
-            batch = [d for d in self.dispatchers.values() if d.paused_at is None and d.resolved > d.durable]
+            batch = self._take_dirty()
             if not batch:
                 continue
             if self._advance_without_rows(batch):
                 continue
             taken = {d.name: (d.rows, d.resolved) for d in batch}
             for d in batch:
+                self.pending_rows -= len(d.rows)
                 d.rows = []
             try:
                 await self._commit(batch, taken)
             except (psycopg.Error, OSError) as exc:
                 for d in batch:  # put them back in front of what came meanwhile: nothing lost, nothing reordered
                     d.rows = taken[d.name][0] + d.rows
+                    self.pending_rows += len(taken[d.name][0])
+                    self.dirty.add(d.name)
                 self.sink_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 log.warning(
                     "sink transaction failed; retrying", extra=fields(changefeed=self.changefeed, error=self.sink_error)
@@ -247,6 +255,20 @@ class _Feed:
                     d.drained.set()
             if any(d.rows for d in batch):
                 self.wake.set()
+
+    def _take_dirty(self) -> list[_Disp]:
+        """The dispatchers with something to commit (resolved past durable), not paused (those stay dirty)."""
+        names, self.dirty = self.dirty, set()
+        batch = []
+        for name in sorted(names):
+            d = self.dispatchers.get(name)
+            if d is None:
+                continue  # closed
+            if d.paused_at is not None:
+                self.dirty.add(name)
+            elif d.resolved > d.durable:
+                batch.append(d)
+        return batch
 
     def _advance_without_rows(self, batch: list[_Disp]) -> bool:
         """Checkpoints that only moved (progress notifications of idle spans): when no dispatcher of the batch
@@ -355,6 +377,8 @@ class _Feed:
         d.rows.extend(rows)
         d.resolved = at
         d.received_rows += len(rows)
+        self.pending_rows += len(rows)
+        self.dirty.add(d.name)
         log.info("initial scan", extra=fields(dispatcher=d.name, revision=at, rows=len(rows)))
         self.wake.set()
 
@@ -401,11 +425,12 @@ class _Feed:
                         deleted = e.type == aetcd.rpc.Event.DELETE
                         d.rows.append((e.kv.key, None if deleted else e.kv.value, e.kv.mod_revision, deleted))
                     d.received_rows += len(response.events)
+                    self.pending_rows += len(response.events)
                     d.resolved = max(d.resolved, response.events[-1].kv.mod_revision)
                 else:  # a progress notification: everything in range up to the header's revision was sent
                     d.resolved = max(d.resolved, head)
-                pending = sum(len(x.rows) for x in self.dispatchers.values())
-                if pending >= self.runtime.batch_rows or not response.events:
+                self.dirty.add(d.name)
+                if self.pending_rows >= self.runtime.batch_rows or not response.events:
                     self.wake.set()
                 if len(d.rows) >= MAX_PENDING_ROWS:
                     d.drained.clear()
@@ -514,6 +539,7 @@ class DataplaneRuntime:
         if d.task is not None:
             d.task.cancel()
         final = d.checkpoint()
+        d.feed.pending_rows -= len(d.rows)
         d.rows = []
         return final
 
@@ -530,6 +556,7 @@ class DataplaneRuntime:
             d.durable = max(d.durable, d.paused_at)
             d.paused_at = None
             d.resume.set()
+            d.feed.dirty.add(name)
             d.feed.wake.set()
 
     def flush(self) -> None:
@@ -607,6 +634,10 @@ class RoutedRuntime:
     def checkpoint_time(self, name: str) -> float | None:
         """The wall time a real dispatcher's checkpoint stands for; None for the logical clock (a TSO)."""
         return self.data.checkpoint_time(name) if name in self._real else None
+
+    def sink_error(self, name: str) -> str:
+        """The sink's last error while a real dispatcher's transactions are retried ("" while it writes)."""
+        return self.data.sink_error(name) if name in self._real else ""
 
     def failed(self, name: str) -> str | None:
         """Why a real dispatcher stopped for good (None: it did not, or it is not a real one)."""

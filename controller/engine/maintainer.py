@@ -71,6 +71,12 @@ REFUSED_EVENT = "WriteRefused"
 REPLICATION_FAILED = "ReplicationFailed"
 #: The Event when that condition turns True or its message changes.
 FAILED_EVENT = "DispatcherFailed"
+#: Condition: True while a live capture's progress report says its sink transactions for this changefeed fail
+#: and are retried (``ProgressEntry.sink_error``: the sink down, refusing connections or writes): their
+#: dispatchers' checkpoints, and so the changefeed's, hold; nothing is lost. False once no live capture says so.
+SINK_UNAVAILABLE = "SinkUnavailable"
+#: The Event when that condition turns True (not on every change of the sink's words: they may vary per retry).
+SINK_EVENT = "SinkUnavailable"
 
 
 @dataclass(frozen=True)
@@ -406,6 +412,37 @@ def _failed_condition(tick: Tick) -> Condition | None:
     return _condition(cf, REPLICATION_FAILED, False, "Replicating", "no dispatcher is stopped", tick.now)
 
 
+def sink_errors(world: World, now: float) -> list[tuple[str, str]]:
+    """(capture, the sink's error) for every live capture whose report says its sink transactions for the
+    changefeed fail, by capture name (a lost capture's last report says nothing about now). The condition
+    SinkUnavailable and the metric sink_unavailable_captures."""
+    cf = world.changefeed.name
+    out = []
+    for name in sorted(world.captures):
+        cap = world.captures[name]
+        if cap.progress is None or not cap.alive(now):
+            continue
+        error = next((e.sink_error for e in cap.progress.entries if e.changefeed == cf and e.sink_error), "")
+        if error:
+            out.append((name, error))
+    return out
+
+
+def _sink_condition(tick: Tick) -> Condition | None:
+    """SinkUnavailable from the live captures' reports: True naming how many and the first one's error, False
+    once none (for a changefeed that had the condition), None for one that never had it."""
+    troubled = sink_errors(tick.world, tick.now)
+    cf = tick.changefeed
+    if troubled:
+        first, error = troubled[0]
+        message = (
+            f"{len(troubled)} capture(s) cannot write to the sink and retry, the checkpoint held meanwhile; "
+            f"{first}: {error}"
+        )
+        return _condition(cf, SINK_UNAVAILABLE, True, "SinkError", message, tick.now)
+    return _condition(cf, SINK_UNAVAILABLE, False, "SinkWriting", "every capture writes to the sink", tick.now)
+
+
 def _refused_condition(cf: Changefeed, refusal: Refusal | None, now: float) -> Condition | None:
     """WritesRefused as the last applies left it: True with the API's words, False once a create landed
     after a refusal, None (no such condition) for a changefeed that never had one."""
@@ -469,6 +506,12 @@ def _status(
         conditions = _set_condition(replace(cf, conditions=conditions), failed)
         if failed.status == "True" and (old is None or (old.status, old.message) != ("True", failed.message)):
             events.append(tick.event(cf, FAILED_EVENT, failed.message, warning=True))
+    sink = _sink_condition(tick)
+    if sink is not None and not tick.mutant("sink-errors-not-reported"):
+        old = cf.condition(SINK_UNAVAILABLE)
+        conditions = _set_condition(replace(cf, conditions=conditions), sink)
+        if sink.status == "True" and (old is None or old.status != "True"):
+            events.append(tick.event(cf, SINK_EVENT, sink.message, warning=True))
     for name in newly_lost:
         if tick.index is not None:
             held = tick.index.holding.get(name, 0)

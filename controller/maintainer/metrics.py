@@ -36,7 +36,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from controller.engine import progress
-from controller.engine.maintainer import Memory
+from controller.engine.maintainer import Memory, sink_errors
 from controller.engine.world import World
 from controller.kube.heap import HeapReserve
 from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE, Informer
@@ -313,10 +313,19 @@ class StateCollector(Collector):
             "their position), not being deleted: the checkpoint is held at theirs (condition ReplicationFailed).",
             labels=["changefeed"],
         )
+        sink = GaugeMetricFamily(
+            PREFIX + "sink_unavailable_captures",
+            "Live captures whose progress report says their sink transactions for the changefeed fail and are "
+            "retried (the sink down or refusing writes): their checkpoints hold (condition SinkUnavailable).",
+            labels=["changefeed"],
+        )
         for name in leading:
             idx = store.indexes.get(name)
             if idx is not None:
                 stopped.add_metric([name], float(len(idx.failed_dispatchers)))
+            world = self.maintainer.snapshot(name)
+            if world is not None:
+                sink.add_metric([name], float(len(sink_errors(world, now))))
             cf = store.record(Kind.CHANGEFEED, name)
             if isinstance(cf, Changefeed):
                 wall = self._checkpoint_time(cf)
@@ -330,6 +339,7 @@ class StateCollector(Collector):
         yield checkpoint
         yield scheduler
         yield stopped
+        yield sink
         yield from self._verifications(leading)
         yield from self._reports(leading, now)
 

@@ -43,6 +43,9 @@ from controller.model.tso import physical_seconds
 #: The annotation of a capture's Lease that carries its report (JSON, see ``resources.progress_to_json``).
 PROGRESS_ANNOTATION = f"{GROUP}/progress"
 
+#: How much of a sink error a report carries (the start of the message: it rides on every Lease renewal).
+SINK_ERROR_LIMIT = 200
+
 #: Traffic (write rate, region count) is written to a dispatcher's status only when it changes by at
 #: least this fraction (or from or to zero): the split and merge schedulers judge within this much.
 TRAFFIC_CHANGE = 0.1
@@ -71,6 +74,9 @@ class ProgressEntry:
     #: the source's head (the report's own time when caught up). None for a TSO, whose physical part is its
     #: time. The checkpoint's lag in seconds is ``now - checkpoint_time``.
     checkpoint_time: float | None = None
+    #: The sink's last error while this capture's transactions for the changefeed fail and are retried ("" while
+    #: it writes): the maintainer's condition SinkUnavailable. At most :data:`SINK_ERROR_LIMIT` characters.
+    sink_error: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

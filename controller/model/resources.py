@@ -609,6 +609,8 @@ def _entry_to_json(e: ProgressEntry) -> dict[str, object]:
     }
     if e.checkpoint_time is not None:
         doc["checkpointTime"] = round(e.checkpoint_time, 3)
+    if e.sink_error:
+        doc["sinkError"] = e.sink_error
     return doc
 
 
@@ -631,6 +633,9 @@ def progress_from_json(text: object) -> Progress | None:
                 isinstance(when, bool) or not isinstance(when, int | float) or not 0 <= when < math.inf
             ):
                 return None
+            sink_error = item.get("sinkError", "")
+            if not isinstance(sink_error, str):
+                return None
             entries.append(
                 ProgressEntry(
                     changefeed=item["changefeed"],
@@ -640,6 +645,7 @@ def progress_from_json(text: object) -> Progress | None:
                     digest=digest,
                     slowest=str(item.get("slowest") or ""),
                     checkpoint_time=None if when is None else float(when),
+                    sink_error=sink_error,
                 )
             )
         incarnation = doc["incarnation"]

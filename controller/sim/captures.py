@@ -110,6 +110,18 @@ def _fails(seed: int, name: str, cp: int) -> bool:
     return zlib.crc32(f"{seed}/{name}/{cp}".encode()) % FAILURE_ODDS == 0
 
 
+#: A capture's sink refuses its transactions during one window of ``SINK_WINDOW`` seconds in this many (by a
+#: hash of (seed, capture, window), as the failures above): its reports then say so (``ProgressEntry.sink_error``)
+#: for every changefeed it reports, until the window ends or the quiet phase begins.
+SINK_ODDS = 40
+SINK_WINDOW = 3.0
+SINK_ERROR = "OperationalError: connection failed: Connection refused (simulated)"
+
+
+def _sink_down(seed: int, capture: str, now: float) -> bool:
+    return zlib.crc32(f"{seed}/{capture}/sink/{int(now // SINK_WINDOW)}".encode()) % SINK_ODDS == 0
+
+
 @dataclass
 class ResumeCheck:
     """What a paused capture read to decide what to resume (agent.py ``_resume``): its Dispatchers and the
@@ -599,6 +611,9 @@ class Captures:
         ]
         report = progress.build(running, cap.incarnation, ctx.now, previous=cap.previous, mutants=self.mutants)
         self._check_report(cap, report, running)
+        if report.entries and not ctx.quiet and _sink_down(ctx.seed, cap.name, ctx.now):
+            ctx.bump("sink errors reported by captures")
+            report = replace(report, entries=tuple(replace(e, sink_error=SINK_ERROR) for e in report.entries))
         return report
 
     def _check_report(self, cap: SimCapture, report: progress.Progress, running: list[progress.Running]) -> None:

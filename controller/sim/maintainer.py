@@ -24,6 +24,8 @@ from controller.engine.maintainer import (
     FAILED_EVENT,
     REFUSED_EVENT,
     REPLICATION_FAILED,
+    SINK_EVENT,
+    SINK_UNAVAILABLE,
     WRITES_REFUSED,
     Decision,
     Memory,
@@ -186,6 +188,7 @@ class SimMaintainer:
         self._check_premises(world, decision)
         self._check_refusal_reported(world, decision)
         self._check_failures_reported(world, decision)
+        self._check_sink_reported(world, decision)
         self.memory = decision.memory
         who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
         if decision.fenced:
@@ -397,6 +400,36 @@ class SimMaintainer:
             self.ctx.bump("failures reported")
         elif cond is not None and cond.status == "True":
             self.ctx.fail(f"failures: {self.identity} reports dispatchers stopped though none is: {cond.message}")
+
+    def _check_sink_reported(self, world: World, decision: Decision) -> None:
+        """A live capture whose report says its sink refuses the changefeed's transactions shows in the decision:
+        the Changefeed's SinkUnavailable condition True naming how many such captures, and an Event when it turned
+        True; with none left, the condition (if any) False."""
+        cf = world.changefeed
+        if decision.fenced or cf.deleting or any(c.why.startswith("publish epoch") for c in decision.chains):
+            return
+        if world.stale and not decision.chains:
+            return  # nothing is decided on a view in doubt
+        troubled = sorted(
+            name
+            for name, cap in world.captures.items()
+            if cap.alive(world.now)
+            and cap.progress is not None
+            and any(e.changefeed == cf.name and e.sink_error for e in cap.progress.entries)
+        )
+        old, cond = _conditions(cf, decision, SINK_UNAVAILABLE)
+        if troubled:
+            if cond is None or cond.status != "True" or not cond.message.startswith(f"{len(troubled)} capture(s)"):
+                self.ctx.fail(
+                    f"sink: {self.identity}'s decision does not report that the sink refuses {troubled}: {cond}"
+                )
+                return
+            told = any(isinstance(w, I.Event) and w.reason == SINK_EVENT for c in decision.chains for w in c.writes)
+            if not told and (old is None or old.status != "True"):
+                self.ctx.fail(f"sink: no Event says that the sink refuses {troubled[0]}")
+            self.ctx.bump("sink errors reported")
+        elif cond is not None and cond.status == "True":
+            self.ctx.fail(f"sink: {self.identity} reports the sink refusing though no live capture says so")
 
     def _check_agreement(self, world: World, decision: Decision) -> None:
         """The incremental decision (over the index's candidates) must be the full one (every rule over

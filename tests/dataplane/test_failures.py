@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from controller.apiserver import ApiServerHandle
 from controller.cli.__main__ import main as kubectl_changefeed
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.dataplane.writer import Writer
-from controller.engine.maintainer import FAILED_EVENT, REPLICATION_FAILED
+from controller.engine.maintainer import FAILED_EVENT, REPLICATION_FAILED, SINK_EVENT, SINK_UNAVAILABLE
 from controller.model.states import DispatcherState, OpPhase, Stage
 from controller.model.verification import LAST_VERIFY_ANNOTATION, verification_from_json
 from tests.dataplane.test_end_to_end import create_changefeed
@@ -179,6 +180,11 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
           f"{recorded.revision}")  # fmt: skip
 
 
+def sink_condition(s: Snap, status: str) -> object:
+    cond = s.changefeed.condition(SINK_UNAVAILABLE) if s.changefeed is not None else None
+    return (cond is not None and cond.status == status) or f"SinkUnavailable: {cond}"
+
+
 def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
     api: Api,
     system: System,
@@ -187,9 +193,10 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
     table_id: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The sink crashes (SIGKILL, then 3 s down) while the writer writes: every transaction of the captures fails
-    meanwhile and is retried with back-off, no checkpoint is claimed for rows not committed, and once the sink
-    is back everything written arrives. A durable server (fsync on): the rows a sink committed survive its
+    """The sink crashes (SIGKILL, then 10 s down) while the writer writes: every transaction of the captures fails
+    meanwhile and is retried with back-off, no checkpoint is claimed for rows not committed, the Changefeed says
+    so (condition SinkUnavailable, a warning Event) until the sink is back, and then everything written
+    arrives. A durable server (fsync on): the rows a sink committed survive its
     crash (test_servers.py shows a throwaway one losing them)."""
     postgres = start_postgres(fsync=True)
     watch = start_feed(api, system, etcd, postgres, table_id)
@@ -198,9 +205,22 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
         before = w.last
         checkpoint_past(watch, before, "the checkpoint to pass the writes before the crash", 30)
         failure = w.changes
-        postgres.restart(3.0, crash=True)
+        down = threading.Thread(target=postgres.restart, args=(10.0,), kwargs={"crash": True}, name="sink-down")
+        down.start()
+        try:  # the captures retry, their reports say why, and the Changefeed shows it
+            snap = watch.until(lambda s: sink_condition(s, "True"), "the Changefeed to say the sink is unavailable", 9)
+        finally:
+            down.join(timeout=60)
+        assert snap.changefeed is not None
+        cond = snap.changefeed.condition(SINK_UNAVAILABLE)
+        assert cond is not None
+        assert "cannot write to the sink and retry" in cond.message, cond.message
+        assert postgres.dsn not in cond.message
         retried = sum(proc.count("sink transaction failed; retrying") for proc in system.procs.values())
         assert retried > 0, system.tails()  # the captures saw the sink down, and said so
+        events = api.ok("GET", f"/api/v1/namespaces/{api.namespace}/events")["items"]
+        assert any(e.get("reason") == SINK_EVENT and e["type"] == "Warning" for e in events), events
+        watch.until(lambda s: sink_condition(s, "False"), "the Changefeed to say the sink writes again", 30)
         written_through(w, failure)
         after = w.last
         checkpoint_past(watch, after, "the checkpoint to pass what was written while the sink was down", 60)

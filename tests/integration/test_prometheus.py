@@ -245,7 +245,7 @@ def test_alerts_fire_and_resolve_and_every_dashboard_query_has_data(
 
     # Settled: every rule evaluated, nothing pending or firing (a rule whose state is inactive has no alert).
     def quiet(rules: dict[str, dict[str, Any]]) -> str | bool:
-        if len(rules) != 8:
+        if len(rules) != 9:
             return f"rules loaded: {sorted(rules)}"
         if any(r.get("lastEvaluation", "").startswith("0001") for r in rules.values()):
             return "not every rule evaluated yet"

@@ -103,6 +103,10 @@ def test_report_round_trips_through_the_lease_annotation() -> None:
     assert '"checkpointTime":1765000000.125' in progress_to_json(timed)
     assert progress_from_json(progress_to_json(timed)) == timed
     assert "checkpointTime" not in progress_to_json(p)  # a TSO's time is its own
+    failing = replace(p, entries=tuple(replace(e, sink_error="OperationalError: refused") for e in p.entries))
+    assert '"sinkError":"OperationalError: refused"' in progress_to_json(failing)
+    assert progress_from_json(progress_to_json(failing)) == failing
+    assert "sinkError" not in progress_to_json(p)
 
 
 def test_a_report_that_does_not_parse_is_ignored_and_the_capture_stays_valid() -> None:
@@ -115,7 +119,9 @@ def test_a_report_that_does_not_parse_is_ignored_and_the_capture_stays_valid() -
                 '"checkpointTs":-1,"dispatchers":1,"digest":"d"}]}',
                 *('{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[{"changefeed":"cf","mode":"default",'
                   f'"checkpointTs":1,"dispatchers":1,"digest":"d","checkpointTime":{t}}}]}}'
-                  for t in ("-1", '"soon"', "true", "NaN", "Infinity"))):  # fmt: skip
+                  for t in ("-1", '"soon"', "true", "NaN", "Infinity")),
+                '{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[{"changefeed":"cf","mode":"default",'
+                '"checkpointTs":1,"dispatchers":1,"digest":"d","sinkError":7}]}'):  # fmt: skip
         lease = lease_resource(cap)
         lease["metadata"]["annotations"] = {progress.PROGRESS_ANNOTATION: bad}
         got = capture_from_resources(obj, lease)
