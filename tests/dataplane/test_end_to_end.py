@@ -37,11 +37,12 @@ def secret(api: Api, name: str, data: dict[str, str]) -> None:
     assert stored["type"] == "Opaque"
 
 
-def create_changefeed(api: Api, etcd: EtcdServer, postgres: PostgresServer) -> None:
+def create_changefeed(api: Api, etcd: EtcdServer, postgres: PostgresServer, *, redo: bool = False) -> None:
     """Changefeed ``cf`` from ``etcd`` to ``postgres``, their endpoints in the Secrets it names."""
     secret(api, "source", {"endpoints": etcd.client_url})
     secret(api, "sink", {"dsn": postgres.dsn})
     api.create("changefeeds", "Changefeed", CHANGEFEED, {
+        "redo": redo,
         "scheduler": {"balanceIntervalSeconds": 0},
         "source": {"etcd": {"secretRef": {"name": "source"}}},
         "sink": {"postgres": {"secretRef": {"name": "sink"}}},

@@ -70,13 +70,23 @@ def verify(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServe
     return rc, out + err
 
 
-def start_feed(api: Api, system: System, etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> Watch:
-    """A Changefeed from ``etcd`` to ``postgres`` (through Secrets), captures c0 and c1, maintainer m0, and the
-    table pre-split into 4 spans."""
-    create_changefeed(api, etcd, postgres)
+def start_feed(
+    api: Api,
+    system: System,
+    etcd: EtcdServer,
+    postgres: PostgresServer,
+    table_id: int,
+    *,
+    redo: bool = False,
+    maintainers: tuple[str, ...] = ("m0",),
+) -> Watch:
+    """A Changefeed from ``etcd`` to ``postgres`` (through Secrets; ``redo``: with redo-mode spans too), captures
+    c0 and c1, the ``maintainers`` replicas, and the table pre-split into 4 spans (per mode)."""
+    create_changefeed(api, etcd, postgres, redo=redo)
     for c in ("c0", "c1"):
         system.capture(c)
-    system.maintainer("m0")
+    for m in maintainers:
+        system.maintainer(m)
     spec: dict[str, Any] = {"changefeed": CHANGEFEED, "tableID": table_id, "preSplit": {"spans": 4}}
     api.create("tables", "Table", f"t{table_id}", spec, labels={"cdc.maintainer.dev/changefeed": CHANGEFEED})
     return Watch(api, system)
@@ -98,9 +108,13 @@ def verified(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresSer
     assert re.fullmatch(CLEAN.format(table=table_id), out), out
 
 
-def settled_on(s: Snap, captures: set[str], table: int) -> object:
-    """Every span of the table Replicating, its dispatcher Working on one of ``captures``, nothing in flight."""
-    spans = s.spans_of(table)
+def settled_on(s: Snap, captures: set[str], table: int, modes: tuple[str, ...] = ("default",)) -> object:
+    """Every span of the table (in each of ``modes``) Replicating, its dispatcher Working on one of
+    ``captures``, nothing in flight."""
+    per_mode = {mode: s.spans_of(table, mode) for mode in modes}
+    if not all(per_mode.values()):
+        return f"spans per mode: { {m: len(v) for m, v in per_mode.items()} }"
+    spans = [sp for v in per_mode.values() for sp in v]
     running = {d.span: d for d in s.live_dispatchers() if d.state is DispatcherState.WORKING}
     flight = [o.name for o in s.operators.values() if o.in_flight]
     off = [sp.name for sp in spans if sp.name not in running or running[sp.name].capture not in captures]
@@ -178,6 +192,81 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
     assert recorded.keys >= CHANGES // 2, recorded.keys  # live keys at the revision (tombstones not counted)
     print(f"writer: {w.changes} changes over {len(w.touched)} keys; verified {recorded.keys} keys at revision "
           f"{recorded.revision}")  # fmt: skip
+
+
+#: What verify prints for a redo changefeed's table that matched in both modes.
+CLEAN_BOTH = (
+    r"table {table} \(default\): [\d,]+ keys at revision \d+: 0 differences( \(.*\))?\n"
+    r"table {table} \(redo\): [\d,]+ keys at revision \d+: 0 differences( \(.*\))?\n"
+)
+
+
+def test_three_maintainer_replicas_with_redo_lose_no_row_when_the_leader_is_sigkilled_mid_operators(
+    api: Api,
+    system: System,
+    etcd: EtcdServer,
+    postgres: PostgresServer,
+    table_id: int,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Three maintainer replicas (any may lead the changefeed: its Lease decides), a redo changefeed (every span
+    has a redo twin writing t<id>_redo), a Move, a Split and a Merge held in RemoveOrigin: the replica that leads
+    is SIGKILLed, another takes the Lease over and finishes every operator with its intent, and verify finds both
+    modes equal to etcd while the writer still writes."""
+    watch = start_feed(api, system, etcd, postgres, table_id, redo=True, maintainers=("m0", "m1", "m2"))
+    with writer(etcd, table_id) as w:
+        both = ("default", "redo")
+        snap = watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id, both), "the spans of both modes Working", 60)
+        leader = watch.until(
+            lambda s: bool(s.lease_holder()) or "no leader yet", "a replica to lead cf", 30
+        ).lease_holder()
+        default, redo = snap.spans_of(table_id, "default"), snap.spans_of(table_id, "redo")
+        assert (len(default), len(redo)) == (4, 4)
+        target = "c1" if default[0].capture == "c0" else "c0"
+        set_hooks(api, system, ["c0", "c1"], hold_close="*")
+        api.operator("op-move", "Move", [default[0].name], target=target)
+        api.operator("op-split", "Split", [redo[1].name], splitInto=2)
+        api.operator("op-merge", "Merge", [default[2].name, default[3].name])
+        names = ("op-move", "op-split", "op-merge")
+
+        def held(s: Snap) -> object:
+            ops = {n: s.operators.get(n) for n in names}
+            if all(
+                o is not None and o.phase is OpPhase.RUNNING and o.stage is Stage.REMOVE_ORIGIN for o in ops.values()
+            ):
+                return True
+            return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
+
+        watch.until(held, "the Move, the Split and the Merge held in RemoveOrigin", 30)
+        failure = w.changes
+        system.signal(leader, signal.SIGKILL)
+        taker = watch.until(
+            lambda s: (s.lease_holder() not in ("", leader)) or f"holder {s.lease_holder()!r}",
+            "another replica to lead",
+            60,
+        ).lease_holder()
+        set_hooks(api, system, ["c0", "c1"], hold_close=None)
+
+        def done(s: Snap) -> object:
+            ops = {n: s.operators.get(n) for n in names}
+            if any(o is None or o.in_flight for o in ops.values()):
+                return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
+            return settled_on(s, {"c0", "c1"}, table_id, both)
+
+        snap = watch.until(done, "every operator finished and the table replicated", 90)
+        assert {n: snap.operators[n].phase for n in names} == dict.fromkeys(names, OpPhase.SUCCEEDED)
+        counts = (len(snap.spans_of(table_id, "default")), len(snap.spans_of(table_id, "redo")))
+        assert counts == (3, 5), counts  # the merge in default, the split in redo
+        assert taker in {"m0", "m1", "m2"} - {leader}
+        written_through(w, failure)
+        checkpoint_past(watch, w.last, "the checkpoint to pass what was written through the failover", 60)
+        rc, out = verify(api, capsys, postgres)
+        assert rc == 0, out
+        assert re.fullmatch(CLEAN_BOTH.format(table=table_id), out), out
+    checkpoint_past(watch, w.last, "the checkpoint to pass the writer's last revision", 60)
+    rc, out = verify(api, capsys, postgres)
+    assert rc == 0, out
+    assert re.fullmatch(CLEAN_BOTH.format(table=table_id), out), out
 
 
 def sink_condition(s: Snap, status: str) -> object:
