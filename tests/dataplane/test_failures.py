@@ -123,6 +123,30 @@ def settled_on(s: Snap, captures: set[str], table: int, modes: tuple[str, ...] =
     return True
 
 
+#: The operators the SIGKILL tests hold in flight.
+HELD = ("op-move", "op-split", "op-merge")
+
+
+def held(s: Snap) -> object:
+    """Every one of ``HELD`` Running, at RemoveOrigin."""
+    ops = {n: s.operators.get(n) for n in HELD}
+    if all(o is not None and o.phase is OpPhase.RUNNING and o.stage is Stage.REMOVE_ORIGIN for o in ops.values()):
+        return True
+    return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
+
+
+def finished_on(captures: set[str], table: int, modes: tuple[str, ...] = ("default",)) -> Callable[[Snap], object]:
+    """Every one of ``HELD`` finished, and the table settled on ``captures`` (``settled_on``)."""
+
+    def done(s: Snap) -> object:
+        ops = {n: s.operators.get(n) for n in HELD}
+        if any(o is None or o.in_flight for o in ops.values()):
+            return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
+        return settled_on(s, captures, table, modes)
+
+    return done
+
+
 def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in_flight_lose_no_row(
     api: Api,
     system: System,
@@ -142,15 +166,6 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
         api.operator("op-move", "Move", [first.name], target=target)
         api.operator("op-split", "Split", [second.name], splitInto=2)
         api.operator("op-merge", "Merge", [third.name, fourth.name])
-
-        def held(s: Snap) -> object:
-            ops = {n: s.operators.get(n) for n in ("op-move", "op-split", "op-merge")}
-            if all(
-                o is not None and o.phase is OpPhase.RUNNING and o.stage is Stage.REMOVE_ORIGIN for o in ops.values()
-            ):
-                return True
-            return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
-
         watch.until(held, "the Move, the Split and the Merge held in RemoveOrigin", 30)
         failure = w.changes
         system.signal("m0", signal.SIGKILL)
@@ -158,15 +173,9 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
         system.capture("c2")
         system.maintainer("m1")
         set_hooks(api, system, ["c0"], hold_close=None, pause_create=None)
-
-        def done(s: Snap) -> object:
-            ops = {n: s.operators.get(n) for n in ("op-move", "op-split", "op-merge")}
-            if any(o is None or o.in_flight for o in ops.values()):
-                return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
-            return settled_on(s, {"c0", "c2"}, table_id)
-
+        done = finished_on({"c0", "c2"}, table_id)
         snap = watch.until(done, "every operator finished and the table replicated on c0 and c2", 90)
-        phases = {n: snap.operators[n].phase for n in ("op-move", "op-split", "op-merge")}
+        phases = {n: snap.operators[n].phase for n in HELD}
         assert phases["op-split"] is OpPhase.SUCCEEDED, phases
         assert phases["op-merge"] is OpPhase.SUCCEEDED, phases
         # The Move's destination may have been the killed capture: then it fails, and its span is placed anew.
@@ -227,16 +236,6 @@ def test_three_maintainer_replicas_with_redo_lose_no_row_when_the_leader_is_sigk
         api.operator("op-move", "Move", [default[0].name], target=target)
         api.operator("op-split", "Split", [redo[1].name], splitInto=2)
         api.operator("op-merge", "Merge", [default[2].name, default[3].name])
-        names = ("op-move", "op-split", "op-merge")
-
-        def held(s: Snap) -> object:
-            ops = {n: s.operators.get(n) for n in names}
-            if all(
-                o is not None and o.phase is OpPhase.RUNNING and o.stage is Stage.REMOVE_ORIGIN for o in ops.values()
-            ):
-                return True
-            return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
-
         watch.until(held, "the Move, the Split and the Merge held in RemoveOrigin", 30)
         failure = w.changes
         system.signal(leader, signal.SIGKILL)
@@ -247,14 +246,10 @@ def test_three_maintainer_replicas_with_redo_lose_no_row_when_the_leader_is_sigk
         ).lease_holder()
         set_hooks(api, system, ["c0", "c1"], hold_close=None)
 
-        def done(s: Snap) -> object:
-            ops = {n: s.operators.get(n) for n in names}
-            if any(o is None or o.in_flight for o in ops.values()):
-                return f"operators: {[(n, o and (o.phase, o.stage)) for n, o in ops.items()]}"
-            return settled_on(s, {"c0", "c1"}, table_id, both)
-
-        snap = watch.until(done, "every operator finished and the table replicated", 90)
-        assert {n: snap.operators[n].phase for n in names} == dict.fromkeys(names, OpPhase.SUCCEEDED)
+        snap = watch.until(
+            finished_on({"c0", "c1"}, table_id, both), "every operator finished and the table replicated", 90
+        )
+        assert {n: snap.operators[n].phase for n in HELD} == dict.fromkeys(HELD, OpPhase.SUCCEEDED)
         counts = (len(snap.spans_of(table_id, "default")), len(snap.spans_of(table_id, "redo")))
         assert counts == (3, 5), counts  # the merge in default, the split in redo
         assert taker in {"m0", "m1", "m2"} - {leader}

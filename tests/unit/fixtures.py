@@ -20,6 +20,7 @@ from controller.model.keys import KeyRange
 from controller.model.records import (
     Capture,
     Changefeed,
+    Condition,
     Dispatcher,
     Origin,
     Record,
@@ -482,3 +483,16 @@ def by_state(records: Iterable[Record], state: object) -> list[Record]:
 
 __all__ += ["BOOKKEEPING", "by_state", "chain_of", "created", "describe", "last_status", "statuses", "writes"]
 __all__ += ["DispatcherState", "Kind", "Mode", "OpPhase", "OpSource", "OpType", "SchedulerConfig", "SpanState", "Stage"]
+
+
+def written_condition(dec: object, cf: Changefeed, kind: str) -> Condition | None:
+    """The Changefeed's condition ``kind`` as the decision leaves it (its last status write, else the view's)."""
+    written = [w.obj for w in writes(dec) if isinstance(w, I.WriteStatus) and w.obj.kind is Kind.CHANGEFEED]  # type: ignore[arg-type]
+    latest = written[-1] if written else cf
+    assert isinstance(latest, Changefeed)
+    return latest.condition(kind)
+
+
+def written_events(dec: object, reason: str) -> list[I.Event]:
+    """The decision's Events of ``reason``."""
+    return [w for w in writes(dec) if isinstance(w, I.Event) and w.reason == reason]  # type: ignore[arg-type]

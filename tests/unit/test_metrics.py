@@ -74,6 +74,15 @@ class Harness:
         }
         self.m.informer.offer("Lease", lease)
 
+    def report(self, capture: str, entry: ProgressEntry, now: float) -> None:
+        """The capture's Lease renewed at ``now``, carrying a progress report of one entry."""
+        self.rv += 1
+        cap = Capture(name=capture, renew_time=now, lease_duration=10,
+                      progress=Progress(incarnation="i", at=now, entries=(entry,)))  # fmt: skip
+        lease = conv.lease_resource(cap)
+        lease["metadata"]["resourceVersion"] = str(self.rv)
+        self.m.informer.offer("Lease", lease)
+
     def delete(self, record: Record) -> None:
         """A watch DELETED event (carrying the object at its last resourceVersion)."""
         self.rv += 1
@@ -231,12 +240,7 @@ def test_capture_reports_lag_coverage_and_slowest_span() -> None:
             digest=digest(d.uid for d in covered),
             slowest=slowest,
         )
-        h.rv += 1
-        cap = Capture(name=capture, renew_time=now, lease_duration=10,
-                      progress=Progress(incarnation="i", at=now, entries=(entry,)))  # fmt: skip
-        lease = conv.lease_resource(cap)
-        lease["metadata"]["resourceVersion"] = str(h.rv)
-        h.m.informer.offer("Lease", lease)
+        h.report(capture, entry, now)
         h.offer(Capture(name=capture))
 
     report("c1", 3.0, ds[:2], "d2")
@@ -270,12 +274,7 @@ def test_a_changefeed_counted_in_source_revisions_lags_by_the_wall_time_its_repo
             changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=revision, dispatchers=1,
             digest=digest([ds[capture].uid]), slowest=f"d-{capture}", checkpoint_time=now - behind,
         )  # fmt: skip
-        h.rv += 1
-        cap = Capture(name=capture, renew_time=now, lease_duration=10,
-                      progress=Progress(incarnation="i", at=now, entries=(entry,)))  # fmt: skip
-        lease = conv.lease_resource(cap)
-        lease["metadata"]["resourceVersion"] = str(h.rv)
-        h.m.informer.offer("Lease", lease)
+        h.report(capture, entry, now)
 
     def lag() -> float:
         value = h.value("checkpoint_lag_seconds", changefeed=CF)

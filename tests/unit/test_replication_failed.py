@@ -13,7 +13,20 @@ from controller.engine.index import Index
 from controller.engine.maintainer import FAILED_EVENT, REPLICATION_FAILED, decide
 from controller.engine.world import Options
 from controller.model.records import Changefeed, Condition
-from tests.unit.fixtures import CF, Kind, capture, changefeed, dispatcher, memory, pieces, span, table, world, writes
+from tests.unit.fixtures import (
+    CF,
+    Kind,
+    capture,
+    changefeed,
+    dispatcher,
+    memory,
+    pieces,
+    span,
+    table,
+    world,
+    written_condition,
+    written_events,
+)
 
 P = pieces(1, 2)
 A = span("a", key_range=P[0], capture="c0", dispatcher="da", checkpoint_ts=150)
@@ -24,14 +37,11 @@ DB = dispatcher("db", B, "c0", checkpoint_ts=150)
 
 
 def condition(dec: object, cf: Changefeed) -> Condition | None:
-    written = [w.obj for w in writes(dec) if isinstance(w, I.WriteStatus) and w.obj.kind is Kind.CHANGEFEED]  # type: ignore[arg-type]
-    latest = written[-1] if written else cf
-    assert isinstance(latest, Changefeed)
-    return latest.condition(REPLICATION_FAILED)
+    return written_condition(dec, cf, REPLICATION_FAILED)
 
 
 def events(dec: object) -> list[I.Event]:
-    return [w for w in writes(dec) if isinstance(w, I.Event) and w.reason == FAILED_EVENT]  # type: ignore[arg-type]
+    return written_events(dec, FAILED_EVENT)
 
 
 def test_a_failed_dispatcher_sets_the_condition_and_says_so_once() -> None:

@@ -14,7 +14,19 @@ from controller.engine.maintainer import SINK_EVENT, SINK_UNAVAILABLE, decide
 from controller.engine.world import Options
 from controller.model.progress import Progress, ProgressEntry
 from controller.model.records import Capture, Changefeed, Condition
-from tests.unit.fixtures import CF, Kind, capture, changefeed, dispatcher, memory, pieces, span, table, world, writes
+from tests.unit.fixtures import (
+    CF,
+    capture,
+    changefeed,
+    dispatcher,
+    memory,
+    pieces,
+    span,
+    table,
+    world,
+    written_condition,
+    written_events,
+)
 
 P = pieces(1, 2)
 A = span("a", key_range=P[0], capture="c0", dispatcher="da", checkpoint_ts=150)
@@ -31,14 +43,11 @@ def reporting(name: str, error: str = "", alive: bool = True, changefeed_name: s
 
 
 def condition(dec: object, cf: Changefeed) -> Condition | None:
-    written = [w.obj for w in writes(dec) if isinstance(w, I.WriteStatus) and w.obj.kind is Kind.CHANGEFEED]  # type: ignore[arg-type]
-    latest = written[-1] if written else cf
-    assert isinstance(latest, Changefeed)
-    return latest.condition(SINK_UNAVAILABLE)
+    return written_condition(dec, cf, SINK_UNAVAILABLE)
 
 
 def events(dec: object) -> list[I.Event]:
-    return [w for w in writes(dec) if isinstance(w, I.Event) and w.reason == SINK_EVENT]  # type: ignore[arg-type]
+    return written_events(dec, SINK_EVENT)
 
 
 def test_a_capture_reporting_a_sink_error_sets_the_condition_and_says_so_once() -> None:
