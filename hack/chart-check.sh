@@ -48,6 +48,12 @@ validate --chart --expect-crds 6 "$OUT/minimal.yaml"
 render set --set maintainer.replicas=3 --set capture.replicas=1 --set crds.enabled=true \
   --set-string maintainer.resources.limits.memory=1Gi
 validate --chart --expect-crds 6 "$OUT/set.yaml"
+render dataplane -f tests/chart/values/dataplane.yaml
+validate --chart --expect-crds 6 "$OUT/dataplane.yaml"
+grep -q 'dsn: "host=pg.db port=5432 dbname=cdc user=cdc password=not-a-real-password sslmode=require"' "$OUT/dataplane.yaml" \
+  || { echo "the sink Secret's dsn lacks its sslmode" >&2; exit 1; }
+grep -q 'endpoints: "http://etcd-0.etcd:2379,etcd-1.etcd:2379"' "$OUT/dataplane.yaml" \
+  || { echo "the source Secret's endpoints are not joined" >&2; exit 1; }
 render monitoring -f tests/chart/values/monitoring.yaml
 validate --chart --expect-crds 6 --expect-monitoring PodMonitor,PrometheusRule,ConfigMap,PodDisruptionBudget \
   "$OUT/monitoring.yaml"

@@ -61,7 +61,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from controller.capture.dataplane import Endpoints, RoutedRuntime
+from controller.capture.dataplane import Endpoints, RoutedRuntime, unsupported_endpoint
 from controller.capture.hooks import Hooks, disabled_hooks, hooks_from_annotations
 from controller.capture.informer import NETWORK_ERRORS, Informer
 from controller.capture.ledger import Ledger
@@ -1083,6 +1083,11 @@ class Agent:
                 self._note(changefeed, "bad-secret", logging.WARNING,
                            "the source Secret needs endpoints and the sink Secret dsn; waiting",
                            source=cf.source_secret, sink=cf.sink_secret)  # fmt: skip
+                return False
+            problem = unsupported_endpoint(endpoints)
+            if problem:
+                self._note(changefeed, "unsupported-source", logging.WARNING, f"{problem}; waiting",
+                           source=cf.source_secret)  # fmt: skip
                 return False
             self.routed.configure(
                 changefeed,

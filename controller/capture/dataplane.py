@@ -90,10 +90,17 @@ class Endpoints:
     __str__ = __repr__
 
 
+def unsupported_endpoint(endpoints: Sequence[str]) -> str | None:
+    """Why these etcd endpoints cannot be used, or None. TLS to etcd (``https://``) is not supported yet: the
+    client would speak plaintext to a TLS port and retry for ever, so such a source is refused up front."""
+    for e in endpoints:
+        if e.strip().lower().startswith("https://"):
+            return f"TLS to etcd is not supported yet (endpoint {e.strip()!r}): use http:// on a trusted network"
+    return None
+
+
 def _host_port(endpoint: str) -> tuple[str, int]:
-    text = endpoint.strip()
-    for prefix in ("http://", "https://"):
-        text = text.removeprefix(prefix)
+    text = endpoint.strip().removeprefix("http://")
     text = text.rstrip("/")
     host, _, port = text.rpartition(":")
     if not host:

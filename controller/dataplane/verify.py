@@ -207,6 +207,8 @@ class EtcdReader:
     async def __aenter__(self) -> EtcdReader:
         import aetcd
 
+        if self.endpoints[0].strip().lower().startswith("https://"):
+            raise VerifyError(f"TLS to etcd is not supported yet (endpoint {self.endpoints[0]!r})", refused=True)
         host, _, port = self.endpoints[0].removeprefix("http://").rpartition(":")
         if not host or not port.isdigit():
             raise VerifyError(f"etcd endpoint {self.endpoints[0]!r} is not host:port", refused=True)

@@ -162,3 +162,33 @@ def test_etcd_to_postgres_through_the_maintainer(
         raise
     finally:
         system.stop_all()
+
+
+def test_a_tls_source_is_refused_with_a_clear_warning_not_spoken_to_in_plaintext(
+    api: Api, tmp_path: Path, etcd: EtcdServer, postgres: PostgresServer
+) -> None:
+    """TLS to etcd is not supported yet: a source Secret naming an https:// endpoint is refused by the capture
+    (a warning saying so, the dispatcher waits) rather than tried in plaintext against a TLS port for ever."""
+    secret(api, "source", {"endpoints": f"https://{etcd.endpoint}"})
+    secret(api, "sink", {"dsn": postgres.dsn})
+    api.create("changefeeds", "Changefeed", CHANGEFEED, {
+        "source": {"etcd": {"secretRef": {"name": "source"}}},
+        "sink": {"postgres": {"secretRef": {"name": "sink"}}},
+    })  # fmt: skip
+    system = System(api, tmp_path)
+    try:
+        system.capture("c0")
+        system.maintainer("m0")
+        spec: dict[str, Any] = {"changefeed": CHANGEFEED, "tableID": TABLE}
+        api.create("tables", "Table", f"t{TABLE}", spec, labels={"cdc.maintainer.dev/changefeed": CHANGEFEED})
+        deadline = time.monotonic() + 30
+        while system.procs["c0"].count("TLS to etcd is not supported yet") == 0:
+            assert time.monotonic() < deadline, system.tails()
+            time.sleep(0.2)
+        assert system.procs["c0"].count("initial scan") == 0  # nothing read from the source
+        assert postgres.dsn not in system.procs["c0"].log.read_text(errors="replace")
+    except BaseException:
+        print(system.tails())
+        raise
+    finally:
+        system.stop_all()

@@ -15,7 +15,7 @@ import aetcd
 import psycopg
 import pytest
 
-from controller.capture.dataplane import DataplaneRuntime, Endpoints
+from controller.capture.dataplane import DataplaneRuntime, Endpoints, unsupported_endpoint
 from controller.dataplane import schema
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import KeyRange, table_key
@@ -270,6 +270,14 @@ def test_a_checkpoint_stands_for_the_wall_time_the_head_first_passed_it(
             assert rt.lag_seconds("lo") == 0.0
 
     run(with_runtime(endpoints(etcd, postgres), body, clock=lambda: wall[0]))
+
+
+def test_a_tls_etcd_endpoint_is_refused_not_spoken_to_in_plaintext() -> None:
+    assert unsupported_endpoint(["http://10.0.0.1:2379", "10.0.0.2:2379"]) is None
+    problem = unsupported_endpoint(["http://10.0.0.1:2379", " HTTPS://etcd-1:2379"])
+    assert problem is not None
+    assert "TLS to etcd is not supported yet" in problem
+    assert "HTTPS://etcd-1:2379" in problem
 
 
 def test_endpoints_never_show_credentials() -> None:

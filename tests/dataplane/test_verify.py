@@ -265,6 +265,7 @@ def test_the_command(
         ((*flags, "--revision", str(r + 1)), "above the changefeed's checkpoint"),
         (("--dsn", postgres.dsn), "names no etcd source"),
         (("--etcd-endpoints", etcd.endpoint), "names no PostgreSQL sink"),
+        (("--etcd-endpoints", f"https://{etcd.endpoint}", "--dsn", postgres.dsn), "TLS to etcd is not supported"),
     ]:
         rc, out, err = cli(*args)
         assert rc == 2, err
