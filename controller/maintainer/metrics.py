@@ -408,7 +408,7 @@ class StateCollector(Collector):
 
     def _checkpoint_time(self, cf: Changefeed) -> float | None:
         """The wall time the changefeed's checkpoint stands for: a TSO's physical part, or for a changefeed
-        counted in source revisions what the captures' reports said of its revision (``MaintainerMetrics.head``)."""
+        counted in source revisions what the captures' reports said of it (``MaintainerMetrics.head_time``)."""
         if cf.checkpoint_ts <= 0:
             return None
         if not cf.source_secret:
@@ -518,16 +518,18 @@ class MaintainerMetrics:
     def head_time(self, changefeed: str, checkpoint: int) -> float | None:
         """The wall time a changefeed's ``checkpoint`` (a source revision) stands for (``HeadCurve.time_of``),
         from every report seen so far and the current ones."""
-        curve = self.heads.setdefault(changefeed, HeadCurve())
         for c in self.maintainer.informer.store.all(Kind.CAPTURE).values():
-            if isinstance(c, Capture) and c.progress is not None:
-                curve.see_entries(e for e in c.progress.entries if e.changefeed == changefeed)
+            self._see(c)
+        curve = self.heads.setdefault(changefeed, HeadCurve())
         curve.forget_below(checkpoint)
         return curve.time_of(checkpoint)
 
     def _heard(self, lease: str) -> None:
-        """A capture's Lease changed: what its report says of the source's head, per changefeed."""
-        capture = self.maintainer.informer.store.record(Kind.CAPTURE, lease.removeprefix(CAPTURE_LEASE_PREFIX))
+        """A capture's Lease changed: what its report says of the source's head."""
+        self._see(self.maintainer.informer.store.record(Kind.CAPTURE, lease.removeprefix(CAPTURE_LEASE_PREFIX)))
+
+    def _see(self, capture: object) -> None:
+        """A capture's report into each changefeed's curve (entries carrying no time are skipped there)."""
         if isinstance(capture, Capture) and capture.progress is not None:
             for e in capture.progress.entries:
                 if e.checkpoint_time is not None:
