@@ -519,16 +519,16 @@ class MaintainerMetrics:
         """The wall time a changefeed's ``checkpoint`` (a source revision) stands for (``HeadCurve.time_of``),
         from every report seen so far and the current ones."""
         for c in self.maintainer.informer.store.all(Kind.CAPTURE).values():
-            self._see(c)
+            self._see_report(c)
         curve = self.heads.setdefault(changefeed, HeadCurve())
         curve.forget_below(checkpoint)
         return curve.time_of(checkpoint)
 
     def _heard(self, lease: str) -> None:
         """A capture's Lease changed: what its report says of the source's head."""
-        self._see(self.maintainer.informer.store.record(Kind.CAPTURE, lease.removeprefix(CAPTURE_LEASE_PREFIX)))
+        self._see_report(self.maintainer.informer.store.record(Kind.CAPTURE, lease.removeprefix(CAPTURE_LEASE_PREFIX)))
 
-    def _see(self, capture: object) -> None:
+    def _see_report(self, capture: object) -> None:
         """A capture's report into each changefeed's curve (entries carrying no time are skipped there)."""
         if isinstance(capture, Capture) and capture.progress is not None:
             for e in capture.progress.entries:
