@@ -19,7 +19,8 @@ import os
 import sys
 
 from controller import logs
-from controller.capture.agent import RETRY_AFTER_FAILURE, Agent, Settings, install_signal_handlers
+from controller.capture.agent import Agent, Settings, install_signal_handlers
+from controller.capture.lease_keeper import RETRY_AFTER_FAILURE
 from controller.capture.ledger import LEDGER_ENV
 from controller.kube import tenure
 from controller.kube.client import Client, Config

@@ -12,14 +12,16 @@ Value: ``"*"`` for every table, or a comma-separated list of table IDs (``"7, 12
 A value with no valid table ID is treated as off (and reported), never as "all": a typo must not hold
 every table of a test.
 
-Pure: parsing only; the agent re-reads the annotations on every loop iteration.
+Parsing is pure; ``HookWatcher`` keeps what was last read (the reconciler re-reads the annotations at every pass).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from controller.logs import fields
 from controller.model.states import GROUP
 
 HOLD_CLOSE = f"{GROUP}/hold-close"
@@ -107,3 +109,31 @@ def hooks_from_annotations(annotations: Mapping[str, object] | None) -> tuple[Ho
 def disabled_hooks(annotations: Mapping[str, str] | None) -> list[str]:
     """The hook annotations set on a Capture (for the warning of an agent that does not honour them)."""
     return [key for key in HOOKS if (annotations or {}).get(key) is not None]
+
+
+class HookWatcher:
+    """The hooks in force: re-read from the Capture's annotations at every pass, logged when they change."""
+
+    def __init__(self, enabled: bool, logger: logging.Logger) -> None:
+        #: ``--test-hooks``: off, every hook set is reported and ignored.
+        self.enabled = enabled
+        self.log = logger
+        self.hooks = Hooks()
+        self._problems: tuple[str, ...] = ()
+
+    def read(self, annotations: Mapping[str, str] | None) -> bool:
+        """Read the hooks from ``annotations`` (the Capture's); whether they changed."""
+        hooks, problems = hooks_from_annotations(annotations)
+        if not self.enabled:
+            if hooks != Hooks():
+                problems = [f"{', '.join(disabled_hooks(annotations))}: ignored, test hooks are off (--test-hooks)"]
+            hooks = Hooks()
+        changed = hooks != self.hooks
+        if changed:
+            self.log.info("test hooks changed", extra=fields(hooks=hooks.describe()))
+            self.hooks = hooks
+        if tuple(problems) != self._problems:
+            self._problems = tuple(problems)
+            for problem in problems:
+                self.log.warning("bad test hook annotation", extra=fields(problem=problem))
+        return changed

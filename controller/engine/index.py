@@ -33,6 +33,7 @@ import itertools
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
@@ -275,6 +276,14 @@ class Index:
         # -- coverage: (table, mode) whose spans may not partition the table's range; recomputed lazily
         self._coverage_dirty: set[TableKey] = set()
         self._coverage_problems: set[TableKey] = set()
+        #: The table and report keys the facts share (``_pair``).
+        self._pairs: dict[tuple[object, Mode], tuple[object, Mode]] = {}
+
+    def _pair(self, a: object, b: Mode) -> Any:
+        """``(a, b)``, one tuple shared by every fact that names it (a table key, a report key): there are few of
+        them and a fact per span; each fact's own tuple was 56 bytes, twice per span."""
+        key = (a, b)
+        return self._pairs.setdefault(key, key)
 
     # -- what the changefeed says ------------------------------------------------------------------
 
@@ -467,14 +476,14 @@ class Index:
         if accepted and enabled and self.table_holds_checkpoint(s.table_id):
             if s.state is SpanState.REPLICATING and d is not None and d.state is DispatcherState.WORKING:
                 checkpoint = max(d.known_checkpoint, s.known_checkpoint)
-                reporter = (d.capture, d.mode)
+                reporter = self._pair(d.capture, d.mode)
             else:
                 checkpoint = s.known_checkpoint
         placing = is_placement(s)
         return SpanFacts(
             state=s.state,
             capture=s.capture,
-            table=(s.table_id, s.mode),
+            table=self._pair(s.table_id, s.mode),
             covered=not s.deleting and s.state is not SpanState.INVALID,
             key_range=s.key_range,
             dispatcher=s.dispatcher,
@@ -629,7 +638,7 @@ class Index:
         return DispatcherFacts(
             span=d.span,
             capture=d.capture,
-            table=(d.table_id, d.mode),
+            table=self._pair(d.table_id, d.mode),
             deleting=d.deleting,
             orphan=span is None,
             unclaimed=not claimed,

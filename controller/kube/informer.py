@@ -51,18 +51,19 @@ import contextlib
 import gc
 import logging
 import math
-import random
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.engine.index import Index
 from controller.engine.liveness import Silence, ViewClock
-from controller.kube.client import LEASES, LIST_PAGE, RESOURCES, TRANSPORT_ERRORS, ApiError, Client, Resource
+from controller.engine.shards import Seen
+from controller.kube.client import LEASES, LIST_PAGE, RESOURCES, Client, Resource
 from controller.kube.pacing import Pacer
+from controller.kube.reflector import WATCH_TIMEOUT, Reflector
 from controller.model import resources as conv
 from controller.model.progress import PROGRESS_ANNOTATION, ProgressEntry
 from controller.model.records import Capture, Dispatcher, Record, Span
@@ -71,19 +72,9 @@ from controller.model.states import API_VERSION, Kind
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 LEASE = "Lease"
-#: Reconnect backoff: doubling from ``MIN_BACKOFF`` up to this (a returning API is used within ~1 s).
-MIN_BACKOFF = 0.25
-MAX_BACKOFF = 1.0
 #: Seconds a Lease stream may stay quiet and still count as current (the maintainer's own renewals and
 #: the captures' keep it busy every ~2 s while it leads).
 LEASE_FRESH = 5.0
-#: The ``timeoutSeconds`` a watch asks for is drawn between this and twice this (client-go's reflector: its
-#: ``minWatchTimeout`` of 5 minutes, times 1 + rand); the server then ends the stream and it is resumed.
-WATCH_TIMEOUT = 300.0
-#: A stream that delivers nothing for its requested server timeout plus this long is a connection that died
-#: without an error (the server would have ended it): it is resumed from its resourceVersion. Below the socket
-#: read timeout of ``Client.watch`` (that timeout plus 30 s), so it is this check that decides, without an error.
-IDLE_MARGIN = 15.0
 #: Kinds whose stream is resumed sooner when silent: Leases change every few seconds while anything runs (the
 #: maintainer's own renewals every ``--retry-period`` while it leads, the captures' every ~2 s), and a dead
 #: Lease stream blinds the maintainer to captures that stop renewing. A quiet one is resumed at no other cost.
@@ -94,27 +85,6 @@ IDLE = {LEASE: 15.0}
 #: periods of the chart's probe, whose three failures in a row then restart the container 80-90 s after the API
 #: last answered. A quiet but connected watch is no failure.
 PROGRESS_WINDOW = 60.0
-#: A stream that failed to apply what it read (``ApplyFailed``) relists after a back-off doubling from
-#: ``MIN_BACKOFF`` up to this: one failure relists at once, a bug that fails every time does not relist a kind of
-#: 50,000 objects every second.
-MAX_APPLY_BACKOFF = 30.0
-
-
-class ApplyFailed(Exception):
-    """Applying a LIST page or a watch event to the cache raised: a bug of ours, not the network's. The stream's
-    resourceVersion has not passed what failed; the stream relists (``Informer._run``)."""
-
-
-@contextlib.contextmanager
-def _applying(what: str) -> Iterator[None]:
-    """Whatever is raised inside is the cache's failure to apply ``what`` (``ApplyFailed``), never a transport
-    error: an ``OSError`` or a ``ValueError`` raised by the store is no connection reset."""
-    try:
-        yield
-    except Exception as exc:
-        raise ApplyFailed(what) from exc
-
-
 def _rv(obj: JSON) -> int:
     try:
         return int(obj.get("metadata", {}).get("resourceVersion", "0"))
@@ -147,8 +117,6 @@ SHARDED = (Kind.TABLE.value, SPAN, DISPATCHER, Kind.OPERATOR.value)
 #: objects created without the label, or whose label was removed or changed by hand: Dispatchers too, which only
 #: the maintainer creates) or detach them (the Tables of a changefeed that is gone).
 UNASSIGNED = SHARDED
-#: Seconds a LIST waits for another kind's LIST to end before it goes ahead all the same.
-LIST_PATIENCE = 5.0
 #: At most this many distinct label and finalizer tuples are shared (``Store._compact``).
 MAX_INTERNED = 10_000
 #: At most this many buried uids are kept per kind (``Store.dead``; normally a few: each goes with its DELETED).
@@ -418,10 +386,12 @@ class Store:
             old = self.records.get(SPAN, {}).get(rec.name)
             if isinstance(old, Span) and old.key_range == rec.key_range:
                 changes["key_range"] = old.key_range
-        if changes:
-            # ``rec`` is fresh from conversion and not shared yet: fill in the shared values in place rather
-            # than copy it (records are frozen for their users; this is where they are made).
-            rec.__dict__.update(changes)
+        # ``rec`` is fresh from conversion and not shared yet: fill in the shared values in place rather than copy it
+        # (records are frozen for their users; this is where they are made). Attribute by attribute, never through
+        # ``__dict__``: reading an instance's ``__dict__`` turns its inline values into a dict object of its own
+        # (64 bytes a record, for as long as it lives).
+        for attr, value in changes.items():
+            object.__setattr__(rec, attr, value)
         return rec
 
     def _put_record(self, kind: str, name: str, rv: int, obj: JSON) -> None:
@@ -747,6 +717,42 @@ class Store:
             return list(self.records.get(kind.value, {}))
         return list(self._bucket(kind.value))
 
+    # -- the Leases, typed ---------------------------------------------------------------------------
+
+    def lease(self, name: str, now: float) -> Seen | None:
+        """Lease ``name`` as our watch shows it (``shards.Seen``: holder, duration, how long it has been seen
+        unchanged on our clock, transitions), or None if there is none. ``now`` is monotonic."""
+        lease = self.objects.get(LEASE, {}).get(name)
+        if lease is None:
+            return None
+        spec = lease.get("spec") or {}
+        try:
+            duration = float(spec.get("leaseDurationSeconds") or 0)
+        except (TypeError, ValueError):
+            duration = 0.0
+        try:
+            transitions = int(spec.get("leaseTransitions") or 0)
+        except (TypeError, ValueError):
+            transitions = 0
+        return Seen(str(spec.get("holderIdentity") or ""), duration, self.silence.of(name, now), transitions)
+
+    def lease_names(self, prefix: str) -> list[str]:
+        """The names of the cached Leases that start with ``prefix``."""
+        return [n for n in self.objects.get(LEASE, {}) if n.startswith(prefix)]
+
+    def lease_uid(self, name: str) -> str:
+        """The uid of Lease ``name`` as cached ("" if none)."""
+        return _uid(self.objects.get(LEASE, {}).get(name))
+
+    def unchanged_for(self, name: str, holder: str, renew: str, now: float) -> float:
+        """How long our watch has seen Lease ``name`` unchanged with ``holder`` and ``renew`` (its renewTime as
+        written): 0 if it shows another holder or renewal. Counted on our clock, only while our view of Leases was
+        current (``silence``). ``now`` is monotonic."""
+        spec = (self.objects.get(LEASE, {}).get(name) or {}).get("spec") or {}
+        if str(spec.get("holderIdentity") or "") != holder or str(spec.get("renewTime") or "") != renew:
+            return 0.0
+        return self.silence.of(name, now) or 0.0
+
     def owner_reference(self, changefeed: str) -> JSON | None:
         """The ownerReference naming Changefeed ``changefeed`` as cached (None if unknown or without uid)."""
         cf = self.records.get(Kind.CHANGEFEED.value, {}).get(changefeed)
@@ -761,8 +767,16 @@ class Store:
         }
 
 
-#: Objects of a LIST page converted at a time (each chunk paced: ``controller.kube.pacing``).
-CHUNK = 25
+@dataclass(frozen=True)
+class Change:
+    """What the informer tells its process after each change to its cache (``Informer.on_change``)."""
+
+    kind: str
+    #: The object's name ("" for a whole LIST of the kind).
+    name: str
+    #: The changefeeds whose decisions can see the change (``Store.last_change``): their names, or None for every
+    #: changefeed (a Capture, a capture's Lease whose liveness or holder changed).
+    changefeeds: frozenset[str] | None
 
 
 class Cache(Protocol):
@@ -855,7 +869,7 @@ class Informer:
         self,
         client: Client,
         namespace: str,
-        on_change: Callable[[str, str], None] | None = None,
+        on_change: Callable[[Change], None] | None = None,
         *,
         lease_fresh: float = LEASE_FRESH,
         page_size: int = LIST_PAGE,
@@ -876,11 +890,11 @@ class Informer:
         self.store = Store(lease_view=ViewClock(fresh=lease_fresh), shards=set() if sharded else None)
         #: Sharded: the Tables, Spans and SpanOperators not labelled with a live changefeed.
         self.unassigned = Store()
-        #: Set when ``unassigned`` changes (the runner clears it when it has looked).
-        self.unassigned_changed = False
+        #: Whether ``unassigned`` changed since the last ``take_unassigned_changed``.
+        self._unassigned_dirty = False
         #: (kind, name) -> the changefeed an object should be labelled with (its ``spec.changefeed``): seen in
-        #: another changefeed's shard (a label set by hand). The runner writes the labels and empties it.
-        self.relabel: dict[tuple[str, str], str] = {}
+        #: another changefeed's shard (a label set by hand), since the last ``take_relabel``.
+        self._relabel: dict[tuple[str, str], str] = {}
         self.on_change = on_change
         self.synced = asyncio.Event()
         self._listed: set[str] = set()
@@ -922,7 +936,45 @@ class Informer:
         self._backlog: deque[Callable[[], None]] = deque()
 
     def _start(self, stream: Stream) -> None:
-        self._tasks[stream.key] = asyncio.create_task(self._run(stream), name=f"informer-{stream.key}")
+        self._tasks[stream.key] = asyncio.create_task(self.reflector(stream).run(), name=f"informer-{stream.key}")
+
+    def reflector(self, stream: Stream) -> Reflector:
+        """The LIST+WATCH of ``stream`` into this informer's stores."""
+        return Reflector(
+            self.client,
+            stream.res,
+            self.namespace,
+            _Feed(self, stream),
+            name=stream.key,
+            selector=stream.selector,
+            watch_timeout=self.watch_timeout,
+            idle=IDLE.get(stream.kind, math.inf),
+            idle_quietly=stream.kind in IDLE,
+            page_size=self.page_size,
+            # One LIST at a time: at 50,000 spans a LIST's raw objects are a few hundred MB until converted, and
+            # two at once would double the process's peak memory.
+            list_gate=self._list_gate,
+            logger=log,
+        )
+
+    # -- what the labels need (sharded) ---------------------------------------------------------------
+
+    def take_relabel(self) -> dict[tuple[str, str], str]:
+        """The objects seen in another changefeed's shard since the last call, (kind, name) -> the changefeed
+        their ``spec.changefeed`` names (they should be labelled with it); forgotten here."""
+        todo, self._relabel = self._relabel, {}
+        return todo
+
+    def take_unassigned_changed(self) -> bool:
+        """Whether the unassigned objects changed since the last call."""
+        changed, self._unassigned_dirty = self._unassigned_dirty, False
+        return changed
+
+    def _relabel_later(self, key: tuple[str, str], changefeed: str) -> None:
+        self._relabel[key] = changefeed
+
+    def _unassigned_changed(self) -> None:
+        self._unassigned_dirty = True
 
     def _cancel(self, key: str) -> None:
         task = self._tasks.pop(key, None)
@@ -1125,9 +1177,10 @@ class Informer:
 
     def _notify(self, kind: str, name: str) -> None:
         if self.on_change is not None:
-            self.on_change(kind, name)
+            concerned = self.store.last_change
+            self.on_change(Change(kind, name, None if concerned is None else frozenset(concerned)))
 
-    # -- the loop ----------------------------------------------------------------------------------
+    # -- the streams ---------------------------------------------------------------------------------
 
     def _heard(self, stream: Stream) -> None:
         now = time.monotonic()
@@ -1138,54 +1191,6 @@ class Informer:
     def _broken(self, stream: Stream) -> None:
         if stream.kind == LEASE:
             self.store.lease_view.broken(time.monotonic())
-
-    def _watch_timeout(self) -> int:
-        """The ``timeoutSeconds`` of one watch: between ``watch_timeout`` and twice that, as client-go draws it."""
-        return max(1, int(self.watch_timeout * (1.0 + random.random())))
-
-    async def _events(self, stream: Stream, rv: str) -> AsyncGenerator[JSON, None]:
-        """The watch stream's events, until the server ends it (its ``timeoutSeconds``: a quiet stream too) or the
-        stream delivers nothing for its idle limit (a connection that died silently, or a quiet Lease stream,
-        ``IDLE``). Either way it just ends, and the caller resumes it from ``rv``: neither is an error."""
-        timeout = self._watch_timeout()
-        idle = min(IDLE.get(stream.kind, math.inf), timeout + IDLE_MARGIN)
-        events = self.client.watch(
-            stream.res, self.namespace, rv, label_selector=stream.selector, timeout_seconds=timeout
-        )
-        try:
-            while True:
-                limit = asyncio.timeout(idle)
-                try:
-                    async with limit:
-                        ev = await anext(events)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    if not limit.expired():
-                        raise  # the client's own (its socket read timeout): an error
-                    level = logging.DEBUG if stream.kind in IDLE else logging.INFO
-                    log.log(level, "watch %s silent for %.0fs (timeoutSeconds %d): resuming", stream.key, idle, timeout)
-                    return
-                yield ev
-        finally:
-            close = getattr(events, "aclose", None)  # an async generator: release its connection now
-            if close is not None:
-                await close()
-
-    def _failed(self, stream: Stream, failures: int, error: object, backoff: float) -> None:
-        """The first failure of a run of them, then one in 20: an outage retries every second."""
-        if failures == 1 or failures % 20 == 0:
-            log.warning("watch %s broke (%d attempts): %r; retrying in %.2fs", stream.key, failures, error, backoff)
-
-    async def _gate(self) -> bool:
-        # ``asyncio.timeout``, not ``wait_for``: on 3.11 ``wait_for`` swallows a cancellation that lands as the lock
-        # is granted, and a stream cancelled then (untracked, or its selector replaced) would run on, unowned.
-        try:
-            async with asyncio.timeout(LIST_PATIENCE):
-                await self._list_gate.acquire()
-        except TimeoutError:
-            return False
-        return True
 
     def _admit(self, stream: Stream, obj: JSON) -> bool:
         """Whether ``obj`` from ``stream`` may enter the store. A shard's stream admits only the objects whose
@@ -1199,175 +1204,91 @@ class Informer:
         if wanted == stream.changefeed:
             return True
         if wanted:
-            self.relabel[(stream.kind, obj["metadata"]["name"])] = wanted
+            self._relabel_later((stream.kind, obj["metadata"]["name"]), wanted)
         return False
 
     def _deleted(self, stream: Stream, obj: JSON) -> None:
         name = obj["metadata"]["name"]
         if stream.assigned is not None:
             self.unassigned.remove(stream.kind, name, _rv(obj), _uid(obj))
-            self.unassigned_changed = True
+            self._unassigned_changed()
         elif not stream.changefeed or _spec_changefeed(obj) == stream.changefeed:
             self.forget(stream.kind, name, obj)  # deleted, or no longer labelled with its changefeed
 
     def _put(self, stream: Stream, obj: JSON) -> None:
         if stream.assigned is not None:
-            self.unassigned_changed |= self.unassigned.put(stream.kind, obj)
+            if self.unassigned.put(stream.kind, obj):
+                self._unassigned_changed()
         elif self._admit(stream, obj) and self.store.put(stream.kind, obj):
             self._notify(stream.kind, obj["metadata"]["name"])
 
-    async def _list(self, stream: Stream) -> str:
-        """One LIST of ``stream`` into its store; its resourceVersion."""
-        kind = stream.kind
-        store = self.unassigned if stream.assigned is not None else self.store
-        await self._unfrozen()
-        listing = store.begin_listing(kind, stream.changefeed)
-        listed_rv = ""
-        pages = self.client.list_pages(stream.res, self.namespace, label_selector=stream.selector, limit=self.page_size)
-        async for items, page_rv in pages:
-            for i in range(0, len(items), CHUNK):
-                # A page converted a chunk at a time, paced: 500 objects hold the loop up to 100 ms.
-                await self.pacer.pace()
-                await self._unfrozen()
-                chunk = items[i : i + CHUNK]
-                items[i : i + CHUNK] = [{}] * len(chunk)  # the raw objects go as converted
-                with _applying(f"a LIST page of {stream.key}"):
-                    if stream.changefeed:
-                        chunk = [obj for obj in chunk if self._admit(stream, obj)]
-                    store.list_page(kind, chunk, listing)
-                del chunk
-            listed_rv = page_rv
-            del items
-            if kind in RECORD_ONLY and self.freeze:
-                # The records of a page live as long as their objects do: out of the garbage collector's full
-                # passes from now on (they hold no reference cycles; reference counting still frees them). Each
-                # full pass over 200,000 records held the loop for hundreds of milliseconds (issue 25). The young
-                # generations are collected first, so that no fresh garbage cycle is frozen with them for good.
-                gc.collect(1)
-                gc.freeze()
-        await self._unfrozen()
-        with _applying(f"the end of a LIST of {stream.key}"):
-            store.end_listing(kind, listing, int(listed_rv or 0))
-        if store is self.unassigned:
-            self.unassigned_changed = True
-        return listed_rv
+    def _listed_stream(self, stream: Stream, again: bool) -> None:
+        """``stream``'s LIST has been applied: it is listed, no longer in doubt, and the maintainer is told."""
+        if again:
+            self.relists[stream.kind] += 1
+        self._listed.add(stream.key)
+        self._doubt.discard(stream.key)
+        listed = self._listed_events.get(stream.key)
+        if listed is not None:
+            listed.set()
+        if stream.assigned is None:
+            self._notify(stream.kind, "")
+        else:
+            self._unassigned_changed()
+        if self._listed >= self._expected:
+            self.synced.set()
 
-    async def _run(self, stream: Stream) -> None:
-        """LIST, then WATCH from the LIST's resourceVersion, for ever. The resourceVersion moves past an event only
-        once the event is applied: an event that could not be (``ApplyFailed``: a bug) is not skipped, the stream
-        relists, and its records arrive with that LIST. Only transport errors (``TRANSPORT_ERRORS``, ``ApiError``)
-        are an outage, retried as such; anything else is logged with its traceback and counted
-        (``apply_failures``), and the stream relists after a back-off (``MAX_APPLY_BACKOFF``)."""
-        kind = stream.kind
-        rv = ""
-        backoff = MIN_BACKOFF
-        failures = 0
-        #: Failures to apply in a row (reset once a LIST has been applied whole).
-        failed_applies = 0
-        lists = 0
-        while True:
-            try:
-                if not rv:
-                    # One kind's LIST at a time: at 50,000 spans a LIST's raw objects are a few hundred MB
-                    # until converted, and two at once would double the process's peak memory. A LIST that
-                    # hangs holds the others back for LIST_PATIENCE seconds at most.
-                    held = await self._gate()
-                    try:
-                        listed_rv = await self._list(stream)  # only a LIST read to its end is watched from
-                    finally:
-                        if held:
-                            self._list_gate.release()
-                    lists += 1
-                    if lists > 1:
-                        self.relists[kind] += 1
-                    self._listed.add(stream.key)
-                    self._doubt.discard(stream.key)
-                    listed = self._listed_events.get(stream.key)
-                    if listed is not None:
-                        listed.set()
-                    self._heard(stream)
-                    if failures:
-                        log.info("watch %s back (relisted) after %d failed attempts", stream.key, failures)
-                        failures = 0
-                    if stream.assigned is None:
-                        with _applying(f"the LIST of {stream.key}"):
-                            self._notify(kind, "")
-                    rv = listed_rv
-                    if failed_applies:
-                        log.info("watch %s relisted after %d failures to apply", stream.key, failed_applies)
-                        failed_applies = 0
-                    if self._listed >= self._expected:
-                        self.synced.set()
-                # Closed on the way out, whatever the way (an ERROR event, a failure to apply): its connection now.
-                async with contextlib.aclosing(self._events(stream, rv)) as events:
-                    async for ev in events:
-                        # Events already buffered come without a pause: a burst (thousands, after a freeze or a
-                        # decision's writes) would hold the loop for as long as it takes.
-                        await self.pacer.pace()
-                        await self._unfrozen()
-                        self._heard(stream)
-                        if failures:
-                            log.info("watch %s back after %d failed attempts", stream.key, failures)
-                            failures = 0
-                        typ = ev.get("type")
-                        obj = ev.get("object") or {}
-                        if typ == "ERROR":
-                            code = obj.get("code")
-                            self._broken(stream)
-                            relist = self._in_doubt(stream) or code == 410
-                            then = "relisting" if relist else "resuming"
-                            log.info("watch %s ended with %s; %s", stream.key, code, then)
-                            rv = "" if relist else rv
-                            if code != 410:
-                                await asyncio.sleep(backoff)
-                            break
-                        new_rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                        if typ == "BOOKMARK":
-                            rv = new_rv
-                            continue
-                        with _applying(f"{typ} {stream.kind} {(obj.get('metadata') or {}).get('name')!r}"):
-                            if typ == "DELETED":
-                                self._deleted(stream, obj)
-                            else:
-                                self._put(stream, obj)
-                        rv = new_rv  # only now: a resumed watch must not start after an event not applied
-                    else:
-                        self._broken(stream)  # the server ended the stream (its timeout): resume from rv at once
-                backoff = MIN_BACKOFF
-            except asyncio.CancelledError:
-                raise
-            except ApiError as exc:
-                self._broken(stream)
-                if self._in_doubt(stream):
-                    rv = ""
-                if exc.status == 410:
-                    rv = ""
-                    continue
-                failures += 1
-                self._failed(stream, failures, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-            except TRANSPORT_ERRORS as exc:  # connection reset, server restart: relist (records) or resume
-                self._broken(stream)
-                if self._in_doubt(stream):
-                    rv = ""
-                failures += 1
-                self._failed(stream, failures, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-            except Exception as exc:  # ApplyFailed, or another bug of this loop: never skipped in silence
-                self._broken(stream)
-                self._in_doubt(stream)
-                rv = ""  # whatever the kind: what was not applied arrives with the LIST
-                failed_applies += 1
-                self.apply_failures[kind] += 1
-                delay = min(MIN_BACKOFF * 2 ** min(failed_applies - 1, 16), MAX_APPLY_BACKOFF)
-                what = f"could not apply {exc}" if isinstance(exc, ApplyFailed) else f"failed: {exc!r}"
-                log.exception(
-                    "watch %s %s (%d in a row): relisting in %.2fs",
-                    stream.key,
-                    what,
-                    failed_applies,
-                    delay,
-                )
-                await asyncio.sleep(delay)
+
+class _Feed:
+    """The ``reflector.Target`` of one stream: the informer's store (the unassigned store for an unassigned stream),
+    paced and held while a decision has the store frozen."""
+
+    def __init__(self, informer: Informer, stream: Stream) -> None:
+        self.informer = informer
+        self.stream = stream
+        self.store = informer.unassigned if stream.assigned is not None else informer.store
+
+    async def ready(self) -> None:
+        await self.informer.pacer.pace()
+        await self.informer._unfrozen()
+
+    def begin_listing(self) -> Listing:
+        return self.store.begin_listing(self.stream.kind, self.stream.changefeed)
+
+    def list_chunk(self, listing: Listing, items: list[JSON]) -> None:
+        if self.stream.changefeed:
+            items = [obj for obj in items if self.informer._admit(self.stream, obj)]
+        self.store.list_page(self.stream.kind, items, listing)
+
+    def page_read(self, listing: Listing) -> None:
+        if self.stream.kind in RECORD_ONLY and self.informer.freeze:
+            # The records of a page live as long as their objects do: out of the garbage collector's full
+            # passes from now on (they hold no reference cycles; reference counting still frees them). Each
+            # full pass over 200,000 records held the loop for hundreds of milliseconds (issue 25). The young
+            # generations are collected first, so that no fresh garbage cycle is frozen with them for good.
+            gc.collect(1)
+            gc.freeze()
+
+    def end_listing(self, listing: Listing, rv: str) -> None:
+        self.store.end_listing(self.stream.kind, listing, int(rv or 0))
+
+    def listed(self, again: bool) -> None:
+        self.informer._listed_stream(self.stream, again)
+
+    def put(self, obj: JSON) -> None:
+        self.informer._put(self.stream, obj)
+
+    def delete(self, obj: JSON) -> None:
+        self.informer._deleted(self.stream, obj)
+
+    def heard(self) -> None:
+        self.informer._heard(self.stream)
+
+    def interrupted(self) -> None:
+        self.informer._broken(self.stream)
+
+    def broke(self) -> bool:
+        return self.informer._in_doubt(self.stream)
+
+    def failed_to_apply(self) -> None:
+        self.informer.apply_failures[self.stream.kind] += 1

@@ -1,4 +1,15 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, with client-go's semantics and defaults.
+"""Leases: the one protocol both processes hold theirs with, and leader election on it (client-go's semantics).
+
+**Holding a Lease** (``renew``, used by the maintainer's elector and by the capture's Lease keeper): every write is
+a PUT of the Lease as last read or answered, so it carries its resourceVersion and its uid as preconditions. A PUT
+to a missing name *creates* a Lease on kube-apiserver (the Lease strategy allows create on update), so without the
+uid a renewal would bring back a Lease deleted by hand, under its old holder; with it the write is refused (409).
+A refusal (409) reads the Lease: gone, or another object (another uid), or no longer ours (``mine`` says why): the
+holder has lost it (``LeaseLost``); still ours, it was our own write whose answer was lost: adopted, and written
+again from it. An error (the API down, a read that fails) is not a loss: the holder retries, and gives up when its
+own deadline says so.
+
+**Leader election** (``LeaderElector``):
 
 - Acquire: create the Lease, or take it over once it has not been renewed for its duration as
   observed on *our* clock (we time how long its renewTime has stayed unchanged, as client-go does,
@@ -39,6 +50,53 @@ from controller.model.resources import format_time
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
+
+
+class LeaseLost(Exception):
+    """The Lease was deleted, created again or taken by another holder: its holder may already be counted gone."""
+
+
+async def renew(
+    client: Client,
+    namespace: str,
+    held: JSON,
+    spec: JSON,
+    mine: Callable[[JSON], str],
+    *,
+    annotations: JSON | None = None,
+    attempts: int = 2,
+) -> JSON:
+    """Write ``spec`` (and ``annotations`` in place of the held ones, if given) over Lease ``held`` (as last read or
+    answered: its resourceVersion and uid are the preconditions); returns the Lease as answered. ``mine(current)``
+    says why a Lease read after a refusal is not this holder's ("" if it is: our own write whose answer was lost).
+    Raises ``LeaseLost`` when the Lease is gone, another object, or not ours; ``ApiError`` (409) when it kept changing
+    under us ``attempts`` times; any transport error or other status as it comes."""
+    meta = held.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    for _ in range(attempts):
+        body = {**held, "spec": spec}
+        if annotations is not None:
+            body["metadata"] = {**(held.get("metadata") or {}), "annotations": annotations}
+        try:
+            return await client.replace(LEASES, namespace, name, body)
+        except ApiError as exc:
+            if exc.not_found:  # (a PUT that carries the uid meets a deleted Lease with 409, not 404)
+                raise LeaseLost(f"Lease {name} was deleted") from None
+            if not exc.conflict:
+                raise
+        try:
+            current = await client.get(LEASES, namespace, name)
+        except ApiError as exc:
+            if exc.not_found:
+                raise LeaseLost(f"Lease {name} was deleted") from None
+            raise
+        if _uid(current) != _uid(held):
+            raise LeaseLost(f"Lease {name} was deleted (and created again, uid {_uid(current)})")
+        why = mine(current)
+        if why:
+            raise LeaseLost(f"Lease {name} {why}")
+        held = current  # our own write whose answer we missed (e.g. a timed-out request): adopt it and retry
+    raise ApiError(409, "Conflict", f"Lease {name} kept changing")
 
 
 class LeaderElector:
@@ -182,43 +240,24 @@ class LeaderElector:
             await asyncio.sleep(self.retry)
 
     async def hold(self, lost: asyncio.Event) -> None:
-        """Renew until a renewal fails for ``renew_deadline`` or someone else holds it; then set ``lost``."""
+        """Renew (``renew``) until a renewal fails for ``renew_deadline`` or the Lease is lost (deleted, created again,
+        taken); then set ``lost``."""
         last_ok = self.renewed or time.monotonic()
         while True:
             await asyncio.sleep(max(0.0, min(self.retry, last_ok + self.renew_deadline - time.monotonic())))
             sent = time.monotonic()
             try:
                 assert self.lease is not None
-                lease = self._renewal(self.lease)
+                spec = self._renewal(self.lease)["spec"]
                 # Never past the deadline: a hung request must not keep us leading.
                 async with asyncio.timeout(max(0.05, last_ok + self.renew_deadline - sent)):
-                    self.lease = await self.client.replace(LEASES, self.namespace, self.name, lease)
+                    self.lease = await renew(self.client, self.namespace, self.lease, spec, self._mine)
                 last_ok = self.renewed = sent
                 continue
-            except ApiError as exc:
-                if exc.not_found:
-                    log.warning("lease %s was deleted: leadership lost", self.name)
-                    lost.set()
-                    return
-                if exc.status == 409:
-                    try:
-                        current = await self.client.get(LEASES, self.namespace, self.name)
-                    except ApiError as again:
-                        if again.not_found:  # the uid precondition failed against a deleted Lease
-                            log.warning("lease %s was deleted: leadership lost", self.name)
-                            lost.set()
-                            return
-                        current = None
-                    except Exception:
-                        current = None
-                    if current is not None and self._ours(current):
-                        self.lease = current  # our own write whose answer was lost: renew from it
-                        continue
-                    why = "created again" if current is not None and _uid(current) != _uid(self.lease) else "taken"
-                    log.warning("lease %s %s by another holder: leadership lost", self.name, why)
-                    lost.set()
-                    return
-                log.warning("lease %s renewal failed: %s", self.name, exc)
+            except LeaseLost as exc:
+                log.warning("%s: leadership lost", exc)
+                lost.set()
+                return
             except Exception as exc:
                 log.warning("lease %s renewal failed: %s", self.name, exc)
             if time.monotonic() - last_ok >= self.renew_deadline:
@@ -233,15 +272,15 @@ class LeaderElector:
         body = self._body(int(spec.get("leaseTransitions") or self.epoch), str(spec.get("acquireTime") or ""))
         return {**lease, "spec": body}
 
-    def _ours(self, current: JSON) -> bool:
-        """Whether ``current`` (read after a 409) is still this term's Lease: the same object (uid), naming us,
-        with the term's transitions. Then the write that conflicted was our own, its answer lost."""
+    def _mine(self, current: JSON) -> str:
+        """Why ``current`` (read after a refusal) is not this term's Lease ("" if it is: our own write whose answer
+        was lost). The same object (uid) is checked by ``renew``; here: naming us, with the term's transitions."""
         spec = current.get("spec") or {}
-        return (
-            _uid(current) == _uid(self.lease)
-            and spec.get("holderIdentity") == self.identity
-            and int(spec.get("leaseTransitions") or 0) == self.epoch
-        )
+        if spec.get("holderIdentity") != self.identity:
+            return f"was taken by {spec.get('holderIdentity')!r}"
+        if int(spec.get("leaseTransitions") or 0) != self.epoch:
+            return "began another term"
+        return ""
 
     async def release(self) -> None:
         if self.lease is None:

@@ -14,8 +14,9 @@ import prometheus_client
 from controller import logs
 from controller.engine.world import AUDIT_INTERVAL
 from controller.kube import heap, tenure
-from controller.kube.informer import PROGRESS_WINDOW, WATCH_TIMEOUT
+from controller.kube.informer import PROGRESS_WINDOW
 from controller.kube.probes import parse_endpoint
+from controller.kube.reflector import WATCH_TIMEOUT
 from controller.maintainer import operator
 from controller.maintainer.runner import Settings, default_identity
 

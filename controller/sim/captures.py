@@ -12,33 +12,33 @@ refuses a stale epoch (Rejected) or starts (Initializing); Initializing -> Worki
 (unless "hold close") is stopped, reported Stopped with its final checkpoint, and then its finalizer
 is released: two writes, with a chance to crash between them.
 
-The Lease, as agent.py keeps it. It is modelled on the Capture record (``renew_time``, ``lease_taken``;
-its resourceVersion is the Lease's): a renewal is a compare-and-swap on the version of the capture's
-previous renewal (now and then the answer is lost, and the next renewal adopts the version it finds if
-the Lease is still its own); the maintainer takes a lapsed Lease by the same kind of write. A capture
-that has not renewed for ``RENEW_DEADLINE`` (< ``LEASE``) *pauses*: its dispatchers stop delivering but
-stay, with their positions. It keeps trying; when a renewal succeeds, it reads (strongly) its Dispatchers
-and the published epoch, and when those reads are done (at once, or up to 25 s later: renewals go on
-meanwhile) and it is still that pause and its last renewal is younger than ``RENEW_DEADLINE``, it resumes
-those whose Dispatcher still existed (same uid), was not being deleted, and whose changefeed published no
-epoch it had not seen, and drops the others. A renewal that finds the Lease taken makes it fence itself: it
-stops everything (a crash, for the simulation). While the API is unreachable for it (an outage, or a cut of this capture
-alone) nothing of it gets through: no renewal, no watch event, no write.
+The Lease, as the capture's Lease keeper keeps it (controller/capture/lease_keeper.py). It is modelled on the
+Capture record (``renew_time``, ``lease_taken``; its resourceVersion is the Lease's): a renewal is a
+compare-and-swap on the version of the capture's previous renewal (now and then the answer is lost, and the
+next renewal adopts the version it finds if the Lease is still its own); the maintainer takes a lapsed Lease
+by the same kind of write. A capture that has not renewed for ``RENEW_DEADLINE`` (< ``LEASE``) *pauses*: its
+dispatchers stop delivering but stay, with their positions. It keeps trying; when a renewal succeeds, it reads
+(strongly) its Dispatchers and the published epoch, and when those reads are done (at once, or up to 25 s
+later: renewals go on meanwhile) and it is still that pause and its last renewal is younger than
+``RENEW_DEADLINE``, it resumes those whose Dispatcher still existed (same uid), was not being deleted, and
+whose changefeed published no epoch it had not seen, and drops the others. A renewal that finds the Lease
+taken makes it fence itself: it stops everything (a crash, for the simulation). While the API is unreachable
+for it (an outage, or a cut of this capture alone) nothing of it gets through: no renewal, no watch event, no
+write.
 
 Ground truth checked here: a dispatcher resumed after a pause must not find that another dispatcher
 delivered its keys meanwhile (that is two owners, one after the other, with no hand-over); a capture
 resumes only while a renewal younger than the renew deadline vouches for it, and never after its Lease
 was taken during that pause (the maintainer may have released its dispatchers).
 
-Reporting is modelled as the agent does it (controller/capture/agent.py, controller/model/progress.py):
-a dispatcher's status is written on a state change (Initializing, Working, Stopped, Rejected) and when
-its traffic changes materially, never for a checkpoint alone; each Lease renewal carries the report
-built by ``progress.build`` over the Working dispatchers whose Working status was written (one write:
-if the renewal fails, so does the report). A capture process can also restart under the same name: a
-new incarnation that runs none of its predecessor's dispatchers, takes its Lease over (a new
-``acquireTime``: whatever the old process would still write is refused), and reports them Stopped, as
-the agent does.
-"""
+Reporting is modelled as the agent does it (controller/capture/reconciler.py, reporter.py,
+controller/model/progress.py): a dispatcher's status is written on a state change (Initializing, Working,
+Stopped, Rejected) and when its traffic changes materially, never for a checkpoint alone; each Lease renewal
+carries the report built by ``progress.build`` over the Working dispatchers whose Working status was written
+(one write: if the renewal fails, so does the report). A capture process can also restart under the same name:
+a new incarnation that runs none of its predecessor's dispatchers, takes its Lease over (a new
+``acquireTime``: whatever the old process would still write is refused), and reports them Stopped, as the
+agent does. """
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def _sink_down(seed: int, capture: str, now: float) -> bool:
 
 @dataclass
 class ResumeCheck:
-    """What a paused capture read to decide what to resume (agent.py ``_resume``): its Dispatchers and the
+    """What a paused capture read to decide what to resume (reconciler.py ``resume_plan``): its Dispatchers and the
     published epoch, read right after a renewal succeeded, judged when the reads are done (``ready_at``).
     The reads of thousands of dispatchers on a loaded API can take longer than the renew deadline; renewals
     go on meanwhile, and the result is used only if it is still the same pause and a renewal younger than
@@ -167,16 +167,16 @@ class SimCapture:
     restarts: int = 0
     #: The report its Lease carried when this process started (only the mutation check looks at it).
     previous: progress.Progress | None = None
-    #: SIGTERM with a drain timeout (agent.py ``request_stop``): it marked its Capture draining and exits once
-    #: it holds nothing or at this time, whichever comes first; None while not stopping.
+    #: SIGTERM with a drain timeout (agent.py ``request_stop``, drainer.py): it marked its Capture draining and exits
+    #: once it holds nothing or at this time, whichever comes first; None while not stopping.
     stopping_until: float | None = None
     #: After a graceful exit, when its next process starts (a StatefulSet recreating the pod); None: never.
     respawn_at: float | None = None
     #: How long after a graceful exit its next process starts (set by ``Captures.stop``).
     respawn_delay: float = 0.0
     #: This process took over a Lease that did not name it (released, or taken by the maintainer): the Pending
-    #: dispatchers assigned to it when its acquisition landed are reported Stopped, not started (agent.py
-    #: ``took_over_foreign``/``inherited``).
+    #: dispatchers assigned to it when its acquisition landed are reported Stopped, not started
+    #: (lease_keeper.py ``took_over_foreign``, reconciler.py ``inherited``).
     foreign: bool = False
     inherited: set[str] = field(default_factory=set)
 
@@ -248,7 +248,7 @@ class Captures:
 
     def stop(self, name: str, grace: float, respawn_after: float) -> None:
         """SIGTERM to a capture run with a drain timeout of ``grace`` (a rollout, a scale-down, a node drain):
-        it marks its Capture draining (agent.py ``_mark_draining``), goes on as before while the maintainer
+        it marks its Capture draining (registration.py ``mark_draining``), goes on as before while the maintainer
         moves its spans off, and exits gracefully once it holds nothing or ``grace`` ran out (``_step_one``).
         Its next process starts ``respawn_after`` seconds after it exits."""
         ctx, api = self.ctx, self.ctx.api
@@ -270,7 +270,7 @@ class Captures:
             self.shutdown_drains.add(name)
 
     def _holding(self, cap: SimCapture) -> list[str]:
-        """What it still holds, by its own view (agent.py ``holding``): what it runs, its dispatchers being deleted
+        """What it still holds, by its own view (drainer.py ``holding``): what it runs, its dispatchers being deleted
         (until their close releases the finalizer) and those not closed."""
         held = set(cap.runs)
         for n, obj in cap.cache.objects[Kind.DISPATCHER].items():
@@ -279,7 +279,7 @@ class Captures:
         return sorted(held)
 
     def _assigned(self, cap: SimCapture) -> list[str]:
-        """The agent's consistent read before it exits drained (agent.py ``_assigned``): the Dispatchers the API
+        """The agent's consistent read before it exits drained (drainer.py ``assigned``): the Dispatchers the API
         assigns to it that are being deleted or not closed; unreachable: assume some are."""
         api = self.ctx.api
         if not api.reachable(cap.name):
@@ -331,7 +331,7 @@ class Captures:
 
     def _respawn(self, cap: SimCapture) -> None:
         """Its next process (the pod recreated under the same name): registers, and clears a drain the previous
-        process set for its shutdown (agent.py ``_end_shutdown_drain``)."""
+        process set for its shutdown (registration.py ``end_shutdown_drain``)."""
         ctx = self.ctx
         cap.respawn_at = None
         cap.alive = True

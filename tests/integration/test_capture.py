@@ -26,10 +26,10 @@ import urllib3
 
 from controller.apiserver import ApiServerHandle, start_server
 from controller.capture.hooks import HOLD_CLOSE, PAUSE_CREATE, Scope, hooks_from_annotations, parse_scope
-from controller.capture.informer import Informer
 from controller.capture.ledger import Required, check, read
 from controller.capture.runtime import LogicalClockRuntime
 from controller.kube.client import JSON, RESOURCES, ApiError, Client, Resource
+from controller.kube.objects import ObjectInformer
 from controller.model.keys import KeyRange
 from controller.model.progress import PROGRESS_ANNOTATION, digest
 from controller.model.records import Dispatcher
@@ -333,15 +333,17 @@ def test_logical_clock_runtime() -> None:
 
 
 class FakeClient:
-    """list/watch only: the first watch ends with a 410 ERROR event, the second one raises 410 Gone."""
+    """list_pages/watch only: the first watch ends with a 410 ERROR event, the second one raises 410 Gone."""
 
     def __init__(self) -> None:
         self.lists = 0
         self.watches: list[str] = []
 
-    async def list(self, res: Resource, namespace: str, label_selector: str = "") -> tuple[list[JSON], str]:
+    async def list_pages(
+        self, res: Resource, namespace: str, label_selector: str = "", limit: int = 0
+    ) -> AsyncIterator[tuple[list[JSON], str]]:
         self.lists += 1
-        return [{"metadata": {"name": f"d{self.lists}", "resourceVersion": "5"}}], "10"
+        yield [{"metadata": {"name": f"d{self.lists}", "resourceVersion": "5"}}], "10"
 
     async def watch(self, res: Resource, namespace: str, rv: str, **kw: Any) -> AsyncIterator[JSON]:
         self.watches.append(rv)
@@ -357,9 +359,9 @@ class FakeClient:
 
 
 def test_informer_resumes_and_relists_on_410() -> None:
-    async def scenario() -> tuple[FakeClient, Informer]:
+    async def scenario() -> tuple[FakeClient, ObjectInformer]:
         fake = FakeClient()
-        informer = Informer(cast(Client, fake), RESOURCES[Kind.DISPATCHER], "ns", backoff=0.01)
+        informer = ObjectInformer(cast(Client, fake), RESOURCES[Kind.DISPATCHER], "ns")
         task = asyncio.create_task(informer.run())
         for _ in range(200):
             if len(fake.watches) >= 4:
@@ -893,9 +895,10 @@ def test_a_pass_visits_what_changed_and_a_full_pass_everything(api: Api, server:
         settings = Settings(name="c1", namespace=api.ns, report_interval=600.0, init_delay=0.0)
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
             agent = Agent(client, settings)
+            rec = agent.reconciler
             looked: list[str] = []
             stepped: list[str] = []
-            quiet, step = agent._quiet, agent._step
+            quiet, step = rec._quiet, rec._step
 
             def counting_quiet(run: Any, raw: JSON, now: float) -> bool:
                 looked.append(raw["metadata"]["name"])
@@ -905,24 +908,24 @@ def test_a_pass_visits_what_changed_and_a_full_pass_everything(api: Api, server:
                 stepped.append(d.name)
                 await step(d, raw, epochs)
 
-            agent._quiet = counting_quiet  # type: ignore[method-assign]
-            agent._step = counting_step  # type: ignore[method-assign]
+            rec._quiet = counting_quiet  # type: ignore[method-assign]
+            rec._step = counting_step  # type: ignore[method-assign]
             assert await agent._register()
             tasks = [asyncio.create_task(agent.dispatchers.run()), asyncio.create_task(agent.captures.run())]
             try:
                 await agent.dispatchers.synced.wait()
                 await agent.captures.synced.wait()
                 for _ in range(100):
-                    await agent.reconcile()
-                    if all(agent._settled(r) for r in agent.runs.values()) and len(agent.runs) == len(names):
+                    await rec.reconcile()
+                    if all(r.settled for r in agent.runs.values()) and len(agent.runs) == len(names):
                         break
                     await asyncio.sleep(0.05)
                 assert len(agent.runs) == len(names)
                 await asyncio.sleep(0.3)  # the watch delivers the Working writes (they mark their names dirty)
-                await agent.reconcile()
+                await rec.reconcile()
                 looked.clear()
                 stepped.clear()
-                await agent.reconcile()
+                await rec.reconcile()
                 assert (looked, stepped) == ([], [])  # settled: nothing to look at
 
                 api.patch("dispatchers", "d7", {"metadata": {"annotations": {"touched": "yes"}}})
@@ -930,12 +933,12 @@ def test_a_pass_visits_what_changed_and_a_full_pass_everything(api: Api, server:
                     if agent.dispatchers.dirty:
                         break
                     await asyncio.sleep(0.02)
-                await agent.reconcile()
+                await rec.reconcile()
                 assert (looked, stepped) == (["d7"], [])  # looked at, found quiet
 
-                agent.full_at = -1e9  # the full pass is due
+                rec.full_at = -1e9  # the full pass is due
                 looked.clear()
-                await agent.reconcile()
+                await rec.reconcile()
                 assert sorted(looked) == sorted(names)
             finally:
                 for task in tasks:
@@ -950,7 +953,8 @@ def test_a_resume_check_slower_than_the_renew_deadline_still_resumes(api: Api, s
     longer than the renew deadline, the check was cut short every time, and the capture stayed paused for
     good. The check now reads beside the renewals; a renewal that lands meanwhile vouches for the result.
     (The agent in-process, its Dispatcher LIST made slower than the renew deadline while it is paused.)"""
-    from controller.capture.agent import DISPATCHERS, Agent, Settings
+    from controller.capture.agent import Agent, Settings
+    from controller.capture.reconciler import DISPATCHERS
     from controller.kube.client import Config
 
     api.changefeed()
@@ -973,7 +977,7 @@ def test_a_resume_check_slower_than_the_renew_deadline_still_resumes(api: Api, s
             plain_list = client.list
 
             async def list_slowly(res: Any, namespace: str, *args: Any, **kw: Any) -> Any:
-                if res is DISPATCHERS and agent.paused_at is not None:
+                if res is DISPATCHERS and agent.keeper.paused_at is not None:
                     started = time.monotonic()
                     await asyncio.sleep(2.5)  # beyond the 1.5 s renew deadline
                     out = await plain_list(res, namespace, *args, **kw)
@@ -991,20 +995,21 @@ def test_a_resume_check_slower_than_the_renew_deadline_still_resumes(api: Api, s
                 assert api.state("d1") == "Working"
                 server.inject_failures("leases", 10_000)
                 for _ in range(100):
-                    if agent.paused_at is not None:
+                    if agent.keeper.paused_at is not None:
                         break
                     await asyncio.sleep(0.05)
-                assert agent.paused_at is not None, "did not pause"
+                assert agent.keeper.paused_at is not None, "did not pause"
                 server.inject_failures("leases", 0)
                 for _ in range(200):
-                    if agent.paused_at is None:
+                    if agent.keeper.paused_at is None:
                         break
                     await asyncio.sleep(0.05)
-                assert agent.paused_at is None, f"still paused after the renewals came back (slow lists {slow_lists})"
+                still = f"still paused after the renewals came back (slow lists {slow_lists})"
+                assert agent.keeper.paused_at is None, still
                 assert slow_lists, "the resume check did not read the Dispatchers"
                 assert min(slow_lists) > settings.renew_deadline
                 assert "d1" in agent.runs
-                assert not agent.fence_reason
+                assert not agent.keeper.fence_reason
             finally:
                 agent.stop.set()
                 await asyncio.wait_for(running, 10)
@@ -1025,9 +1030,9 @@ def test_a_resume_check_that_fails_for_a_bug_fences_the_capture(api: Api, server
             async def broken(pause: float) -> None:
                 raise KeyError("d1")
 
-            agent._resume = broken  # type: ignore[method-assign]
-            await agent._check_resume(1.0)
-            assert agent.fence_reason == "internal error: the resume check failed (KeyError('d1'))"
+            agent.reconciler.resume_plan = broken  # type: ignore[assignment,method-assign]
+            await agent.keeper._check_resume(1.0)
+            assert agent.keeper.fence_reason == "internal error: the resume check failed (KeyError('d1'))"
             assert agent.stop.is_set()
 
     asyncio.run(scenario())
@@ -1073,7 +1078,8 @@ def test_a_burst_of_events_is_taken_by_one_pass_not_a_pass_each(api: Api, server
     with its own strong read of the changefeed's epoch (a quarter of an API request per placement). The loop
     now starts a pass at most every PASS_MIN_INTERVAL, however often events wake it. (The agent in-process,
     its pass replaced by a counter, woken every few milliseconds.)"""
-    from controller.capture.agent import PASS_MIN_INTERVAL, Agent, Settings
+    from controller.capture.agent import Agent, Settings
+    from controller.capture.reconciler import PASS_MIN_INTERVAL
     from controller.kube.client import Config
 
     async def scenario() -> None:
@@ -1085,7 +1091,7 @@ def test_a_burst_of_events_is_taken_by_one_pass_not_a_pass_each(api: Api, server
             async def counting_pass() -> None:
                 passes.append(time.monotonic())
 
-            agent.reconcile = counting_pass  # type: ignore[method-assign]
+            agent.reconciler.reconcile = counting_pass  # type: ignore[method-assign]
             agent.dispatchers.synced.set()
             agent.captures.synced.set()
 
@@ -1095,7 +1101,7 @@ def test_a_burst_of_events_is_taken_by_one_pass_not_a_pass_each(api: Api, server
                     await asyncio.sleep(0.003)
 
             waker = asyncio.create_task(events())
-            loop = asyncio.create_task(agent._main_loop())
+            loop = asyncio.create_task(agent.reconciler.run(agent.wake, took_over_foreign=False))
             began = time.monotonic()
             await asyncio.sleep(1.0)
             elapsed = time.monotonic() - began

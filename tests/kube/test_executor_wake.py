@@ -23,7 +23,7 @@ def test_a_quiet_chain_lands_in_the_cache_without_waking_anyone(api_server: ApiS
             ns = await namespace(client)
             informer = Informer(client, ns)
             changed: list[str] = []
-            informer.on_change = lambda kind, name: changed.append(f"{kind}/{name}")
+            informer.on_change = lambda change: changed.append(f"{change.kind}/{change.name}")
             executor = Executor(client, informer, ns)
             body = conv.to_resource(Changefeed(name="cf", start_ts=100))
             body.pop("status", None)

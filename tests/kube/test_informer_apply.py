@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from controller.apiserver import ApiServerHandle
-from controller.capture.informer import Informer as CaptureInformer
 from controller.kube.client import RESOURCES, Client, Config
-from controller.kube.informer import Informer
+from controller.kube.informer import Change, Informer
+from controller.kube.objects import ObjectInformer
 from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import namespace, until
 
@@ -95,11 +95,11 @@ def test_an_on_change_that_raises_relists_and_notifies_again(api_server: ApiServ
     seen: list[tuple[str, str]] = []
     raised: list[str] = []
 
-    def on_change(kind: str, name: str) -> None:
-        if kind == Kind.SPAN.value and name == "s1" and not raised:
-            raised.append(name)
+    def on_change(change: Change) -> None:
+        if change.kind == Kind.SPAN.value and change.name == "s1" and not raised:
+            raised.append(change.name)
             raise RuntimeError("a bug in on_change")
-        seen.append((kind, name))
+        seen.append((change.kind, change.name))
 
     async def scenario() -> None:
         async with Client(Config(url=api_server.url)) as client:
@@ -154,8 +154,9 @@ def test_a_list_page_that_fails_to_apply_is_counted_and_listed_again(api_server:
 def test_the_capture_informer_relists_an_event_it_failed_to_apply(
     api_server: ApiServerHandle, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The capture's informer moved its resourceVersion past an event before applying it, and took a ``ValueError``
-    (here from ``keep``) for a network error: the watch resumed after the event, which was lost."""
+    """The capture's informer (now the shared reflector into an ``ObjectInformer``) once moved its resourceVersion past
+    an event before applying it, and took a ``ValueError`` (here from ``keep``) for a network error: the watch resumed
+    after the event, which was lost."""
     raised: list[str] = []
 
     def keep(obj: JSON) -> bool:
@@ -167,7 +168,7 @@ def test_the_capture_informer_relists_an_event_it_failed_to_apply(
     async def scenario() -> None:
         async with Client(Config(url=api_server.url)) as client:
             ns = await namespace(client, "apply")
-            informer = CaptureInformer(client, RESOURCES[Kind.SPAN], ns, keep=keep, backoff=0.05)
+            informer = ObjectInformer(client, RESOURCES[Kind.SPAN], ns, keep=keep)
             task = asyncio.create_task(informer.run())
             try:
                 await asyncio.wait_for(informer.synced.wait(), 20)
@@ -183,8 +184,8 @@ def test_the_capture_informer_relists_an_event_it_failed_to_apply(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    with caplog.at_level(logging.ERROR, logger="controller.capture.informer"):
+    with caplog.at_level(logging.ERROR, logger="controller.kube.objects"):
         asyncio.run(scenario())
-    loud = [r for r in caplog.records if r.name == "controller.capture.informer" and r.levelno == logging.ERROR]
+    loud = [r for r in caplog.records if r.name == "controller.kube.objects" and r.levelno == logging.ERROR]
     assert len(loud) == 1
     assert loud[0].exc_info is not None

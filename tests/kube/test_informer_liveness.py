@@ -18,8 +18,10 @@ import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
 from controller.kube import informer as informer_module
+from controller.kube import reflector as reflector_module
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Config
-from controller.kube.informer import IDLE_MARGIN, LEASE, PROGRESS_WINDOW, WATCH_TIMEOUT, Informer, Stream
+from controller.kube.informer import LEASE, PROGRESS_WINDOW, Informer, Stream
+from controller.kube.reflector import IDLE_MARGIN, WATCH_TIMEOUT
 from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import namespace, until
 
@@ -217,7 +219,7 @@ def test_a_silent_connection_ends_the_stream_after_the_server_timeout_plus_a_mar
 ) -> None:
     """The client-side idle limit is longer than the timeout asked of the server (which would have ended a
     live stream by then), and its expiry just ends the stream (the caller resumes it): no error."""
-    monkeypatch.setattr(informer_module, "IDLE_MARGIN", 0.2)
+    monkeypatch.setattr(reflector_module, "IDLE_MARGIN", 0.2)
 
     async def scenario() -> None:
         fake = Hanging()
@@ -225,7 +227,7 @@ def test_a_silent_connection_ends_the_stream_after_the_server_timeout_plus_a_mar
         informer.watch_timeout = 1
         loop = asyncio.get_running_loop()
         start = loop.time()
-        events = [ev async for ev in informer._events(Stream("Span", RESOURCES[Kind.SPAN]), "7")]
+        events = [ev async for ev in informer.reflector(Stream("Span", RESOURCES[Kind.SPAN]))._events("7")]
         elapsed = loop.time() - start
         assert events == []
         (timeout,) = fake.timeouts
@@ -242,7 +244,7 @@ def test_a_quiet_lease_stream_is_resumed_sooner_without_an_error(monkeypatch: py
     async def scenario() -> None:
         fake = Hanging()
         informer = Informer(cast(Client, fake), "ns")
-        events = [ev async for ev in informer._events(Stream(LEASE, LEASES), "7")]
+        events = [ev async for ev in informer.reflector(Stream(LEASE, LEASES))._events("7")]
         assert events == []
         (timeout,) = fake.timeouts
         assert WATCH_TIMEOUT <= timeout <= 2 * WATCH_TIMEOUT, "the server is asked for the usual timeout"
@@ -256,7 +258,7 @@ def test_the_clients_own_timeout_is_an_error() -> None:
     async def scenario() -> None:
         informer = Informer(cast(Client, Hanging(error=TimeoutError("sock_read"))), "ns")
         with pytest.raises(TimeoutError, match="sock_read"):
-            [ev async for ev in informer._events(Stream("Span", RESOURCES[Kind.SPAN]), "7")]
+            [ev async for ev in informer.reflector(Stream("Span", RESOURCES[Kind.SPAN]))._events("7")]
 
     asyncio.run(scenario())
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
-from controller.capture.informer import Informer as CaptureInformer
 from controller.kube.client import EVENTS, RESOURCES, ApiError, Client, Config
 from controller.kube.informer import Informer
+from controller.kube.objects import ObjectInformer
 from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import until
 
@@ -91,7 +91,7 @@ def test_capture_informer_relists_on_an_expired_watch(server: ApiServerHandle) -
         async with Client(Config(url=server.url)) as client:
             ns = await namespace(client)
             await client.create(RESOURCES[Kind.SPAN], ns, span("before"))
-            informer = CaptureInformer(client, RESOURCES[Kind.SPAN], ns, backoff=0.05)
+            informer = ObjectInformer(client, RESOURCES[Kind.SPAN], ns)
             task = asyncio.create_task(informer.run())
             try:
                 await asyncio.wait_for(informer.synced.wait(), 20)

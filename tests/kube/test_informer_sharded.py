@@ -116,7 +116,7 @@ def test_a_sharded_informer_holds_only_the_changefeeds_it_tracks(server: ApiServ
 
                 # b's shard holds a Span whose spec says a (labelled by hand): it is to be relabelled.
                 await asyncio.wait_for(informer.track("b"), 20)
-                assert informer.relabel == {(Kind.SPAN.value, "a-in-b"): "a"}
+                assert informer.take_relabel() == {(Kind.SPAN.value, "a-in-b"): "a"}
                 # Until then no stream of ours has it: b's admits only what its spec says is b's.
                 assert "a-in-b" not in names(informer, Kind.SPAN)
                 # Relabelled into a's shard: b's stream says DELETED (with the object as it was), a's says ADDED.
@@ -156,11 +156,11 @@ def test_the_unassigned_objects_follow_the_live_changefeeds(server: ApiServerHan
             async with synced_sharded(client, ns) as informer:
                 tables = lambda: set(informer.unassigned.records.get(Kind.TABLE.value, {}))  # noqa: E731
                 assert tables() == {"a-unlabelled", "gone-t"}
-                informer.unassigned_changed = False
+                informer.take_unassigned_changed()
                 patch = {"metadata": {"labels": {conv.CHANGEFEED_LABEL: "a"}}}
                 await client.patch(RESOURCES[Kind.TABLE], ns, "a-unlabelled", patch)
                 await until(lambda: tables() == {"gone-t"}, "the labelled Table to leave the unassigned")
-                assert informer.unassigned_changed
+                assert informer.take_unassigned_changed()
                 # b deleted: the selector no longer names it, and b's objects are unassigned.
                 assert informer.watch_unassigned(["a"])
                 assert not informer.watch_unassigned(["a"])  # the same set: nothing restarted

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from controller.apiserver import ApiServerHandle
-from controller.engine.maintainer import Decision, Memory
+from controller.engine.maintainer import CHECKPOINT_INTERVAL, Decision, Memory
 from controller.engine.world import Options, World
 from controller.kube.client import EVENTS, LEASES, RESOURCES, ApiError, Client, Config
-from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE
-from controller.maintainer import runner
+from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE, Change
+from controller.maintainer import changefeeds, runner
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import until
@@ -65,7 +65,7 @@ def bootstrapped(m: Maintainer) -> bool:
 def test_an_error_in_a_decision_does_not_end_the_changefeeds_loop(
     server: ApiServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = runner.decide
+    real = changefeeds.decide
     calls = {"n": 0}
 
     def flaky(world: World, memory: Memory, options: Options | None = None) -> Decision:
@@ -74,7 +74,7 @@ def test_an_error_in_a_decision_does_not_end_the_changefeeds_loop(
             raise KeyError("an engine bug")
         return real(world, memory, options)
 
-    monkeypatch.setattr(runner, "decide", flaky)
+    monkeypatch.setattr(changefeeds, "decide", flaky)
 
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
@@ -265,7 +265,7 @@ def test_decisions_run_in_a_thread_over_a_frozen_store(
     import threading
 
     seen: list[tuple[bool, bool, bool]] = []  # (full or bootstrap, in a thread, the store frozen)
-    real = runner.decide
+    real = changefeeds.decide
     held: list[Maintainer] = []
 
     def watching(world: World, memory: Memory, options: Options | None = None) -> Decision:
@@ -278,7 +278,7 @@ def test_decisions_run_in_a_thread_over_a_frozen_store(
             seen.append((heavy, threading.current_thread() is not threading.main_thread(), frozen))
         return d
 
-    monkeypatch.setattr(runner, "decide", watching)
+    monkeypatch.setattr(changefeeds, "decide", watching)
 
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
@@ -306,7 +306,7 @@ def test_the_informer_applies_what_was_offered_while_frozen_at_the_thaw(server: 
             m = Maintainer(client, settings(ns))
             informer = m.informer
             changed: list[str] = []
-            informer.on_change = lambda kind, name: changed.append(name)
+            informer.on_change = lambda change: changed.append(change.name)
             cf = await client.get(RESOURCES[Kind.CHANGEFEED], ns, CF)
             rv = str(int(cf["metadata"]["resourceVersion"]) + 1)
             newer = {**cf, "metadata": {**cf["metadata"], "resourceVersion": rv}}
@@ -367,23 +367,20 @@ def test_a_captures_renewal_wakes_its_changefeeds_not_the_supervisor(server: Api
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
             m = Maintainer(client, settings("unused"))
-            woken = m._wakeups.setdefault(CF, asyncio.Event())
-            m.informer.store.last_change = {CF}
-            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            woken = m.terms.wakeup(CF)
+            report = LEASE, CAPTURE_LEASE_PREFIX + "c0"
+            m._changed(Change(*report, frozenset({CF})))
             assert woken.is_set()
             assert not m._kick.is_set()
             woken.clear()
-            m.informer.store.last_change = set()  # a plain renewal
-            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            m._changed(Change(*report, frozenset()))  # a plain renewal
             assert not woken.is_set()
             assert not m._kick.is_set()
-            m.informer.store.last_change = None  # every changefeed's decisions look at it
-            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            m._changed(Change(*report, None))  # every changefeed's decisions look at it
             assert m._kick.is_set()
             assert m.wakeup.is_set()
             m._kick.clear()
-            m.informer.store.last_change = set()  # another replica's member Lease: the supervisor's business
-            m._changed(LEASE, "cfm-member-other")
+            m._changed(Change(LEASE, "cfm-member-other", frozenset()))  # another replica's member Lease
             assert m._kick.is_set()
 
     asyncio.run(main())
@@ -398,31 +395,31 @@ def test_a_progress_report_wakes_its_changefeed_when_a_checkpoint_may_be_written
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
             m = Maintainer(client, settings("unused"))
-            woken = m._wakeups.setdefault(CF, asyncio.Event())
+            woken = m.terms.wakeup(CF)
+            timers = m.changefeeds._progress_timers
             m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time())
-            m.informer.store.last_change = {CF}
-            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
-            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c1")
+            m._changed(Change(LEASE, CAPTURE_LEASE_PREFIX + "c0", frozenset({CF})))
+            m._changed(Change(LEASE, CAPTURE_LEASE_PREFIX + "c1", frozenset({CF})))
             assert not woken.is_set()
-            assert list(m._progress_timers) == [CF]  # one wake-up for both reports
-            due = m._progress_timers[CF].when() - asyncio.get_running_loop().time()
-            assert 0.5 * runner.CHECKPOINT_INTERVAL < due <= runner.CHECKPOINT_INTERVAL
+            assert list(timers) == [CF]  # one wake-up for both reports
+            due = timers[CF].when() - asyncio.get_running_loop().time()
+            assert 0.5 * CHECKPOINT_INTERVAL < due <= CHECKPOINT_INTERVAL
             await asyncio.wait_for(woken.wait(), 5)
-            assert not m._progress_timers
+            assert not timers
             woken.clear()
-            m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time() - 2 * runner.CHECKPOINT_INTERVAL)
-            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time() - 2 * CHECKPOINT_INTERVAL)
+            m._changed(Change(LEASE, CAPTURE_LEASE_PREFIX + "c0", frozenset({CF})))
             assert woken.is_set()
             woken.clear()
             # The wall clock stepped back an hour since the last write: not an hour's wait (the engine writes then).
             m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time() + 3600)
-            m._changed(LEASE, CAPTURE_LEASE_PREFIX + "c0")
+            m._changed(Change(LEASE, CAPTURE_LEASE_PREFIX + "c0", frozenset({CF})))
             assert woken.is_set()
-            assert not m._progress_timers
+            assert not timers
             woken.clear()
-            m.informer.store.last_change = {CF}  # anything else of the changefeed still wakes it at once
+            # Anything else of the changefeed still wakes it at once.
             m.memories[CF] = Memory(epoch=1, identity="m1", checkpoint_at=time.time())
-            m._changed(Kind.SPAN.value, "s1")
+            m._changed(Change(Kind.SPAN.value, "s1", frozenset({CF})))
             assert woken.is_set()
 
     asyncio.run(main())

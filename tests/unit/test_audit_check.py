@@ -1,5 +1,5 @@
 """A full audit is compared with the incremental decision of the same world in the decision's thread, not
-on the event loop (controller/maintainer/runner.py: ``_decide_and_compare``, ``AuditCheck``)."""
+on the event loop (controller/maintainer/changefeeds.py: ``decide_and_compare``, ``AuditCheck``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory, Options, World
-from controller.maintainer import runner
-from controller.maintainer.runner import AuditCheck, Maintainer
+from controller.maintainer import changefeeds
+from controller.maintainer.changefeeds import AuditCheck, Changefeeds
+from controller.maintainer.stats import Stats
 from controller.model.states import Kind
 
 MEMORY = Memory(epoch=1, identity="m", bootstrapped=True)
@@ -47,23 +48,23 @@ def deciding(audit: tuple[I.Chain, ...], incremental: tuple[I.Chain, ...]) -> An
 def test_the_audit_is_compared_where_it_is_decided(
     monkeypatch: pytest.MonkeyPatch, audit: Any, incremental: Any, check: AuditCheck
 ) -> None:
-    monkeypatch.setattr(runner, "decide", deciding(audit, incremental))
-    decision, got = runner._decide_and_compare(cast(World, FakeWorld()), MEMORY, Options(audit_interval=1.0))
+    monkeypatch.setattr(changefeeds, "decide", deciding(audit, incremental))
+    decision, got = changefeeds.decide_and_compare(cast(World, FakeWorld()), MEMORY, Options(audit_interval=1.0))
     assert decision.chains == audit
     assert got == check
 
 
 def test_no_comparison_for_an_incremental_decision_or_before_the_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "decide", lambda world, memory, options=None: Decision((), memory))
-    assert runner._decide_and_compare(cast(World, FakeWorld()), MEMORY, Options())[1] is None
-    monkeypatch.setattr(runner, "decide", deciding((event("a"),), ()))
+    monkeypatch.setattr(changefeeds, "decide", lambda world, memory, options=None: Decision((), memory))
+    assert changefeeds.decide_and_compare(cast(World, FakeWorld()), MEMORY, Options())[1] is None
+    monkeypatch.setattr(changefeeds, "decide", deciding((event("a"),), ()))
     unbooted = replace(MEMORY, bootstrapped=False)
-    assert runner._decide_and_compare(cast(World, FakeWorld()), unbooted, Options())[1] is None
+    assert changefeeds.decide_and_compare(cast(World, FakeWorld()), unbooted, Options())[1] is None
 
 
 def test_a_disagreement_is_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    m = Maintainer.__new__(Maintainer)
-    m.stats = runner.Stats()
+    m = Changefeeds.__new__(Changefeeds)
+    m.stats = Stats()
     with caplog.at_level(logging.ERROR, logger="controller.maintainer"):
         m._audited("cf", MEMORY, AuditCheck(agreed=True))
         m._audited("cf", MEMORY, AuditCheck(agreed=False, missed=("chain b: x",)))

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
-from controller.capture.agent import Agent, Run, Settings
+from controller.capture.agent import Agent, Settings
 from controller.capture.runtime import LogicalClockRuntime
 from controller.kube.client import Client, Config
 from controller.model import progress
@@ -136,13 +136,15 @@ def with_agent(check: Callable[[Agent, Clock], None]) -> None:
 
 
 def add(a: Agent, d: Dispatcher, state: DispatcherState = DispatcherState.WORKING) -> None:
-    a.rt.start(d)
-    a.runs[d.name] = Run(d, state, written_state=state)
+    a.routed.start(d)
+    run = a.runs.start(d)
+    a.runs.set_state(run, state)
+    a.runs.written(run, state)
 
 
 def expected(a: Agent) -> tuple[progress.ProgressEntry, ...]:
     running = [
-        progress.Running(r.record.uid, n, r.record.changefeed, r.record.mode, r.record.start_ts, a.rt.checkpoint(n))
+        progress.Running(r.record.uid, n, r.record.changefeed, r.record.mode, r.record.start_ts, a.routed.checkpoint(n))
         for n, r in a.runs.items()
         if r.state is DispatcherState.WORKING and r.written_state is DispatcherState.WORKING
     ]
@@ -158,7 +160,7 @@ def report_is_built_from_every_run(a: Agent, clock: Clock) -> None:
         add(a, disp(i, changefeed="cf" if i % 2 else "other", mode=Mode.DEFAULT if i < 4 else Mode.REDO))
     add(a, disp(9), DispatcherState.INITIALIZING)  # not reported
     clock.tick(1.0)
-    got = a._progress().entries
+    got = a.reporter.progress().entries
     assert [replace(e, checkpoint_ts=0) for e in got] == [replace(e, checkpoint_ts=0) for e in expected(a)]
     assert all(e.checkpoint_ts > 0 for e in got)
 
@@ -171,16 +173,16 @@ def groups_follow_every_change(a: Agent, clock: Clock) -> None:
     for i in range(3):
         add(a, disp(i))
     clock.tick(1.0)
-    assert a._progress().entries[0].dispatchers == 3
+    assert a.reporter.progress().entries[0].dispatchers == 3
     a.runs.pop("d001")
-    a.rt.close("d001")
-    assert a._progress().entries[0].dispatchers == 2
-    a.runs["d000"].written_state = None  # its Working status no longer the last written
-    (entry,) = a._progress().entries
+    a.routed.close("d001")
+    assert a.reporter.progress().entries[0].dispatchers == 2
+    a.runs.written(a.runs["d000"], None)  # its Working status no longer the last written
+    (entry,) = a.reporter.progress().entries
     assert entry.dispatchers == 1
     assert entry.digest == progress.digest(["uid-2"])
     add(a, disp(7))
-    assert a._progress().entries[0].dispatchers == 2
+    assert a.reporter.progress().entries[0].dispatchers == 2
 
 
 def test_a_tables_traffic_change_marks_its_runs_for_the_next_pass() -> None:
@@ -203,17 +205,17 @@ def test_a_tables_traffic_change_marks_its_runs_for_the_next_pass() -> None:
             add(a, disp(0))
             add(a, replace(disp(1), table_id=2, name="other"))
             a.runs["d000"].traffic_at = a.runs["other"].traffic_at = 50.0
-            await a._refresh_rates()
-            assert a.active == {"d000", "other"}  # first read: every table is new
-            a.active.clear()
+            await a.reconciler._refresh_rates()
+            assert a.reconciler.active == {"d000", "other"}  # first read: every table is new
+            a.reconciler.active.clear()
             a.runs["d000"].traffic_at = a.runs["other"].traffic_at = 50.0
             await asyncio.sleep(0.01)
-            await a._refresh_rates()
-            assert a.active == set()  # nothing moved
+            await a.reconciler._refresh_rates()
+            assert a.reconciler.active == set()  # nothing moved
             client.rate = 100.0
             await asyncio.sleep(0.01)
-            await a._refresh_rates()
-            assert a.active == {"d000"}
+            await a.reconciler._refresh_rates()
+            assert a.reconciler.active == {"d000"}
             assert a.runs["d000"].traffic_at < 0
             assert a.runs["other"].traffic_at == 50.0
 
@@ -244,14 +246,14 @@ def test_a_pass_at_rest_does_not_walk_the_dispatchers_held() -> None:
                 live[d.name] = {"metadata": {"name": d.name}, "status": {"state": DispatcherState.WORKING.value}}
             a.dispatchers.objects = live
             now = asyncio.get_running_loop().time()
-            a.full_at = a.rates_at = a.epochs_at = now  # the full pass and the Table reads not due
-            a.capture_status, a.capture_status_at = {"dispatchers": 50, "pod": None, "address": None}, now
+            a.reconciler.full_at = a.rates._at = a.epochs._at = now  # the full pass and the Table reads not due
+            a.capture.status, a.capture.status_at = {"dispatchers": 50, "pod": None, "address": None}, now
             a.dispatchers.dirty = {"d007"}  # one changed
             Walked.walks = 0
-            await a.reconcile()
+            await a.reconciler.reconcile()
             assert Walked.walks == 0
-            a.full_at = -1e9
-            await a.reconcile()  # the full pass, on the other hand, does look at every one
+            a.reconciler.full_at = -1e9
+            await a.reconciler.reconcile()  # the full pass, on the other hand, does look at every one
             assert Walked.walks > 0
 
     asyncio.run(main())

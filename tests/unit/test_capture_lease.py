@@ -1,4 +1,5 @@
-"""The capture agent's Lease writes carry the uid of the Lease it holds (issue 36): a Lease PUT to a missing name
+"""The capture's Lease keeper (controller/capture/lease_keeper.py, on the one Lease protocol of
+controller/kube/lease.py): its writes carry the uid of the Lease it holds (issue 36): a Lease PUT to a missing name
 creates it on a real kube-apiserver, so a renewal without the uid re-created a Lease deleted by hand and the
 capture never fenced. With the uid the renewal is refused (409); the agent then reads the Lease, and a Lease that
 is gone (404) or is another object of that name (another uid) is not its own: LeaseLost, it fences."""
@@ -7,17 +8,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from controller.capture.agent import Agent, LeaseLost, Settings
-from controller.kube.client import ApiError, Client, Config
+from controller.capture.lease_keeper import LeaseKeeper
+from controller.kube.client import ApiError, Client
+from controller.kube.lease import LeaseLost
+from controller.model.progress import Progress
 
 JSON = dict[str, Any]
 
 
-def lease(agent: Agent, uid: str, rv: str, *, holder: str = "c0", acquire: str | None = None) -> JSON:
+def lease(agent: LeaseKeeper, uid: str, rv: str, *, holder: str = "c0", acquire: str | None = None) -> JSON:
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -55,13 +58,21 @@ class FakeLeases:
         return self._next(self.get_answers)
 
 
-def with_agent(check: Callable[[Agent, FakeLeases], Awaitable[None]]) -> None:
+def with_agent(check: Callable[[LeaseKeeper, FakeLeases], Awaitable[None]]) -> None:
     async def main() -> None:
-        async with Client(Config(url="http://127.0.0.1:1")) as client:
-            agent = Agent(client, Settings(name="c0", namespace="ns"))
-            fake = FakeLeases()
-            agent.client = fake  # type: ignore[assignment]
-            await check(agent, fake)
+        fake = FakeLeases()
+        keeper = LeaseKeeper(
+            cast(Client, fake),
+            "ns",
+            "c0",
+            duration=10,
+            renew_interval=2.0,
+            renew_deadline=7.0,
+            tick=0.2,
+            report=lambda: Progress(incarnation="i", at=0.0, entries=()),
+            fence=lambda reason: None,
+        )
+        await check(keeper, fake)
 
     asyncio.run(main())
 
@@ -71,13 +82,13 @@ CONFLICT = ApiError(409, "Conflict", "Precondition failed: UID in precondition: 
 
 
 def test_the_renewal_carries_the_uid_and_version_of_the_lease_as_last_answered() -> None:
-    async def check(agent: Agent, fake: FakeLeases) -> None:
+    async def check(agent: LeaseKeeper, fake: FakeLeases) -> None:
         fake.post_answers = [lease(agent, "u1", "10")]
-        await agent._acquire_lease()
+        await agent.acquire()
         assert "uid" not in fake.posts[0]["metadata"]  # a create carries none
         fake.put_answers = [lease(agent, "u1", "11"), lease(agent, "u1", "12")]
-        await agent._renew()
-        await agent._renew()
+        await agent.renew_once()
+        await agent.renew_once()
         assert [(b["metadata"]["uid"], b["metadata"]["resourceVersion"]) for b in fake.puts] == [
             ("u1", "10"),
             ("u1", "11"),
@@ -87,14 +98,15 @@ def test_the_renewal_carries_the_uid_and_version_of_the_lease_as_last_answered()
 
 
 def test_taking_over_an_existing_lease_carries_the_uid_it_read() -> None:
-    async def check(agent: Agent, fake: FakeLeases) -> None:
+    async def check(agent: LeaseKeeper, fake: FakeLeases) -> None:
         fake.post_answers = [ApiError(409, "AlreadyExists", "exists")]
         fake.get_answers = [lease(agent, "u7", "3", holder="", acquire="2020-01-02T03:04:05.000000Z")]
         fake.put_answers = [lease(agent, "u7", "4")]
-        await agent._acquire_lease()
+        await agent.acquire()
         assert fake.puts[0]["metadata"]["uid"] == "u7"
         assert fake.puts[0]["metadata"]["resourceVersion"] == "3"
-        assert (agent.lease_uid, agent.lease_rv) == ("u7", "4")
+        assert agent.lease is not None
+        assert (agent.lease["metadata"]["uid"], agent.lease["metadata"]["resourceVersion"]) == ("u7", "4")
 
     with_agent(check)
 
@@ -102,15 +114,15 @@ def test_taking_over_an_existing_lease_carries_the_uid_it_read() -> None:
 def test_a_deleted_lease_refuses_the_renewal_and_is_lost() -> None:
     """The real answer to a renewal (uid carried) of a deleted Lease is 409; the GET that follows finds nothing."""
 
-    async def check(agent: Agent, fake: FakeLeases) -> None:
-        agent._held(lease(agent, "u1", "10"))
+    async def check(agent: LeaseKeeper, fake: FakeLeases) -> None:
+        agent.lease = lease(agent, "u1", "10")
         fake.put_answers = [CONFLICT]
         fake.get_answers = [NOT_FOUND]
         with pytest.raises(LeaseLost, match="deleted"):
-            await agent._renew()
+            await agent.renew_once()
         fake.put_answers = [NOT_FOUND]  # (a server that answers 404 to it: the same)
         with pytest.raises(LeaseLost, match="deleted"):
-            await agent._renew()
+            await agent.renew_once()
 
     with_agent(check)
 
@@ -118,12 +130,12 @@ def test_a_deleted_lease_refuses_the_renewal_and_is_lost() -> None:
 def test_a_lease_created_again_under_the_same_holder_is_not_ours() -> None:
     """Deleted, then created again (another uid) even with this process's holder and acquireTime: lost."""
 
-    async def check(agent: Agent, fake: FakeLeases) -> None:
-        agent._held(lease(agent, "u1", "10"))
+    async def check(agent: LeaseKeeper, fake: FakeLeases) -> None:
+        agent.lease = lease(agent, "u1", "10")
         fake.put_answers = [CONFLICT]
         fake.get_answers = [lease(agent, "u2", "20")]
         with pytest.raises(LeaseLost, match="created again"):
-            await agent._renew()
+            await agent.renew_once()
 
     with_agent(check)
 
@@ -131,25 +143,26 @@ def test_a_lease_created_again_under_the_same_holder_is_not_ours() -> None:
 def test_its_own_write_whose_answer_was_lost_is_adopted() -> None:
     """A 409 whose Lease is the same object (uid) still carrying this process's acquireTime: its own write."""
 
-    async def check(agent: Agent, fake: FakeLeases) -> None:
-        agent._held(lease(agent, "u1", "10"))
+    async def check(agent: LeaseKeeper, fake: FakeLeases) -> None:
+        agent.lease = lease(agent, "u1", "10")
         fake.put_answers = [CONFLICT, lease(agent, "u1", "12")]
         fake.get_answers = [lease(agent, "u1", "11")]
-        await agent._renew()
+        await agent.renew_once()
         assert [(b["metadata"]["uid"], b["metadata"]["resourceVersion"]) for b in fake.puts] == [
             ("u1", "10"),
             ("u1", "11"),
         ]
-        assert agent.lease_rv == "12"
+        assert agent.lease is not None
+        assert agent.lease["metadata"]["resourceVersion"] == "12"
 
     with_agent(check)
 
 
 def test_the_release_carries_the_uid() -> None:
-    async def check(agent: Agent, fake: FakeLeases) -> None:
-        agent._held(lease(agent, "u1", "10"))
+    async def check(agent: LeaseKeeper, fake: FakeLeases) -> None:
+        agent.lease = lease(agent, "u1", "10")
         fake.put_answers = [lease(agent, "u1", "11")]
-        await agent._release_lease()
+        await agent.release()
         assert fake.puts[0]["metadata"]["uid"] == "u1"
         assert fake.puts[0]["spec"]["holderIdentity"] == ""
 

@@ -3,7 +3,7 @@
 ``ValueError`` used to count as one (the capture's ``API_ERRORS``): a step that raised it was retried at every pass
 for ever, logged as "dispatcher step failed" with no traceback; any other unexpected error ended the reconcile pass,
 cancelled every other dispatcher's step and fenced the whole capture. Now only transport errors and error statuses
-are retried as the API's; an unexpected error is logged with its traceback, counted (``Agent.step_errors``), and
+are retried as the API's; an unexpected error is logged with its traceback, counted (``Reconciler.step_errors``), and
 that dispatcher alone is tried again after a back-off while the others go on.
 """
 
@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from controller.capture.agent import Agent, Epochs, Settings
+from controller.capture.agent import Agent, Settings
+from controller.capture.epochs import PassReads
+from controller.capture.reconciler import Reconciler
 from controller.kube.client import ApiError, Client, Config
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
@@ -44,14 +46,15 @@ def disp(i: int) -> Dispatcher:
     )
 
 
-def agent_with(client: Client, n: int, step: Callable[[Dispatcher], None]) -> tuple[Agent, Counter[str]]:
-    """An agent (never started) holding ``n`` assigned Dispatchers, whose step is ``step`` (counted)."""
-    a = Agent(client, Settings(name="c0", namespace="ns"))
+def agent_with(client: Client, n: int, step: Callable[[Dispatcher], None]) -> tuple[Reconciler, Counter[str]]:
+    """The reconciler of an agent (never started) holding ``n`` assigned Dispatchers, whose step is ``step``
+    (counted)."""
+    a = Agent(client, Settings(name="c0", namespace="ns")).reconciler
     a.dispatchers.objects = {d.name: conv.to_resource(d) for d in map(disp, range(n))}
-    a.capture_status, a.capture_status_at = {"dispatchers": 0, "pod": None, "address": None}, 1e18  # no write
+    a.capture.status, a.capture.status_at = {"dispatchers": 0, "pod": None, "address": None}, 1e18  # no write
     calls: Counter[str] = Counter()
 
-    async def fake_step(d: Dispatcher, raw: JSON, epochs: Epochs) -> None:
+    async def fake_step(d: Dispatcher, raw: JSON, epochs: PassReads) -> None:
         calls[d.name] += 1
         step(d)
 
@@ -119,7 +122,7 @@ def test_a_bug_in_one_step_does_not_stop_the_others_nor_the_capture() -> None:
             await a.reconcile()
             assert calls == dict.fromkeys(("d000", "d001", "d002", "d003"), 1)
             assert set(a.broken) == {"d001"}
-            assert a.fence_reason == ""
+            assert a.lease.fence_reason == ""
 
     asyncio.run(main())
 
