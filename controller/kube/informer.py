@@ -54,7 +54,7 @@ import math
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -109,7 +109,9 @@ def _rv_of(rec: Record) -> int:
 RECORD_ONLY = frozenset(
     {Kind.CHANGEFEED.value, Kind.TABLE.value, Kind.SPAN.value, Kind.DISPATCHER.value, Kind.OPERATOR.value}
 )
-SPAN, DISPATCHER = Kind.SPAN.value, Kind.DISPATCHER.value
+SPAN, DISPATCHER, CHANGEFEED = Kind.SPAN.value, Kind.DISPATCHER.value, Kind.CHANGEFEED.value
+#: The map of an ``Index`` that is the home of each kind's records.
+INDEX_MAPS = {Kind.TABLE.value: "tables", SPAN: "spans", DISPATCHER: "dispatchers", Kind.OPERATOR.value: "operators"}
 #: The kinds a sharded cache holds per changefeed it leads (label-selected on ``CHANGEFEED_LABEL``); the
 #: others (Changefeeds, Captures, Leases: a few per changefeed and capture) are cached whole by every replica.
 SHARDED = (Kind.TABLE.value, SPAN, DISPATCHER, Kind.OPERATOR.value)
@@ -152,6 +154,60 @@ def _report_changefeeds(
     return {key[0] for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
 
 
+class KindView(Mapping[str, Record]):
+    """The records of one kind across the indexes (read-only): each record's home is its changefeed's index."""
+
+    __slots__ = ("_attr", "_indexes")
+
+    def __init__(self, indexes: dict[str, Index], attr: str) -> None:
+        self._indexes = indexes
+        self._attr = attr
+
+    def _maps(self) -> list[dict[str, Record]]:
+        return [getattr(idx, self._attr) for idx in self._indexes.values()]
+
+    def __getitem__(self, name: str) -> Record:
+        for m in self._maps():
+            rec = m.get(name)
+            if rec is not None:
+                return rec
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(name in m for m in self._maps())
+
+    def __iter__(self) -> Iterator[str]:
+        for m in self._maps():
+            yield from m
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._maps())
+
+
+class Records:
+    """Every record of a store by kind (``Store.records``): ``records[kind]`` or ``records.get(kind, default)``, a
+    read-only mapping by name."""
+
+    __slots__ = ("_changefeeds", "_indexes")
+
+    def __init__(self, changefeeds: dict[str, Record], indexes: dict[str, Index]) -> None:
+        self._changefeeds = changefeeds
+        self._indexes = indexes
+
+    def __getitem__(self, kind: str) -> Mapping[str, Record]:
+        if kind == CHANGEFEED:
+            return self._changefeeds
+        if kind not in INDEX_MAPS:
+            raise KeyError(kind)
+        return KindView(self._indexes, INDEX_MAPS[kind])
+
+    def get(self, kind: str, default: Mapping[str, Record] | None = None) -> Mapping[str, Record]:
+        try:
+            return self[kind]
+        except KeyError:
+            return default if default is not None else {}
+
+
 @dataclass
 class Listing:
     """A LIST of one kind under way (``Store.begin_listing``)."""
@@ -190,7 +246,10 @@ class Store:
     #: that still shows it is older than the delete, whatever its resourceVersion (a Delete's answer often carries
     #: none). Dropped by the watch's DELETED of that uid, or by a LIST begun after it was recorded.
     dead: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
-    records: dict[str, dict[str, Record]] = field(default_factory=dict)
+    #: The Changefeed records by name. The records of the other kinds live in their changefeed's ``Index`` only
+    #: (``index.tables``, ``spans``, ``dispatchers``, ``operators``): one home each, not a second name-keyed table
+    #: beside the index's growing in step with it (issue 37). ``records`` reads them all by kind.
+    _changefeeds: dict[str, Record] = field(default_factory=dict)
     #: name -> (resourceVersion, message, changefeed) of an object that could not be converted; the changefeed
     #: its label (what a shard selects by) or else its ``spec.changefeed`` names ("" if neither), so that a
     #: shard's are dropped with it.
@@ -269,9 +328,34 @@ class Store:
         entry = dead.get(meta.get("name", ""))
         return entry is not None and entry[0] == meta.get("uid")
 
+    @property
+    def records(self) -> Records:
+        """Every record, by kind then name (read-only views: each record's home is its changefeed's index)."""
+        return Records(self._changefeeds, self.indexes)
+
+    def _rec(self, kind: str, name: str, hint: str = "") -> Record | None:
+        """The record ``name`` of ``kind``, looked up in changefeed ``hint``'s index first (a record's changefeed is
+        its ``spec.changefeed``, immutable: the one lookup nearly always), then in the others'."""
+        if kind == CHANGEFEED:
+            return self._changefeeds.get(name)
+        attr = INDEX_MAPS.get(kind)
+        if attr is None:
+            return None
+        idx = self.indexes.get(hint)
+        if idx is not None:
+            rec: Record | None = getattr(idx, attr).get(name)
+            if rec is not None:
+                return rec
+        for cf, idx in self.indexes.items():
+            if cf != hint:
+                rec = getattr(idx, attr).get(name)
+                if rec is not None:
+                    return rec
+        return None
+
     def _current_uid(self, kind: str, name: str) -> str:
         if kind in RECORD_ONLY:
-            rec = self.records.get(kind, {}).get(name)
+            rec = self._rec(kind, name)
             return rec.uid if rec is not None else ""
         obj = self._bucket(kind).get(name)
         return str((obj.get("metadata") or {}).get("uid") or "") if obj is not None else ""
@@ -279,9 +363,9 @@ class Store:
     def _bucket(self, kind: str) -> dict[str, JSON]:
         return self.objects.setdefault(kind, {})
 
-    def _current_rv(self, kind: str, name: str) -> int | None:
+    def _current_rv(self, kind: str, name: str, hint: str = "") -> int | None:
         if kind in RECORD_ONLY:
-            rec = self.records.get(kind, {}).get(name)
+            rec = self._rec(kind, name, hint)
             if rec is not None:
                 return int(rec.resource_version or 0)
             bad = self.invalid.get(kind, {}).get(name)
@@ -329,7 +413,7 @@ class Store:
     def put(self, kind: str, obj: JSON) -> bool:
         name = obj["metadata"]["name"]
         rv = _rv(obj)
-        current = self._current_rv(kind, name)
+        current = self._current_rv(kind, name, _spec_changefeed(obj))
         self.last_change = set()
         if current is not None and current >= rv:
             return False
@@ -350,7 +434,6 @@ class Store:
             self.last_change = concerned if capture else set()
             return True
         self._bucket(kind)[name] = obj
-        self.records.get(kind, {}).pop(name, None)
         self.invalid.get(kind, {}).pop(name, None)
         self._captures.pop(name, None)
         self.last_change = None  # a Capture: every changefeed's decisions look at the captures
@@ -374,16 +457,16 @@ class Store:
                 if interned is not value:
                     changes[attr] = interned
         if isinstance(rec, Dispatcher):
-            span = self.records.get(SPAN, {}).get(rec.span)
+            span = self._rec(SPAN, rec.span, rec.changefeed)
             if isinstance(span, Span):
                 changes["span"] = span.name
                 if span.key_range == rec.key_range:
                     changes["key_range"] = span.key_range
         elif isinstance(rec, Span):
-            d = self.records.get(DISPATCHER, {}).get(rec.dispatcher) if rec.dispatcher else None
+            d = self._rec(DISPATCHER, rec.dispatcher, rec.changefeed) if rec.dispatcher else None
             if d is not None:
                 changes["dispatcher"] = d.name
-            old = self.records.get(SPAN, {}).get(rec.name)
+            old = self._rec(SPAN, rec.name, rec.changefeed)
             if isinstance(old, Span) and old.key_range == rec.key_range:
                 changes["key_range"] = old.key_range
         # ``rec`` is fresh from conversion and not shared yet: fill in the shared values in place rather than copy it
@@ -395,7 +478,7 @@ class Store:
         return rec
 
     def _put_record(self, kind: str, name: str, rv: int, obj: JSON) -> None:
-        old = self.records.get(kind, {}).get(name)
+        old = self._rec(kind, name, _spec_changefeed(obj))
         try:
             rec: Record | None = self._compact(conv.from_resource(obj))
         except conv.InvalidResource as exc:
@@ -405,12 +488,14 @@ class Store:
         if rec is not None and self.shards is not None and kind in SHARDED:
             # Not a changefeed this replica leads (any more): not kept.
             rec = rec if self._changefeed_of(rec) in self.shards else None
-        if rec is None:
-            self.records.get(kind, {}).pop(name, None)
-        else:
+        if rec is not None:
             self.invalid.get(kind, {}).pop(name, None)
-            self.records.setdefault(kind, {})[name] = rec
-        self.last_change = self._route(old, rec)
+        if kind == CHANGEFEED:
+            if rec is None:
+                self._changefeeds.pop(name, None)
+            else:
+                self._changefeeds[name] = rec
+        self.last_change = self._route(old, rec)  # the index is the record's home: stored (or dropped) there
 
     def remove(self, kind: str, name: str, rv: int, uid: str = "") -> None:
         """``name`` was deleted at ``rv`` (a watch's DELETED, of incarnation ``uid`` if known): unless what is cached is
@@ -433,7 +518,7 @@ class Store:
         if uid and cached and cached != uid:
             self._bury(kind, name, uid, "")  # a newer incarnation is cached: it stays
             return
-        changefeed = self._changefeed_of(self.records.get(kind, {}).get(name)) or ""
+        changefeed = self._changefeed_of(self._rec(kind, name)) or ""
         current = self._current_rv(kind, name)
         if uid or cached:
             self._bury(kind, name, uid or cached, changefeed)
@@ -449,7 +534,9 @@ class Store:
 
     def _drop(self, kind: str, name: str, rv: int) -> None:
         raw = self._bucket(kind).pop(name, None)
-        old = self.records.get(kind, {}).pop(name, None)
+        old = self._rec(kind, name)
+        if kind == CHANGEFEED:
+            self._changefeeds.pop(name, None)
         self.invalid.get(kind, {}).pop(name, None)
         self.tombstones.setdefault(kind, {})[name] = rv
         if self.shards is not None and kind in SHARDED:
@@ -560,9 +647,8 @@ class Store:
             return
         self.shards.discard(changefeed)
         for kind in SHARDED:
-            records = self.records.get(kind, {})
             for name in self._shard_names(kind, changefeed):
-                old = records.pop(name, None)
+                old = self._rec(kind, name, changefeed)
                 if old is not None:
                     self._route(old, None)
             self._drop_tombstones(kind, changefeed)
@@ -613,11 +699,16 @@ class Store:
             self.last_change = None
             return
         touched = listing.touched
-        records = self.records.get(kind, {})
         # A shard's LIST names only its changefeed's records; the others' stay.
-        candidates = self._shard_names(kind, listing.changefeed) if listing.changefeed else list(records)
-        for name in [n for n in candidates if n not in listing.names and not 0 < rv < _rv_of(records[n])]:
-            old = self.records[kind].pop(name)
+        candidates = self._shard_names(kind, listing.changefeed) if listing.changefeed else self.names(Kind(kind))
+        for name in candidates:
+            if name in listing.names:
+                continue
+            old = self._rec(kind, name, listing.changefeed)
+            if old is None or 0 < rv < _rv_of(old):
+                continue
+            if kind == CHANGEFEED:
+                self._changefeeds.pop(name, None)
             touched |= self._route(old, None)
         # A shard's LIST answers for the invalid objects that name its changefeed; a whole LIST for every one.
         self._drop_invalid(kind, listing.changefeed, keep=listing.names)
@@ -626,7 +717,7 @@ class Store:
 
     def record(self, kind: Kind, name: str) -> Record | None:
         if kind.value in RECORD_ONLY:
-            return self.records.get(kind.value, {}).get(name)
+            return self._rec(kind.value, name)
         if kind is not Kind.CAPTURE:
             return None
         obj = self._bucket(kind.value).get(name)
@@ -701,10 +792,10 @@ class Store:
             out[name] = rec.evolve(deleting=True)
         return out
 
-    def all(self, kind: Kind) -> dict[str, Record]:
+    def all(self, kind: Kind) -> Mapping[str, Record]:
         """Every record of ``kind`` (a live view for the record-only kinds: do not change it)."""
         if kind.value in RECORD_ONLY:
-            return self.records.setdefault(kind.value, {})
+            return self.records[kind.value]
         out = {}
         for name in list(self._bucket(kind.value)):
             rec = self.record(kind, name)
@@ -714,7 +805,7 @@ class Store:
 
     def names(self, kind: Kind) -> list[str]:
         if kind.value in RECORD_ONLY:
-            return list(self.records.get(kind.value, {}))
+            return list(self.records[kind.value])
         return list(self._bucket(kind.value))
 
     # -- the Leases, typed ---------------------------------------------------------------------------
@@ -755,7 +846,7 @@ class Store:
 
     def owner_reference(self, changefeed: str) -> JSON | None:
         """The ownerReference naming Changefeed ``changefeed`` as cached (None if unknown or without uid)."""
-        cf = self.records.get(Kind.CHANGEFEED.value, {}).get(changefeed)
+        cf = self._changefeeds.get(changefeed)
         if cf is None or not cf.uid:
             return None
         return {
