@@ -5,8 +5,8 @@ mid-flight) while still counting every API request exactly (``Client.requests``,
 The maintainer code is not changed; it is only observed:
 
 * ``CountingClient`` also counts requests by (verb, resource, collection-or-object);
-* ``runner.LeaderElector`` is wrapped to time the Lease acquisition;
-* ``runner.decide`` and ``Maintainer.snapshot`` are wrapped to time them and to snapshot the request
+* ``changefeeds.LeaderElector`` is wrapped to time the Lease acquisition;
+* ``changefeeds.decide`` and ``Changefeeds.snapshot`` are wrapped to time them and to snapshot the request
   counter at the exact decision that completes bootstrap (before its writes are applied).
 
 Commands (one per line on stdin, one JSON reply per line on stdout): ``state PREFIX``, ``spans``,
@@ -42,10 +42,13 @@ from collections import Counter  # noqa: E402
 from collections.abc import AsyncIterator  # noqa: E402
 from typing import Any  # noqa: E402
 
+import controller.maintainer.changefeeds as changefeeds  # noqa: E402
+import controller.maintainer.membership as membership  # noqa: E402
 import controller.maintainer.runner as runner  # noqa: E402
 from controller.engine import shards  # noqa: E402
 from controller.kube import heap, tenure  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
+from controller.maintainer.metrics import MetricsServer  # noqa: E402
 from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
 from controller.model.states import Kind  # noqa: E402
 from controller.model.tso import physical_ms  # noqa: E402
@@ -90,7 +93,7 @@ class CountingClient(Client):
             yield ev
 
 
-class TimedElector(runner.LeaderElector):
+class TimedElector(changefeeds.LeaderElector):
     async def acquire(self, floor: int = 0, may: Any = lambda: True, answered: Any = lambda: None) -> int:
         changefeed = not self.name.startswith(MEMBER_PREFIX)  # the replica's member Lease is not timed
         if changefeed:
@@ -318,7 +321,7 @@ def _time_callbacks() -> None:
         (informer_module.Informer, "_put"),
         (informer_module.Store, "list_page"),
         (informer_module.Store, "end_listing"),
-        (runner.Maintainer, "snapshot"),
+        (changefeeds.Changefeeds, "snapshot"),
         (executor_module.Executor, "owner_reference"),
     ):
         setattr(owner, attr, _timed_step(getattr(owner, attr), f"{owner.__name__}.{attr}"))
@@ -408,8 +411,9 @@ STACK_AFTER = 0.05
 STACK_DEPTH = 8
 
 
-runner.LeaderElector = TimedElector  # type: ignore[misc]
-_decide = runner.decide
+changefeeds.LeaderElector = TimedElector  # type: ignore[misc]
+membership.LeaderElector = TimedElector  # type: ignore[misc]
+_decide = changefeeds.decide
 CLIENT: CountingClient | None = None
 
 
@@ -432,18 +436,24 @@ def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
     return d
 
 
-runner.decide = timed_decide  # type: ignore[assignment]
+changefeeds.decide = timed_decide  # type: ignore[assignment]
 
 
-class TimedMaintainer(runner.Maintainer):
-    def snapshot(self, name: str) -> Any:
-        t = time.perf_counter()
-        try:
-            return super().snapshot(name)
-        finally:
-            took = time.perf_counter() - t
-            SNAPSHOT_TIMES.append(took)
-            STATE["snapshot_s"] += took
+_snapshot = changefeeds.Changefeeds.snapshot
+
+
+def timed_snapshot(self: changefeeds.Changefeeds, name: str) -> Any:
+    t = time.perf_counter()
+    try:
+        return _snapshot(self, name)
+    finally:
+        took = time.perf_counter() - t
+        SNAPSHOT_TIMES.append(took)
+        STATE["snapshot_s"] += took
+
+
+changefeeds.Changefeeds.snapshot = timed_snapshot  # type: ignore[method-assign]
+TimedMaintainer = runner.Maintainer
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -705,6 +715,11 @@ async def main(a: argparse.Namespace) -> None:
     OUT = asyncio.StreamWriter(transport, protocol, None, loop)
     beat = Probe(loop, a.probe == "heartbeat", a.stall_stacks)
     await m.start()
+    server: MetricsServer | None = None
+    if a.scrape > 0:  # served in the loop, as the maintainer's own: the driver scrapes it (bench/run.py --scrape)
+        server = MetricsServer(m.metrics.registry, "127.0.0.1", 0)
+        await server.start()
+        STATE["metrics_port"], STATE["scrape"] = server.port, a.scrape
     await reply({"ready": True, **STATE})
     reader = asyncio.StreamReader(limit=2**20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -736,6 +751,8 @@ async def main(a: argparse.Namespace) -> None:
                 await reply({"error": f"unknown command {cmd!r}"})
     finally:
         beat.stop()
+        if server is not None:
+            await server.stop()
         await m.stop()
         await client.close()
 
@@ -755,6 +772,7 @@ if __name__ == "__main__":
     p.add_argument("--heap-reserve", type=int, default=heap.CEILING // heap.MiB, help="MiB (0: off)")
     p.add_argument("--audit-interval", type=float, default=runner.Settings.audit_interval)
     p.add_argument("--probe", choices=("busy", "heartbeat"), default="busy", help="how stalls are measured")
+    p.add_argument("--scrape", type=float, default=0.0, help="serve /metrics for a scrape every this many s (0: off)")
     p.add_argument("--stall-stacks", action="store_true", help="sample the loop's stack while it stalls")
     args = p.parse_args()
     if args.heap_reserve:

@@ -91,7 +91,52 @@ def cpu_seconds(pid: int) -> float:
 
 def worker_flags(a: argparse.Namespace) -> list[str]:
     flags = ["--gc-tenure", str(a.gc_tenure), "--heap-reserve", str(a.heap_reserve), "--probe", a.probe, "--audit-interval", str(a.audit_interval)]
+    flags += ["--scrape", str(a.scrape)]
     return [*flags, *(["--stall-stacks"] if a.stall_stacks else [])]
+
+
+class Scraper:
+    """GET /metrics of a maintainer every ``period`` seconds, as Prometheus would, for as long as it lives: how long
+    each scrape took to answer (the handler runs in the maintainer's event loop, so its work is a loop stall too)."""
+
+    def __init__(self, port: int, period: float) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.period = period
+        self.took: list[float] = []
+        self.bytes = 0
+        self.errors = 0
+        self.task = asyncio.create_task(self._run(), name=f"scrape-{port}")
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            while True:
+                began = time.monotonic()
+                try:
+                    async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                        body = await resp.read()
+                    self.took.append(time.monotonic() - began)
+                    self.bytes = len(body)
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    self.errors += 1
+                await asyncio.sleep(max(0.0, self.period - (time.monotonic() - began)))
+
+    def figures(self) -> dict[str, Any]:
+        took = sorted(self.took)
+        if not took:
+            return {"n": 0, "errors": self.errors}
+        return {
+            "n": len(took),
+            "max_ms": round(took[-1] * 1000, 1),
+            "p99_ms": round(took[min(len(took) - 1, int(len(took) * 0.99))] * 1000, 1),
+            "p50_ms": round(took[len(took) // 2] * 1000, 1),
+            "bytes": self.bytes,
+            "errors": self.errors,
+        }
+
+    def stop(self) -> None:
+        self.task.cancel()
 
 
 class Worker:
@@ -103,6 +148,7 @@ class Worker:
         self.spawned = spawned
         self.ready: dict[str, Any] = {}
         self.lock = asyncio.Lock()
+        self.scraper: Scraper | None = None
 
     @classmethod
     async def start(
@@ -119,7 +165,12 @@ class Worker:
         w = cls(proc, identity, spawned)
         assert proc.stdout is not None
         w.ready = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+        if w.ready.get("metrics_port"):
+            w.scraper = Scraper(int(w.ready["metrics_port"]), float(w.ready["scrape"]))
         return w
+
+    def scrapes(self) -> dict[str, Any] | None:
+        return self.scraper.figures() if self.scraper is not None else None
 
     async def ask(self, cmd: str, timeout: float = 120.0) -> Any:  # noqa: ASYNC109
         assert self.proc.stdin is not None
@@ -133,10 +184,14 @@ class Worker:
         return json.loads(line)
 
     def sigkill(self) -> None:
+        if self.scraper is not None:
+            self.scraper.stop()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
     async def stop(self) -> None:
+        if self.scraper is not None:
+            self.scraper.stop()
         if self.proc.returncode is None:
             assert self.proc.stdin is not None
             with contextlib.suppress(Exception):
@@ -687,6 +742,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     old = await worker.ask("stats")
     out["maintainer_rss_kib_before_kill"] = old["rss"]
     out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
+    out["scrapes_first_maintainer"] = worker.scrapes()
     if system.a.stall_stacks:
         out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
@@ -744,6 +800,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     end = await new.ask("stats")
     out["new_maintainer_rss_kib"] = end["rss"]
     out["loop_stalls_new_maintainer"] = await new.ask("stalls 0")
+    out["scrapes_new_maintainer"] = new.scrapes()
     if system.a.stall_stacks:
         out["stall_stacks_new_maintainer"] = await new.ask("stall_stacks")
     out["gc_full_new_maintainer"] = end.get("gc_full")
@@ -858,6 +915,7 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
         stats = await system.worker.ask("stats")
         out["maintainer_rss_kib"] = stats["rss"]
         out["loop_stalls_first_maintainer"] = await system.worker.ask("stalls 0")
+        out["scrapes_first_maintainer"] = system.worker.scrapes()
         if a.stall_stacks:
             out["stall_stacks_first_maintainer"] = await system.worker.ask("stall_stacks")
         out["tenure_first_maintainer"] = stats.get("tenure")
@@ -884,6 +942,12 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
 
 
 # -- printing -----------------------------------------------------------------------------------------------
+
+
+def fmt_scrapes(d: dict[str, Any] | None) -> str:
+    if not d or not d.get("n"):
+        return "-"
+    return f"{d['n']}, {d['p99_ms']} / {d['max_ms']}, {d['bytes']}"
 
 
 def fmt_reqs(d: dict[str, Any]) -> str:
@@ -924,6 +988,8 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("whole run: ... of it the loop thread's CPU, ms (first | new)",
          f"{r.get('loop_stalls_first_maintainer', {}).get('longest_turn_cpu_ms', '-')} | "
          f"{r.get('loop_stalls_new_maintainer', {}).get('longest_turn_cpu_ms', '-')}"),
+        ("whole run: /metrics scrapes, n, p99 / max ms, bytes (first | new)",
+         " | ".join(fmt_scrapes(r.get(k)) for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
         ("whole run: generation-2 passes (tenure steps too), longest ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('n', '-')}, {round((r.get(k) or {}).get('max_s', 0) * 1000, 1)}"
                     for k in ("gc_full_first_maintainer", "gc_full_new_maintainer"))),
@@ -1112,6 +1178,13 @@ def main(argv: list[str] | None = None) -> int:
         "or more (by task, with its CPU and collection time), each turn of 50 ms or more (its time by callback "
         "kind), each informer write-through or event of 10 ms or more, and the loop's stack under a profiling "
         "timer while a callback runs long (in --json, stall_stacks_*)",
+    )
+    p.add_argument(
+        "--scrape",
+        type=float,
+        default=0.0,
+        help="serve the maintainer's /metrics and scrape it every this many seconds throughout, as Prometheus would "
+        "(0: no metrics endpoint, the default)",
     )
     p.add_argument("--json", help="write all figures to this file")
     p.add_argument("--log-dir", default=str(Path(tempfile.gettempdir()) / "cfm-bench-logs"))
