@@ -33,8 +33,8 @@ import os  # noqa: E402
 import pstats  # noqa: E402
 import resource  # noqa: E402
 import selectors  # noqa: E402
-import sys  # noqa: E402
 import signal  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
 from array import array  # noqa: E402

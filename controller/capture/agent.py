@@ -31,7 +31,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from controller.capture.dataplane import RoutedRuntime
 from controller.capture.drainer import Drainer
 from controller.capture.epochs import Epochs
 from controller.capture.lease_keeper import API_ERRORS, LeaseKeeper
@@ -40,6 +39,7 @@ from controller.capture.logs import Notes, fields
 from controller.capture.reconciler import Reconciler
 from controller.capture.registration import CaptureObject
 from controller.capture.reporter import Reporter
+from controller.capture.routed import RoutedRuntime
 from controller.capture.runs import Run, Runs
 from controller.capture.runtime import DispatcherRuntime, LogicalClockRuntime
 from controller.capture.sources import Sources

@@ -15,15 +15,19 @@ progress notification (``progress_notify``: no events, not ``created``) says eve
 ``header.revision`` has been sent, which is how an idle span advances. The answer to a manual
 ``WatchProgressRequest`` is never used (not ordered with events on etcd < 3.5.8: docs/architecture.md).
 
-The sink. Per changefeed, one writer task on one psycopg connection takes what every dispatcher of this
-capture received since the last transaction and applies it in one transaction (group commit: at most
-``batch_interval`` seconds apart, sooner once ``batch_rows`` rows wait), with each included dispatcher's
-resolved revision saved to the ``checkpoints`` table in the same transaction (``controller.dataplane.schema``).
-Only after the commit does the dispatcher's in-memory checkpoint move. A failed transaction (the sink down,
-a refused write) is rolled back, its rows put back in front of what arrived meanwhile, and retried with
-back-off: the checkpoint stays where it was and nothing is lost. Changes are applied with ``schema.apply``
-(only if newer than the row; deletes as tombstones), so replays after a failover or an in-flight transaction
-that commits after a close are harmless.
+The watches. Per changefeed, every dispatcher of this capture watches its range on one etcd Watch stream
+(``etcdwatch.WatchStream``: one gRPC call, a watcher of its own per dispatcher, each with its own start revision
+and progress notifications): a capture with 1,000 dispatchers holds one stream per changefeed, not 1,000. A
+dispatcher whose rows pile up (``sink.MAX_PENDING_ROWS``) or that is paused has its watcher cancelled, and created
+again from its position when drained or resumed; a broken stream creates every watcher again from its position.
+
+The sink (``sink.Sink``). Per changefeed, one writer task on one psycopg connection takes what every dispatcher of
+this capture received since the last transaction and applies it in one transaction (group commit), with each
+included dispatcher's resolved revision saved to the ``checkpoints`` table in the same transaction
+(``controller.dataplane.schema``). Only after the commit does the dispatcher's in-memory checkpoint move. A failed
+transaction is rolled back, its rows put back, and retried with back-off: the checkpoint stays where it was and
+nothing is lost. Changes are applied only if newer than the row (deletes as tombstones), so replays after a
+failover or an in-flight transaction that commits after a close are harmless.
 
 So :meth:`DataplaneRuntime.checkpoint` only ever returns committed values, and :meth:`~DataplaneRuntime.flush`
 has nothing to do: every checkpoint returned so far is already durable downstream.
@@ -53,24 +57,14 @@ from typing import Any
 
 import aetcd
 import aetcd.rpc
-import grpc
-import psycopg
 
+from controller.capture.etcdwatch import BACKOFF, TRANSPORT, WatchStream
 from controller.capture.logs import fields
-from controller.capture.runtime import DispatcherRuntime
-from controller.dataplane import schema
+from controller.capture.sink import MAX_PENDING_ROWS, Row, Sink
 from controller.model.records import Dispatcher
-from controller.model.states import Mode
 
 log = logging.getLogger("controller.capture.dataplane")
 
-#: One row as ``schema.apply`` takes it: key, value, revision, deleted.
-Row = tuple[bytes, bytes | None, int, bool]
-
-#: Back-off of a failed watch or transaction: first wait, cap (seconds).
-BACKOFF = (0.1, 5.0)
-#: A dispatcher stops reading its watch while this many rows wait for the sink (back-pressure).
-MAX_PENDING_ROWS = 20_000
 #: Rows per page of the initial scan.
 SCAN_PAGE = 2_000
 
@@ -110,6 +104,9 @@ def _host_port(endpoint: str) -> tuple[str, int]:
 
 @dataclass
 class _Disp:
+    """A dispatcher of the data plane: its watcher (``etcdwatch.Watcher``) and what the sink holds of it
+    (``sink.Pending``)."""
+
     dispatcher: Dispatcher
     feed: _Feed
     #: The last committed checkpoint (what the sink holds for this span).
@@ -121,50 +118,102 @@ class _Disp:
     resolved: int = 0
     #: Why it stopped for good (the source compacted past its position...), None while it runs.
     failed: str | None = None
+    #: Its initial scan (if it starts at 0) is done: it may watch.
+    scanned: bool = False
+    #: Its watcher is stopped while too many of its rows wait for the sink (back-pressure).
+    held: bool = False
     task: asyncio.Task[None] | None = None
     resume: asyncio.Event = field(default_factory=asyncio.Event)
-    drained: asyncio.Event = field(default_factory=asyncio.Event)
     received_rows: int = 0
     created_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.resolved = self.durable
         self.resume.set()
-        self.drained.set()
 
     @property
     def name(self) -> str:
         return self.dispatcher.name
 
+    @property
+    def key(self) -> bytes:
+        return self.dispatcher.key_range.start
+
+    @property
+    def range_end(self) -> bytes:
+        return self.dispatcher.key_range.end
+
     def checkpoint(self) -> int:
         return self.paused_at if self.paused_at is not None else self.durable
 
+    # -- etcdwatch.Watcher --------------------------------------------------------------------------------
+
+    def position(self) -> int:
+        return self.resolved
+
+    def created(self, head: int) -> None:
+        if head < self.resolved:
+            self.fail(
+                f"this dispatcher starts at revision {self.resolved}, past the source's revision {head} "
+                "(a ts that is not an etcd revision of this cluster?)"
+            )
+
+    def events(self, events: Any, head: int) -> None:
+        for e in events:
+            deleted = e.type == aetcd.rpc.Event.DELETE
+            self.rows.append((e.kv.key, None if deleted else e.kv.value, e.kv.mod_revision, deleted))
+        self.received_rows += len(events)
+        self.resolved = max(self.resolved, events[-1].kv.mod_revision)
+        self.feed.sink.received(self, len(events))
+        if len(self.rows) >= MAX_PENDING_ROWS:
+            self.held = True  # until the writer drained it (Sink.drained -> _Feed.drained)
+            self.feed.stream.drop(self.name)
+            self.feed.sink.full.set()
+
+    def progress(self, head: int) -> None:
+        self.resolved = max(self.resolved, head)
+        self.feed.sink.received(self, 0)
+
+    def compacted(self, compact_revision: int) -> None:
+        self.fail(
+            f"the source was compacted to revision {compact_revision}, past this dispatcher's position "
+            f"{self.resolved}: its changes since cannot be read (not skipped)"
+        )
+
+    def fail(self, why: str) -> None:
+        self.failed = why
+        self.feed.stream.drop(self.name)
+        log.error("dispatcher failed", extra=fields(dispatcher=self.name, reason=why))
+
+    def watching(self) -> bool:
+        """Whether its watcher should run: scanned, not paused, not held back, not failed."""
+        return self.scanned and self.paused_at is None and not self.held and self.failed is None
+
 
 class _Feed:
-    """One changefeed on this capture: its etcd client, its sink connection and writer task, its dispatchers."""
+    """One changefeed on this capture: its etcd client and its one watch stream (``etcdwatch.WatchStream``: every
+    dispatcher's watcher on it), its sink (``sink.Sink``), its dispatchers."""
 
     def __init__(self, runtime: DataplaneRuntime, changefeed: str, endpoints: Endpoints) -> None:
         self.runtime = runtime
         self.changefeed = changefeed
         self.endpoints = endpoints
         self.dispatchers: dict[str, _Disp] = {}
-        #: Rows waiting in every dispatcher's ``rows`` (the writer's "enough for a transaction" test), and the
-        #: dispatchers whose resolved revision moved since the writer last looked: neither costs a walk over
-        #: every dispatcher per watch response or per batch.
-        self.pending_rows = 0
-        self.dirty: set[str] = set()
-        self.wake = asyncio.Event()
         self.client: aetcd.Client | None = None
         self._client_lock = asyncio.Lock()
         self._endpoint_index = 0
-        self.conn: psycopg.AsyncConnection[Any] | None = None
-        self.ensured: set[tuple[int, Mode]] = set()
-        self.writer: asyncio.Task[None] | None = None
+        self.stream = WatchStream(self.etcd, self.reset_etcd)
+        self.stream.on_head = self.saw_head
+        self.sink = Sink(
+            changefeed,
+            endpoints.dsn,
+            self.dispatchers,
+            batch_interval=runtime.batch_interval,
+            batch_rows=runtime.batch_rows,
+            drained=self.drained,
+        )
         #: (head revision, wall time first seen), increasing in both.
         self.heads: list[tuple[int, float]] = []
-        self.sink_error: str = ""
-        self.commits = 0
-        self.committed_rows = 0
 
     # -- etcd --------------------------------------------------------------------------------------------
 
@@ -207,157 +256,34 @@ class _Feed:
                 return at
         return self.runtime.clock()
 
-    # -- the sink ------------------------------------------------------------------------------------------
-
-    def ensure_writer(self) -> None:
-        if self.writer is None or self.writer.done():
-            self.writer = asyncio.create_task(self._write_loop(), name=f"sink-{self.changefeed}")
-
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self.conn is None or self.conn.closed:
-            self.conn = await psycopg.AsyncConnection.connect(self.endpoints.dsn, connect_timeout=5)
-            self.ensured.clear()
-        return self.conn
-
-    async def _write_loop(self) -> None:
-        backoff = BACKOFF[0]
-        rt = self.runtime
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), rt.batch_interval)
-            self.wake.clear()
-            batch = self._take_dirty()
-            if not batch:
-                continue
-            if self._advance_without_rows(batch):
-                continue
-            taken = {d.name: (d.rows, d.resolved) for d in batch}
-            for d in batch:
-                self.pending_rows -= len(d.rows)
-                d.rows = []
-            try:
-                await self._commit(batch, taken)
-            except (psycopg.Error, OSError) as exc:
-                for d in batch:  # put them back in front of what came meanwhile: nothing lost, nothing reordered
-                    d.rows = taken[d.name][0] + d.rows
-                    self.pending_rows += len(taken[d.name][0])
-                    self.dirty.add(d.name)
-                self.sink_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                log.warning(
-                    "sink transaction failed; retrying", extra=fields(changefeed=self.changefeed, error=self.sink_error)
-                )
-                if self.conn is not None and (self.conn.closed or self.conn.broken):
-                    with contextlib.suppress(Exception):
-                        await self.conn.close()
-                    self.conn = None
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF[1])
-                self.wake.set()
-                continue
-            backoff = BACKOFF[0]
-            self.sink_error = ""
-            for d in batch:
-                d.durable = max(d.durable, taken[d.name][1])
-                if len(d.rows) < MAX_PENDING_ROWS:
-                    d.drained.set()
-            if any(d.rows for d in batch):
-                self.wake.set()
-
-    def _take_dirty(self) -> list[_Disp]:
-        """The dispatchers with something to commit (resolved past durable), not paused (those stay dirty)."""
-        names, self.dirty = self.dirty, set()
-        batch = []
-        for name in sorted(names):
-            d = self.dispatchers.get(name)
-            if d is None:
-                continue  # closed
-            if d.paused_at is not None:
-                self.dirty.add(name)
-            elif d.resolved > d.durable:
-                batch.append(d)
-        return batch
-
-    def _advance_without_rows(self, batch: list[_Disp]) -> bool:
-        """Checkpoints that only moved (progress notifications of idle spans): when no dispatcher of the batch
-        has a row waiting, every row each received up to its resolved revision is already committed (rows leave
-        ``d.rows`` only into a transaction, and come back if it fails), so its checkpoint may move with no
-        transaction at all. An idle capture then writes nothing to the sink; the ``checkpoints`` table is
-        brought up to date by the next transaction with rows. Not before its table exists (the first
-        transaction creates it), so that verify finds every span's table."""
-        if any(d.rows for d in batch) or any(
-            (d.dispatcher.table_id, d.dispatcher.mode) not in self.ensured for d in batch
-        ):
-            return False
-        for d in batch:
-            d.durable = max(d.durable, d.resolved)
-        return True
-
-    async def _commit(self, batch: list[_Disp], taken: dict[str, tuple[list[Row], int]]) -> None:
-        conn = await self._connection()
-        cf = self.changefeed
-        for d in batch:
-            key = (d.dispatcher.table_id, d.dispatcher.mode)
-            if key not in self.ensured:
-                await self._ensure(conn, *key)
-        per_table: dict[tuple[int, Mode], dict[bytes, Row]] = {}
-        for d in batch:
-            latest = per_table.setdefault((d.dispatcher.table_id, d.dispatcher.mode), {})
-            for row in taken[d.name][0]:
-                old = latest.get(row[0])
-                if old is None or old[2] < row[2]:
-                    latest[row[0]] = row
-        async with conn.transaction(), conn.cursor() as cur:
-            for (table_id, mode), rows in per_table.items():
-                if rows:
-                    await cur.executemany(schema.apply(cf, table_id, mode), list(rows.values()))
-            await cur.executemany(
-                schema.save_checkpoint(cf),
-                [
-                    (
-                        d.name,
-                        d.dispatcher.table_id,
-                        d.dispatcher.mode.value,
-                        d.dispatcher.key_range.start,
-                        d.dispatcher.key_range.end,
-                        taken[d.name][1],
-                    )
-                    for d in batch
-                ],
-            )
-        self.commits += 1
-        self.committed_rows += sum(len(r) for r in per_table.values())
-
-    async def _ensure(self, conn: psycopg.AsyncConnection[Any], table_id: int, mode: Mode) -> None:
-        for attempt in range(3):
-            try:
-                async with conn.transaction():
-                    for statement in schema.create_schema(self.changefeed).split(";\n"):
-                        await conn.execute(statement)
-                    await conn.execute(schema.create_table(self.changefeed, table_id, mode))
-                break
-            except psycopg.errors.UniqueViolation:  # another capture created it at the same moment
-                if attempt == 2:
-                    raise
-        self.ensured.add((table_id, mode))
-
     # -- a dispatcher's watch --------------------------------------------------------------------------
 
-    async def follow(self, d: _Disp) -> None:
+    def rewatch(self, d: _Disp) -> None:
+        """Watch ``d`` again if it should (resumed, drained)."""
+        if d.watching() and d.name in self.dispatchers:
+            self.stream.want(d)
+
+    def drained(self, d: _Disp) -> None:
+        """The sink took ``d`` below ``MAX_PENDING_ROWS``: a watcher held back runs again from its position."""
+        if d.held:
+            d.held = False
+            self.rewatch(d)
+
+    async def begin(self, d: _Disp) -> None:
+        """The initial scan if ``d`` starts at 0, then its watcher (retrying the scan while etcd is unreachable)."""
         backoff = BACKOFF[0]
         while d.failed is None:
             try:
                 await d.resume.wait()
                 if d.resolved == 0:
                     await self._scan(d)
-                await self._watch(d)
+                d.scanned = True
+                self.rewatch(d)
                 return
             except asyncio.CancelledError:
                 raise
-            except (grpc.aio.AioRpcError, aetcd.exceptions.ClientError, OSError, TimeoutError) as exc:
-                log.warning(
-                    "etcd watch failed; retrying",
-                    extra=fields(dispatcher=d.name, error=type(exc).__name__, resolved=d.resolved),
-                )
+            except TRANSPORT as exc:
+                log.warning("etcd scan failed; retrying", extra=fields(dispatcher=d.name, error=type(exc).__name__))
                 await self.reset_etcd()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])
@@ -380,86 +306,19 @@ class _Feed:
             if not answer.more or not answer.kvs:
                 break
             key = answer.kvs[-1].key + b"\x00"
-        # No await between these two: the writer takes all of it, with ``at``, in one transaction.
+        # No await between these: the writer takes all of it, with ``at``, in one transaction.
         d.rows.extend(rows)
         d.resolved = at
         d.received_rows += len(rows)
-        self.pending_rows += len(rows)
-        self.dirty.add(d.name)
+        self.sink.received(d, len(rows))
         log.info("initial scan", extra=fields(dispatcher=d.name, revision=at, rows=len(rows)))
-        self.wake.set()
-
-    async def _watch(self, d: _Disp) -> None:
-        client = await self.etcd()
-        lo, hi = d.dispatcher.key_range.start, d.dispatcher.key_range.end
-        requests: asyncio.Queue[Any] = asyncio.Queue()
-
-        async def iterate() -> Any:
-            while (request := await requests.get()) is not None:
-                yield request
-
-        start = d.resolved + 1
-        create = aetcd.rpc.WatchCreateRequest(key=lo, range_end=hi, start_revision=start, progress_notify=True)
-        await requests.put(aetcd.rpc.WatchRequest(create_request=create))
-        call = aetcd.rpc.WatchStub(client.channel).Watch(iterate())
-        try:
-            while True:
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    raise OSError("the etcd watch stream ended")
-                head = response.header.revision
-                self.saw_head(head)
-                if response.canceled:
-                    if response.compact_revision:
-                        d.failed = (
-                            f"the source was compacted to revision {response.compact_revision}, past this "
-                            f"dispatcher's position {d.resolved}: its changes since cannot be read (not skipped)"
-                        )
-                        log.error("dispatcher failed", extra=fields(dispatcher=d.name, reason=d.failed))
-                        return
-                    raise OSError(f"etcd cancelled the watch: {response.cancel_reason}")
-                if response.created:
-                    if head < d.resolved:
-                        d.failed = (
-                            f"this dispatcher starts at revision {d.resolved}, past the source's revision {head} "
-                            "(a ts that is not an etcd revision of this cluster?)"
-                        )
-                        log.error("dispatcher failed", extra=fields(dispatcher=d.name, reason=d.failed))
-                        return
-                    continue
-                if response.events:
-                    for e in response.events:
-                        deleted = e.type == aetcd.rpc.Event.DELETE
-                        d.rows.append((e.kv.key, None if deleted else e.kv.value, e.kv.mod_revision, deleted))
-                    d.received_rows += len(response.events)
-                    self.pending_rows += len(response.events)
-                    d.resolved = max(d.resolved, response.events[-1].kv.mod_revision)
-                else:  # a progress notification: everything in range up to the header's revision was sent
-                    d.resolved = max(d.resolved, head)
-                self.dirty.add(d.name)
-                if self.pending_rows >= self.runtime.batch_rows or not response.events:
-                    self.wake.set()
-                if len(d.rows) >= MAX_PENDING_ROWS:
-                    d.drained.clear()
-                    self.wake.set()
-                    await d.drained.wait()
-                if not d.resume.is_set():
-                    await d.resume.wait()
-        finally:
-            call.cancel()
-            requests.put_nowait(None)
 
     async def aclose(self) -> None:
         for d in list(self.dispatchers.values()):
             if d.task is not None:
                 d.task.cancel()
-        if self.writer is not None:
-            self.writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.writer
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                await self.conn.close()
+        await self.stream.aclose()
+        await self.sink.aclose()
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
@@ -506,8 +365,8 @@ class DataplaneRuntime:
         d = _Disp(dispatcher, feed, durable=dispatcher.start_ts)
         feed.dispatchers[d.name] = d
         self._runs[d.name] = d
-        feed.ensure_writer()
-        d.task = asyncio.get_running_loop().create_task(feed.follow(d), name=f"watch-{d.name}")
+        feed.sink.start()
+        d.task = asyncio.get_running_loop().create_task(feed.begin(d), name=f"begin-{d.name}")
 
     def checkpoint(self, name: str) -> int:
         """The last committed checkpoint (never one whose rows are not committed)."""
@@ -519,7 +378,7 @@ class DataplaneRuntime:
 
     def sink_error(self, name: str) -> str:
         """The last error of the sink of this dispatcher's changefeed while it retries ("" when it writes)."""
-        return self._runs[name].feed.sink_error
+        return self._runs[name].feed.sink.error
 
     def checkpoint_time(self, name: str) -> float:
         """The wall time this dispatcher's checkpoint stands for (``_Feed.checkpoint_time``): its lag in seconds
@@ -543,11 +402,11 @@ class DataplaneRuntime:
     def close(self, name: str) -> int:
         d = self._runs.pop(name)
         d.feed.dispatchers.pop(name, None)
+        d.feed.stream.drop(name)
         if d.task is not None:
             d.task.cancel()
         final = d.checkpoint()
-        d.feed.pending_rows -= len(d.rows)
-        d.rows = []
+        d.feed.sink.forget(d)
         return final
 
     def pause(self, name: str) -> int:
@@ -555,6 +414,7 @@ class DataplaneRuntime:
         if d.paused_at is None:
             d.paused_at = d.durable
             d.resume.clear()
+            d.feed.stream.drop(name)  # nothing more is received; what was stays for after the resume
         return d.paused_at
 
     def resume(self, name: str) -> None:
@@ -563,8 +423,8 @@ class DataplaneRuntime:
             d.durable = max(d.durable, d.paused_at)
             d.paused_at = None
             d.resume.set()
-            d.feed.dirty.add(name)
-            d.feed.wake.set()
+            d.feed.sink.received(d, 0)
+            d.feed.rewatch(d)
 
     def flush(self) -> None:
         """Nothing to do: ``checkpoint`` only returns checkpoints committed with the rows they cover."""
@@ -575,7 +435,7 @@ class DataplaneRuntime:
     def stats(self, changefeed: str) -> tuple[int, int]:
         """(transactions committed, rows applied) by this capture for ``changefeed``."""
         feed = self._feeds.get(changefeed)
-        return (feed.commits, feed.committed_rows) if feed is not None else (0, 0)
+        return (feed.sink.commits, feed.sink.committed_rows) if feed is not None else (0, 0)
 
     async def aclose(self) -> None:
         """Stop every watch and writer and close the connections (the agent, when it exits)."""
@@ -583,85 +443,3 @@ class DataplaneRuntime:
         self._runs.clear()
         for feed in feeds:
             await feed.aclose()
-
-
-class RoutedRuntime:
-    """What the agent drives: each dispatcher runs in the :class:`DataplaneRuntime` when its changefeed was
-    configured with a source and a sink (:meth:`configure`), else in ``default`` (the logical clock: a
-    changefeed that names no source replicates nothing, for benchmarks of the control plane)."""
-
-    def __init__(self, default: DispatcherRuntime, data: DataplaneRuntime | None = None) -> None:
-        self.default = default
-        self.data = data if data is not None else DataplaneRuntime()
-        self._real: set[str] = set()
-
-    def configure(self, changefeed: str, endpoints: Endpoints) -> None:
-        self.data.configure(changefeed, endpoints)
-
-    def configured(self, changefeed: str) -> bool:
-        return self.data.configured(changefeed)
-
-    def _rt(self, name: str) -> DispatcherRuntime:
-        return self.data if name in self._real else self.default
-
-    def start(self, dispatcher: Dispatcher) -> None:
-        if dispatcher.name in self._real:
-            return
-        if self.data.configured(dispatcher.changefeed):
-            self.data.start(dispatcher)
-            self._real.add(dispatcher.name)
-        else:
-            self.default.start(dispatcher)
-
-    def checkpoint(self, name: str) -> int:
-        return self._rt(name).checkpoint(name)
-
-    def write_rate(self, name: str) -> float:
-        return self._rt(name).write_rate(name)
-
-    def region_count(self, name: str) -> int:
-        return self._rt(name).region_count(name)
-
-    def close(self, name: str) -> int:
-        rt = self._rt(name)
-        final = rt.close(name)
-        self._real.discard(name)
-        return final
-
-    def pause(self, name: str) -> int:
-        return self._rt(name).pause(name)
-
-    def resume(self, name: str) -> None:
-        self._rt(name).resume(name)
-
-    def flush(self) -> None:
-        self.default.flush()
-        self.data.flush()
-
-    def checkpoint_time(self, name: str) -> float | None:
-        """The wall time a real dispatcher's checkpoint stands for; None for the logical clock (a TSO)."""
-        return self.data.checkpoint_time(name) if name in self._real else None
-
-    def sink_error(self, name: str) -> str:
-        """The sink's last error while a real dispatcher's transactions are retried ("" while it writes)."""
-        return self.data.sink_error(name) if name in self._real else ""
-
-    def failed(self, name: str) -> str | None:
-        """Why a real dispatcher stopped for good (None: it did not, or it is not a real one)."""
-        return self.data.failed(name) if name in self._real else None
-
-    def low_watermark(self, names: Sequence[str]) -> tuple[int, str] | None:
-        """The default runtime's shortcut, for groups with no real dispatcher (else None: ask each)."""
-        fast = getattr(self.default, "low_watermark", None)
-        if fast is None or any(n in self._real for n in names):
-            return None
-        low: tuple[int, str] | None = fast(names)
-        return low
-
-    async def aclose(self) -> None:
-        self._real.clear()
-        await self.data.aclose()
-
-
-def _check(rt: DataplaneRuntime, routed: RoutedRuntime) -> tuple[DispatcherRuntime, DispatcherRuntime]:
-    return rt, routed  # both implement the agent's interface (checked by mypy)

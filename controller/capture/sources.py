@@ -10,8 +10,9 @@ import base64
 import contextlib
 import logging
 
-from controller.capture.dataplane import Endpoints, RoutedRuntime, unsupported_endpoint
+from controller.capture.dataplane import Endpoints, unsupported_endpoint
 from controller.capture.logs import Notes, fields
+from controller.capture.routed import RoutedRuntime
 from controller.kube.client import JSON, RESOURCES, SECRETS, ApiError, Client
 from controller.model.resources import InvalidResource, changefeed_from_resource
 from controller.model.states import Kind

@@ -12,6 +12,7 @@ are common) and 20 % deletes.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import random
 import threading
 import time
@@ -54,6 +55,9 @@ class Writer:
         self.transactions = 0
         #: Every key it wrote or deleted at least once.
         self.touched: set[bytes] = set()
+        #: (revision, wall time) of each transaction, in order (the ground truth of a lag: ``written_after``).
+        self.revisions: list[int] = []
+        self.times: list[float] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._progress = threading.Condition()
@@ -93,6 +97,13 @@ class Writer:
                 if left <= 0 or not self._thread.is_alive():
                     raise TimeoutError(f"the writer made {self.changes} of {changes} changes")
                 self._progress.wait(min(left, 0.5))
+
+    def written_after(self, revision: int) -> float | None:
+        """When (wall time) it made its first change above ``revision``: a sink complete up to ``revision`` lags by
+        now minus that; None if it made none (the sink is caught up with it)."""
+        with self._progress:
+            i = bisect.bisect_right(self.revisions, revision)
+            return self.times[i] if i < len(self.times) else None
 
     def _run(self) -> None:
         try:
@@ -134,6 +145,8 @@ class Writer:
                     self.deletes += deleted
                     self.touched.update(op.request_put.key or op.request_delete_range.key for op in ops)
                     self.transactions += 1
+                    self.revisions.append(answer.header.revision)
+                    self.times.append(time.time())
                     self._progress.notify_all()
                 due += period
                 await asyncio.sleep(max(0.0, due - time.monotonic()))

@@ -59,6 +59,8 @@ class System:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.maintainers = 0
+        #: More flags for every maintainer it starts (a benchmark's Lease duration, say).
+        self.maintainer_args: list[str] = []
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
@@ -72,16 +74,16 @@ class System:
         self._spawn(
             name,
             ["-m", "controller.maintainer", "--namespace", self.namespace, "--kubeconfig", self.kubeconfig,
-             "--identity", name, "--metrics-port", "0", "--log-format", self.log_format],
+             "--identity", name, "--metrics-port", "0", "--log-format", self.log_format, *self.maintainer_args],
         )  # fmt: skip
         return name
 
-    def start_captures(self) -> None:
+    def start_captures(self, extra: list[str] | None = None) -> None:
         for c in self.capture_names:
             self._spawn(
                 c,
                 ["-m", "controller.capture", "--name", c, "--namespace", self.namespace,
-                 "--kubeconfig", self.kubeconfig, "--log-format", self.log_format, "--test-hooks"],
+                 "--kubeconfig", self.kubeconfig, "--log-format", self.log_format, "--test-hooks", *(extra or [])],
             )  # fmt: skip
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

@@ -42,16 +42,28 @@ def believed(world: World) -> dict[tuple[str, Mode], list[Dispatcher]]:
 
 
 def entries(world: World) -> Iterator[tuple[str, ProgressEntry, bool]]:
-    """(capture, its report's entry for this changefeed, whether it covers exactly the believed set)."""
+    """(capture, its report's entry for this changefeed, whether it covers exactly the believed set). With an index
+    (``World.index``) the believed sets and their digests are the index's (``Index.working``): O(captures), not a
+    pass over every dispatcher (a metrics scrape at 100,000 spans held the event loop 250-300 ms that way)."""
     cf = world.changefeed.name
-    groups = believed(world)
+    index = world.index
+    groups = believed(world) if index is None else {}
     for name in sorted(world.captures):
         cap = world.captures[name]
         if cap.progress is None:
             continue
         for entry in cap.progress.entries:
-            if entry.changefeed == cf:
-                ds = groups.get((name, entry.mode), [])
+            if entry.changefeed != cf:
+                continue
+            key = (name, entry.mode)
+            if index is not None:
+                members = index.working.get(key)
+                covers = bool(members) and entry.dispatchers == len(members or ()) and (
+                    entry.digest == index.working_digest(key)
+                )
+                yield name, entry, covers
+            else:
+                ds = groups.get(key, [])
                 yield name, entry, bool(ds) and exact(entry, ds)
 
 

@@ -1,0 +1,208 @@
+"""One etcd Watch stream carrying the watchers of many dispatchers (issue 38: one gRPC stream per capture and
+changefeed, not one per dispatcher).
+
+etcd multiplexes watchers on a stream: each ``WatchCreateRequest`` (its own key range, start revision and
+``progress_notify``) names a ``watch_id`` of ours, and every response says which watcher it is for. A watcher
+keeps every guarantee it had on a stream of its own: its events come in revision order, whole revisions per
+response, and its periodic progress notification (a response with its id, no events, not ``created``) means every
+change of its range up to the response's ``header.revision`` has been sent. So a dispatcher's resolved revision
+moves exactly as before; what is shared is the connection, the reader and the gRPC call.
+
+A watcher is *wanted* (``want``) or not (paused, held back while its rows wait for the sink, failed, not scanned
+yet). A wanted watcher is created from its position + 1 (``Watcher.position``); one no longer wanted is cancelled
+and its id forgotten at once, so a response still in flight for it is ignored (the next creation, from the
+position its applied events reached, replays whatever that dropped). When the stream breaks (the server gone, an
+error), every wanted watcher is created again from its position on a new stream, with new ids. A cancellation the
+server makes itself (``canceled``) with a ``compact_revision`` is the watcher's failure (its history is gone); any
+other is retried like a break of that watcher alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+import aetcd
+import aetcd.rpc
+import grpc
+
+from controller.capture.logs import fields
+
+log = logging.getLogger("controller.capture.dataplane")
+
+#: Back-off of a broken stream: first wait, cap (seconds).
+BACKOFF = (0.1, 5.0)
+#: Seconds before a watcher the server cancelled for another reason than compaction is created again.
+RETRY_CANCELLED = 1.0
+#: What a broken stream or an unreachable etcd raises.
+TRANSPORT = (grpc.aio.AioRpcError, aetcd.exceptions.ClientError, OSError, TimeoutError)
+
+
+class Watcher(Protocol):
+    """What the stream needs of a dispatcher's watcher."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def key(self) -> bytes: ...
+
+    @property
+    def range_end(self) -> bytes: ...
+
+    def position(self) -> int:
+        """The revision up to which it has every change of its range (its watch starts after it)."""
+
+    def created(self, head: int) -> None:
+        """Its watch was created (``head``: the store's revision then)."""
+
+    def events(self, events: Any, head: int) -> None:
+        """A response with events (whole revisions, in order)."""
+
+    def progress(self, head: int) -> None:
+        """A progress notification: every change of its range up to ``head`` was sent."""
+
+    def compacted(self, compact_revision: int) -> None:
+        """The source was compacted past its position: its changes since are gone."""
+
+
+class WatchStream:
+    def __init__(self, client: Callable[[], Awaitable[aetcd.Client]], reset: Callable[[], Awaitable[None]]) -> None:
+        #: The feed's etcd client (connected on first use) and how to drop it after a transport error.
+        self._client = client
+        self._reset = reset
+        self._ids = itertools.count(1)
+        #: watch id -> its watcher, for the watchers created on the current stream and not cancelled.
+        self._by_id: dict[int, Watcher] = {}
+        #: watcher name -> its current watch id.
+        self._id_of: dict[str, int] = {}
+        #: The watchers that should be watching, by name.
+        self._wanted: dict[str, Watcher] = {}
+        self._requests: asyncio.Queue[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: Head revisions seen in any response (the feed's lag clock).
+        self.on_head: Callable[[int], None] = lambda revision: None
+        self.streams = 0  # streams opened (the first and every reconnection)
+
+    def watching(self) -> int:
+        return len(self._by_id)
+
+    # -- what the feed asks ------------------------------------------------------------------------------
+
+    def want(self, w: Watcher) -> None:
+        """Watch ``w`` from its position + 1 (at once if the stream is up, else when it is)."""
+        self._wanted[w.name] = w
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="etcd-watch-stream")
+        elif self._requests is not None and w.name not in self._id_of:
+            self._create(w)
+
+    def drop(self, name: str) -> None:
+        """Stop watching ``name`` (paused, held back, failed, closed): cancelled, and any response still in flight
+        for it ignored."""
+        self._wanted.pop(name, None)
+        wid = self._id_of.pop(name, None)
+        if wid is None:
+            return
+        self._by_id.pop(wid, None)
+        if self._requests is not None:
+            self._requests.put_nowait(aetcd.rpc.WatchRequest(cancel_request=aetcd.rpc.WatchCancelRequest(watch_id=wid)))
+
+    async def aclose(self) -> None:
+        self._wanted.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    # -- the stream ------------------------------------------------------------------------------------------
+
+    def _again(self, w: Watcher) -> None:
+        """A watcher the server cancelled (not for compaction), created again if still wanted and not watching."""
+        if self._wanted.get(w.name) is w and w.name not in self._id_of and self._requests is not None:
+            self._create(w)
+
+    def _create(self, w: Watcher) -> None:
+        assert self._requests is not None
+        wid = next(self._ids)
+        self._by_id[wid] = w
+        self._id_of[w.name] = wid
+        create = aetcd.rpc.WatchCreateRequest(
+            key=w.key, range_end=w.range_end, start_revision=w.position() + 1, progress_notify=True, watch_id=wid
+        )
+        self._requests.put_nowait(aetcd.rpc.WatchRequest(create_request=create))
+
+    async def _run(self) -> None:
+        backoff = BACKOFF[0]
+        while self._wanted:
+            try:
+                await self._stream()
+                backoff = BACKOFF[0]
+            except asyncio.CancelledError:
+                raise
+            except TRANSPORT as exc:
+                log.warning(
+                    "etcd watch stream broke; watching again from each dispatcher's position",
+                    extra=fields(error=type(exc).__name__, watchers=len(self._wanted)),
+                )
+                await self._reset()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF[1])
+
+    async def _stream(self) -> None:
+        client = await self._client()
+        requests: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def iterate() -> AsyncIterator[Any]:
+            while (request := await requests.get()) is not None:
+                yield request
+
+        self._requests = requests
+        self._by_id.clear()
+        self._id_of.clear()
+        for w in list(self._wanted.values()):
+            self._create(w)
+        call = aetcd.rpc.WatchStub(client.channel).Watch(iterate())
+        self.streams += 1
+        try:
+            while self._wanted or self._by_id:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    raise OSError("the etcd watch stream ended")
+                self._dispatch(response)
+        finally:
+            self._requests = None
+            self._by_id.clear()
+            self._id_of.clear()
+            call.cancel()
+            requests.put_nowait(None)
+
+    def _dispatch(self, response: Any) -> None:
+        head = response.header.revision
+        self.on_head(head)
+        w = self._by_id.get(response.watch_id)
+        if w is None:
+            return  # cancelled by us (a response in flight), or the stream's own (watch_id -1)
+        if response.canceled:
+            self._by_id.pop(response.watch_id, None)
+            self._id_of.pop(w.name, None)
+            if response.compact_revision:
+                self._wanted.pop(w.name, None)
+                w.compacted(response.compact_revision)
+                return
+            log.warning(
+                "etcd cancelled a watch; watching again in a second",
+                extra=fields(dispatcher=w.name, reason=response.cancel_reason),
+            )
+            asyncio.get_running_loop().call_later(RETRY_CANCELLED, self._again, w)
+            return
+        if response.created:
+            w.created(head)
+        elif response.events:
+            w.events(response.events, head)
+        else:
+            w.progress(head)

@@ -1,0 +1,92 @@
+"""What the agent drives: each dispatcher in the real data plane when its changefeed names a source and a sink, else
+in the logical clock (``RoutedRuntime``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controller.capture.dataplane import DataplaneRuntime, Endpoints
+from controller.capture.runtime import DispatcherRuntime
+from controller.model.records import Dispatcher
+
+
+class RoutedRuntime:
+    """What the agent drives: each dispatcher runs in the :class:`DataplaneRuntime` when its changefeed was
+    configured with a source and a sink (:meth:`configure`), else in ``default`` (the logical clock: a
+    changefeed that names no source replicates nothing, for benchmarks of the control plane)."""
+
+    def __init__(self, default: DispatcherRuntime, data: DataplaneRuntime | None = None) -> None:
+        self.default = default
+        self.data = data if data is not None else DataplaneRuntime()
+        self._real: set[str] = set()
+
+    def configure(self, changefeed: str, endpoints: Endpoints) -> None:
+        self.data.configure(changefeed, endpoints)
+
+    def configured(self, changefeed: str) -> bool:
+        return self.data.configured(changefeed)
+
+    def _rt(self, name: str) -> DispatcherRuntime:
+        return self.data if name in self._real else self.default
+
+    def start(self, dispatcher: Dispatcher) -> None:
+        if dispatcher.name in self._real:
+            return
+        if self.data.configured(dispatcher.changefeed):
+            self.data.start(dispatcher)
+            self._real.add(dispatcher.name)
+        else:
+            self.default.start(dispatcher)
+
+    def checkpoint(self, name: str) -> int:
+        return self._rt(name).checkpoint(name)
+
+    def write_rate(self, name: str) -> float:
+        return self._rt(name).write_rate(name)
+
+    def region_count(self, name: str) -> int:
+        return self._rt(name).region_count(name)
+
+    def close(self, name: str) -> int:
+        rt = self._rt(name)
+        final = rt.close(name)
+        self._real.discard(name)
+        return final
+
+    def pause(self, name: str) -> int:
+        return self._rt(name).pause(name)
+
+    def resume(self, name: str) -> None:
+        self._rt(name).resume(name)
+
+    def flush(self) -> None:
+        self.default.flush()
+        self.data.flush()
+
+    def checkpoint_time(self, name: str) -> float | None:
+        """The wall time a real dispatcher's checkpoint stands for; None for the logical clock (a TSO)."""
+        return self.data.checkpoint_time(name) if name in self._real else None
+
+    def sink_error(self, name: str) -> str:
+        """The sink's last error while a real dispatcher's transactions are retried ("" while it writes)."""
+        return self.data.sink_error(name) if name in self._real else ""
+
+    def failed(self, name: str) -> str | None:
+        """Why a real dispatcher stopped for good (None: it did not, or it is not a real one)."""
+        return self.data.failed(name) if name in self._real else None
+
+    def low_watermark(self, names: Sequence[str]) -> tuple[int, str] | None:
+        """The default runtime's shortcut, for groups with no real dispatcher (else None: ask each)."""
+        fast = getattr(self.default, "low_watermark", None)
+        if fast is None or any(n in self._real for n in names):
+            return None
+        low: tuple[int, str] | None = fast(names)
+        return low
+
+    async def aclose(self) -> None:
+        self._real.clear()
+        await self.data.aclose()
+
+
+def _check(rt: DataplaneRuntime, routed: RoutedRuntime) -> tuple[DispatcherRuntime, DispatcherRuntime]:
+    return rt, routed  # both implement the agent's interface (checked by mypy)

@@ -1,0 +1,241 @@
+"""One changefeed's sink on a capture: PostgreSQL, written in group-committed transactions (issue 38).
+
+One writer task on one psycopg connection takes what every dispatcher of this capture received since the last
+transaction (at most ``batch_interval`` apart, sooner once ``batch_rows`` rows wait), keeps the newest change per
+key, applies it with ``schema.apply`` (only if newer than the row; deletes as tombstones) and saves each included
+dispatcher's resolved revision with ``schema.save_checkpoint``, all in one transaction. Only after the commit does a
+dispatcher's checkpoint (``durable``) move: a checkpoint is never claimed before the rows it covers are committed.
+A failed transaction is rolled back, its rows go back in front of what arrived meanwhile, and it is retried with
+back-off (``error`` says why meanwhile): the checkpoint stays where it was and nothing is lost. When no dispatcher of
+a batch has a row waiting (idle spans whose checkpoints only moved with progress notifications), there is no
+transaction at all: every row each received up to its resolved revision is already committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import psycopg
+
+from controller.capture.logs import fields
+from controller.dataplane import schema
+from controller.model.records import Dispatcher
+from controller.model.states import Mode
+
+log = logging.getLogger("controller.capture.dataplane")
+
+#: One row as ``schema.apply`` takes it: key, value, revision, deleted.
+Row = tuple[bytes, bytes | None, int, bool]
+#: Back-off of a failed transaction: first wait, cap (seconds).
+BACKOFF = (0.1, 5.0)
+#: A dispatcher stops receiving while this many of its rows wait for the sink (back-pressure).
+MAX_PENDING_ROWS = 20_000
+
+
+class Pending(Protocol):
+    """A dispatcher as the sink sees it: what it received and not committed, and what is committed."""
+
+    @property
+    def name(self) -> str: ...
+
+    dispatcher: Dispatcher
+    rows: list[Row]
+    #: The revision up to which ``rows`` (with what is committed) cover its range.
+    resolved: int
+    #: The last committed checkpoint.
+    durable: int
+    #: Set while paused (its rows stay where they are).
+    paused_at: int | None
+
+
+class Sink:
+    def __init__(
+        self,
+        changefeed: str,
+        dsn: str,
+        dispatchers: dict[str, Any],
+        *,
+        batch_interval: float,
+        batch_rows: int,
+        drained: Callable[[Any], None],
+    ) -> None:
+        self.changefeed = changefeed
+        self.dsn = dsn
+        #: The feed's dispatchers by name (the sink reads it; the feed adds and removes).
+        self.dispatchers = dispatchers
+        self.batch_interval = batch_interval
+        self.batch_rows = batch_rows
+        #: Called with a dispatcher held back for its pending rows once they fell below ``MAX_PENDING_ROWS``.
+        self.drained = drained
+        #: Rows waiting in every dispatcher's ``rows``, and the dispatchers whose resolved revision moved since the
+        #: writer last looked: neither costs a walk over every dispatcher per response or per batch.
+        self.pending_rows = 0
+        self.dirty: set[str] = set()
+        #: Something waits (the writer gathers a group for ``batch_interval``), and a full batch waits (it goes now).
+        self.wake = asyncio.Event()
+        self.full = asyncio.Event()
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.ensured: set[tuple[int, Mode]] = set()
+        self.task: asyncio.Task[None] | None = None
+        #: The last failure while transactions are retried ("" while they commit).
+        self.error = ""
+        self.commits = 0
+        self.committed_rows = 0
+
+    def start(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._write_loop(), name=f"sink-{self.changefeed}")
+
+    def received(self, d: Pending, rows: int) -> None:
+        """``d`` received ``rows`` more rows, or (0) its resolved revision moved: the writer takes it with the group
+        gathered over the next ``batch_interval`` (at once if a full batch waits). An idle changefeed wakes the
+        writer at most once per interval, whatever the number of its dispatchers' progress notifications."""
+        self.pending_rows += rows
+        self.dirty.add(d.name)
+        self.wake.set()
+        if self.pending_rows >= self.batch_rows:
+            self.full.set()
+
+    def forget(self, d: Pending) -> None:
+        """``d`` closed: its rows not committed are dropped (its successor replays them)."""
+        self.pending_rows -= len(d.rows)
+        d.rows = []
+
+    async def aclose(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                await self.conn.close()
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self.conn is None or self.conn.closed:
+            self.conn = await psycopg.AsyncConnection.connect(self.dsn, connect_timeout=5)
+            self.ensured.clear()
+        return self.conn
+
+    async def _write_loop(self) -> None:
+        backoff = BACKOFF[0]
+        while True:
+            await self.wake.wait()
+            if self.pending_rows < self.batch_rows:  # gather a group, unless a full batch waits
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.full.wait(), self.batch_interval)
+            self.wake.clear()
+            self.full.clear()
+            batch = self._take_dirty()
+            if not batch or self._advance_without_rows(batch):
+                continue
+            taken = {d.name: (d.rows, d.resolved) for d in batch}
+            for d in batch:
+                self.pending_rows -= len(d.rows)
+                d.rows = []
+            try:
+                await self._commit(batch, taken)
+            except (psycopg.Error, OSError) as exc:
+                for d in batch:  # put them back in front of what came meanwhile: nothing lost, nothing reordered
+                    d.rows = taken[d.name][0] + d.rows
+                    self.pending_rows += len(taken[d.name][0])
+                    self.dirty.add(d.name)
+                self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                log.warning(
+                    "sink transaction failed; retrying", extra=fields(changefeed=self.changefeed, error=self.error)
+                )
+                if self.conn is not None and (self.conn.closed or self.conn.broken):
+                    with contextlib.suppress(Exception):
+                        await self.conn.close()
+                    self.conn = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF[1])
+                self.wake.set()
+                continue
+            backoff = BACKOFF[0]
+            self.error = ""
+            for d in batch:
+                d.durable = max(d.durable, taken[d.name][1])
+                if len(d.rows) < MAX_PENDING_ROWS:
+                    self.drained(d)
+            if any(d.rows for d in batch):
+                self.wake.set()
+
+    def _take_dirty(self) -> list[Any]:
+        """The dispatchers with something to commit (resolved past durable), not paused (those stay dirty)."""
+        names, self.dirty = self.dirty, set()
+        batch = []
+        for name in sorted(names):
+            d = self.dispatchers.get(name)
+            if d is None:
+                continue  # closed
+            if d.paused_at is not None:
+                self.dirty.add(name)
+            elif d.resolved > d.durable:
+                batch.append(d)
+        return batch
+
+    def _advance_without_rows(self, batch: list[Any]) -> bool:
+        """Checkpoints that only moved (progress notifications of idle spans): when no dispatcher of the batch has a
+        row waiting, every row each received up to its resolved revision is already committed (rows leave ``rows``
+        only into a transaction, and come back if it fails), so its checkpoint may move with no transaction at all.
+        The ``checkpoints`` table is brought up to date by the next transaction with rows. Not before its table
+        exists (the first transaction creates it), so that verify finds every span's table."""
+        if any(d.rows for d in batch) or any(
+            (d.dispatcher.table_id, d.dispatcher.mode) not in self.ensured for d in batch
+        ):
+            return False
+        for d in batch:
+            d.durable = max(d.durable, d.resolved)
+        return True
+
+    async def _commit(self, batch: list[Any], taken: dict[str, tuple[list[Row], int]]) -> None:
+        conn = await self._connection()
+        cf = self.changefeed
+        for d in batch:
+            key = (d.dispatcher.table_id, d.dispatcher.mode)
+            if key not in self.ensured:
+                await self._ensure(conn, *key)
+        per_table: dict[tuple[int, Mode], dict[bytes, Row]] = {}
+        for d in batch:
+            latest = per_table.setdefault((d.dispatcher.table_id, d.dispatcher.mode), {})
+            for row in taken[d.name][0]:
+                old = latest.get(row[0])
+                if old is None or old[2] < row[2]:
+                    latest[row[0]] = row
+        async with conn.transaction(), conn.cursor() as cur:
+            for (table_id, mode), rows in per_table.items():
+                if rows:
+                    await cur.executemany(schema.apply(cf, table_id, mode), list(rows.values()))
+            await cur.executemany(
+                schema.save_checkpoint(cf),
+                [
+                    (
+                        d.name,
+                        d.dispatcher.table_id,
+                        d.dispatcher.mode.value,
+                        d.dispatcher.key_range.start,
+                        d.dispatcher.key_range.end,
+                        taken[d.name][1],
+                    )
+                    for d in batch
+                ],
+            )
+        self.commits += 1
+        self.committed_rows += sum(len(r) for r in per_table.values())
+
+    async def _ensure(self, conn: psycopg.AsyncConnection[Any], table_id: int, mode: Mode) -> None:
+        for attempt in range(3):
+            try:
+                async with conn.transaction():
+                    for statement in schema.create_schema(self.changefeed).split(";\n"):
+                        await conn.execute(statement)
+                    await conn.execute(schema.create_table(self.changefeed, table_id, mode))
+                break
+            except psycopg.errors.UniqueViolation:  # another capture created it at the same moment
+                if attempt == 2:
+                    raise
+        self.ensured.add((table_id, mode))
