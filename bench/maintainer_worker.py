@@ -21,6 +21,12 @@ import time
 
 T_PROCESS = time.monotonic()  # before the heavy imports: the process start, on the system-wide monotonic clock
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# This checkout's code, not whatever the interpreter's editable install points at (a worktree of another commit).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import bisect  # noqa: E402
@@ -34,7 +40,6 @@ import pstats  # noqa: E402
 import resource  # noqa: E402
 import selectors  # noqa: E402
 import signal  # noqa: E402
-import sys  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
 from array import array  # noqa: E402
@@ -769,7 +774,7 @@ if __name__ == "__main__":
     p.add_argument("--expected-replicas", type=int, default=1)
     p.add_argument("--log-level", default="WARNING")
     p.add_argument("--gc-tenure", type=float, default=tenure.PERIOD)
-    p.add_argument("--heap-reserve", type=int, default=heap.CEILING // heap.MiB, help="MiB (0: off)")
+    p.add_argument("--heap-reserve", type=int, default=0, help="MiB (0: off, the maintainer's default)")
     p.add_argument("--audit-interval", type=float, default=runner.Settings.audit_interval)
     p.add_argument("--probe", choices=("busy", "heartbeat"), default="busy", help="how stalls are measured")
     p.add_argument("--scrape", type=float, default=0.0, help="serve /metrics for a scrape every this many s (0: off)")

@@ -1158,8 +1158,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--heap-reserve",
         type=int,
-        default=heap.CEILING // heap.MiB,
-        help=f"the maintainer's --heap-reserve, MiB (0: off; default {heap.CEILING // heap.MiB}, as the maintainer's)",
+        default=0,
+        help=f"the maintainer's --heap-reserve, MiB (0: off, the default, as the maintainer's; {heap.CEILING // heap.MiB}: "
+        "the opt-in's usual ceiling)",
     )
     p.add_argument(
         "--audit-interval", type=float, default=300.0, help="the maintainer's full audits, s apart (default 300)"

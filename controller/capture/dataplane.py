@@ -297,7 +297,9 @@ class _Feed:
         key = lo
         while True:
             answer = await client.kvstub.Range(
-                aetcd.rpc.RangeRequest(key=key, range_end=hi, revision=at, limit=SCAN_PAGE), timeout=30
+                aetcd.rpc.RangeRequest(key=key, range_end=hi, revision=at, limit=SCAN_PAGE),
+                timeout=30,
+                metadata=client.metadata,  # the auth token of a source with a username (None without)
             )
             if at == 0:
                 at = answer.header.revision

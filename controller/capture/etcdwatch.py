@@ -166,7 +166,8 @@ class WatchStream:
         self._id_of.clear()
         for w in list(self._wanted.values()):
             self._create(w)
-        call = aetcd.rpc.WatchStub(client.channel).Watch(iterate())
+        # With the auth token of a source with a username (``metadata``: None without one).
+        call = aetcd.rpc.WatchStub(client.channel).Watch(iterate(), metadata=client.metadata)
         self.streams += 1
         try:
             while self._wanted or self._by_id:

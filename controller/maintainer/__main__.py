@@ -136,11 +136,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--heap-reserve",
         type=int,
-        default=heap.CEILING // heap.MiB,
+        default=0,
         metavar="MIB",
-        help="free heap kept paged in by a thread of its own, so that a table that grows in the event loop does "
-        "not stall it in page faults: a quarter of the heap in use, at least 4 and at most this many MiB (up to "
-        f"1.75 times that just after a refill); glibc only (0: off; 4 to 1024; default {heap.CEILING // heap.MiB})",
+        help="opt in to free heap kept paged in by a thread of its own (it rewires glibc's allocator: one arena, "
+        "no mmap below the ceiling), so that a table that grows in the event loop does not stall it in page faults "
+        "where they are slow (a VM): a quarter of the heap in use, at least 4 and at most this many MiB (up to 1.75 "
+        f"times that just after a refill); glibc only (0: off, the default; 4 to 1024; {heap.CEILING // heap.MiB} "
+        "is a good start)",
     )
     logs.add_arguments(p)
     p.add_argument("--verbose", action="store_true", help="the same as --log-level DEBUG")

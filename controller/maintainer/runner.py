@@ -101,7 +101,7 @@ class Settings:
     gc_tenure: float = 0.0
     #: The heap reserve's ceiling, bytes (controller.kube.heap: memory paged in ahead of time by a thread of its
     #: own, so that a table growing in the event loop does not take thousands of page faults); 0: off, the
-    #: default of the class; the command line's default is heap.CEILING (32 MiB).
+    #: default of the class and of the command line (an opt-in: it rewires glibc's allocator in-process).
     heap_reserve: int = 0
     metrics_port: int = 0  # 0: no metrics endpoint (the CLI's default is 9090)
     #: The least ``timeoutSeconds`` a watch asks the server for (it asks between this and twice this, as

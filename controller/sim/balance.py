@@ -3,12 +3,12 @@
 The crash simulator (``controller.sim``) drives one changefeed through the engine; this one drives the scale-out
 layer around it: replicas that start, join, crash (SIGKILL: their Leases lapse), stop gracefully (their Leases
 released) and are rolled (a new one first, then the old one stopped), while each replica runs the production
-balance policy, ``controller.engine.balance_policy.step`` (the runner's own: settle, warm-up with the expected
-replica count, bids counted in flight against the share, one round of handoffs per two lease durations, what
-was handed over held back; over ``controller.engine.shards``' rules), on a ``View`` built from its own view of
-the Leases, and the elector's ``shards.lapsed``. Leases are compare-and-swap writes on one API, as the real ones
-are. What the simulator models itself is the mechanism around the policy: the watch's view, the elector's bids and
-renewals, and a handoff's term ending (its writes stop, then its Lease is released).
+balance policy, ``controller.engine.balance_policy.step`` (the one the maintainer's ``Membership`` runs: settle,
+warm-up with the expected replica count, bids counted in flight against the share, one round of handoffs per two
+lease durations, what was handed over held back; over ``controller.engine.shards``' rules), on a ``View`` built
+from its own view of the Leases, and the elector's ``shards.lapsed``. Leases are compare-and-swap writes on one
+API, as the real ones are. What the simulator models itself is the mechanism around the policy: the watch's view,
+the elector's bids and renewals, and a handoff's term ending (its writes stop, then its Lease is released).
 
 Checks, every step and at the end:
 - *one writer*: every write of a changefeed is by the holder of its Lease at that moment (a handoff stops writing
@@ -214,7 +214,7 @@ class World:
             r.changed_at.pop(name, None)
 
     def view(self, r: Replica, asking: Collection[str] = ()) -> balance_policy.View:
-        """The replica's ``balance_policy.View``, from its view of the Leases (as the runner's ``_view``)."""
+        """The replica's ``balance_policy.View``, from its view of the Leases (as ``Membership.view`` builds it)."""
         members = {n: s for n in r.view if n.startswith(shards.MEMBER_PREFIX) and (s := r.seen(n, self.now))}
         return balance_policy.View(
             config=r.config,

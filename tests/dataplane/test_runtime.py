@@ -349,3 +349,39 @@ def test_a_dispatcher_held_back_for_its_rows_watches_again_from_its_position(
             assert feed.stream.watching() == 1
 
     run(with_runtime(endpoints(etcd, postgres), body))
+
+
+def test_a_source_with_a_username_and_password_replicates(
+    start_etcd: Callable[..., EtcdServer], postgres: PostgresServer, table_id: int
+) -> None:
+    """etcd with authentication: the Secret's username and password are used for the watch and the initial scan too
+    (their gRPC calls carry the client's auth token; without it etcd refuses them and the dispatcher retried for
+    ever)."""
+    server = start_etcd()
+
+    async def body() -> None:
+        async with client(server) as c:
+            auth = aetcd.rpc.AuthStub(c.channel)
+            await auth.UserAdd(aetcd.rpc.AuthUserAddRequest(name="root", password="secret"))
+            await auth.UserGrantRole(aetcd.rpc.AuthUserGrantRoleRequest(user="root", role="root"))
+            await auth.AuthEnable(aetcd.rpc.AuthEnableRequest())
+        options = {"grpc.enable_http_proxy": 0}
+        authed = aetcd.Client(host=server.host, port=server.port, username="root", password="secret", timeout=5,
+                              options=options)  # fmt: skip
+        async with authed as c:
+            await c.put(k(table_id, b"before"), b"scanned")
+            e = Endpoints(etcd=(server.endpoint,), dsn=postgres.dsn, username="root", password="secret")
+
+            async def replicate(rt: DataplaneRuntime) -> None:
+                rt.start(dispatcher(table_id, "d", 0))  # 0: the initial scan first
+                await until(lambda: rt.checkpoint("d") > 0, what="the initial scan")
+                last = (await c.put(k(table_id, b"after"), b"watched")).header.revision
+                await until(lambda: rt.checkpoint("d") >= last, what="the watch")
+                assert rt.failed("d") is None
+                got = rows(postgres, table_id)
+                assert got[k(table_id, b"before")][0] == b"scanned"
+                assert got[k(table_id, b"after")][0] == b"watched"
+
+            await with_runtime(e, replicate)
+
+    run(body())

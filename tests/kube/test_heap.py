@@ -176,7 +176,7 @@ def test_its_settings_are_checked() -> None:
         heap.HeapReserve(ceiling=2 * heap.MAX_CEILING)
     with pytest.raises(ValueError, match="positive"):
         heap.HeapReserve(period=0)
-    assert cli.parse([]).heap_reserve == 32
+    assert cli.parse([]).heap_reserve == 0  # an opt-in (issue 37): it rewires glibc's allocator in-process
     assert cli.parse(["--heap-reserve", "0"]).heap_reserve == 0
     assert cli.parse(["--heap-reserve", "64"]).heap_reserve == 64
     for bad in ("2", "-1", "1025"):
