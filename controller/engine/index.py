@@ -38,10 +38,12 @@ from typing import Any
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from controller.model.keys import KeyRange
-from controller.model.progress import digest
+from controller.model.progress import SET_DIGEST, digest, legacy_digest, sum_digest, uid_hash
 from controller.model.records import Changefeed, Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
 from controller.model.states import TABLE_FINALIZER, DispatcherState, Kind, Mode, OpPhase, OpSource, SpanState
 
+#: Set digests are sums modulo 2^64 (``controller.model.progress.digest``).
+SUM_MASK = (1 << 64) - 1
 #: Span states kept as sets (Replicating and Invalid spans are the bulk at rest and need no pass).
 TRACKED_STATES: tuple[SpanState | None, ...] = (None, SpanState.ABSENT, SpanState.SCHEDULING, SpanState.REMOVING)
 
@@ -261,7 +263,11 @@ class Index:
         #: Per (capture, mode): the Working dispatchers (name -> uid) the maintainer believes that capture runs
         #: for this changefeed, and the digest of their uids (computed when first asked after a change).
         self.working: dict[ReportKey, dict[str, str]] = {}
-        self._digests: dict[ReportKey, str] = {}
+        #: Per (capture, mode): the sum of the ``uid_hash``es of its Working dispatchers (``working_digest``, kept
+        #: current per change), and the legacy digest of those uids when a report still carries one (computed when
+        #: first asked after a change: only while captures from before issue 37 run).
+        self._sums: dict[ReportKey, int] = {}
+        self._legacy: dict[ReportKey, str] = {}
         # -- operators
         self.in_flight: set[str] = set()
         self.running: set[str] = set()
@@ -701,18 +707,29 @@ class Index:
             del group[name]
             if not group:
                 del self.working[key]
-            self._digests.pop(key, None)
+                del self._sums[key]
+            else:
+                self._sums[key] = (self._sums[key] - uid_hash(before[2])) & SUM_MASK
+            self._legacy.pop(key, None)
         if after is not None:
             key = (after[0], after[1])
             self.working.setdefault(key, {})[name] = after[2]
-            self._digests.pop(key, None)
+            self._sums[key] = (self._sums.get(key, 0) + uid_hash(after[2])) & SUM_MASK
+            self._legacy.pop(key, None)
 
     def working_digest(self, key: ReportKey) -> str:
-        """The digest of the uids of the Working dispatchers of ``key`` (what an exact report carries)."""
-        found = self._digests.get(key)
+        """The digest of the uids of the Working dispatchers of ``key`` (what an exact report carries): O(1)."""
+        return sum_digest(self._sums.get(key, 0))
+
+    def covers(self, key: ReportKey, reported: str) -> bool:
+        """Whether a report's digest is the digest of ``key``'s Working dispatchers (a set digest: O(1); a legacy one,
+        from a capture of before issue 37: hashed over them when first asked after a change)."""
+        if reported.startswith(SET_DIGEST):
+            return reported == self.working_digest(key)
+        found = self._legacy.get(key)
         if found is None:
-            found = self._digests[key] = digest(self.working.get(key, {}).values())
-        return found
+            found = self._legacy[key] = legacy_digest(self.working.get(key, {}).values())
+        return reported == found
 
     def lowest_reported(self, key: ReportKey, exclude: Collection[str] = ()) -> int | None:
         """The lowest value of the spans whose report group is ``key`` (not in ``exclude``)."""
@@ -868,7 +885,9 @@ class Index:
             diff = _diff(self.working, fresh.working)
             problems.append(f"index working dispatchers differ from a rebuilt one: {diff}")
         for key in self.working:
-            if self.working_digest(key) != fresh.working_digest(key):
+            if self.working_digest(key) != fresh.working_digest(key) or self.working_digest(key) != digest(
+                self.working[key].values()
+            ):
                 problems.append(f"index digest of {key} differs from a rebuilt one")
         mine, theirs = sorted(self.coverage_problems()), sorted(fresh.coverage_problems())
         if mine != theirs:

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from controller.engine.world import Tick, World
-from controller.model.progress import ProgressEntry, digest
+from controller.model.progress import ProgressEntry, digest_matches
 from controller.model.records import Dispatcher
 from controller.model.states import DispatcherState, Mode
 
@@ -58,9 +58,7 @@ def entries(world: World) -> Iterator[tuple[str, ProgressEntry, bool]]:
             key = (name, entry.mode)
             if index is not None:
                 members = index.working.get(key)
-                covers = bool(members) and entry.dispatchers == len(members or ()) and (
-                    entry.digest == index.working_digest(key)
-                )
+                covers = bool(members) and entry.dispatchers == len(members or ()) and index.covers(key, entry.digest)
                 yield name, entry, covers
             else:
                 ds = groups.get(key, [])
@@ -69,7 +67,7 @@ def entries(world: World) -> Iterator[tuple[str, ProgressEntry, bool]]:
 
 def exact(entry: ProgressEntry, ds: list[Dispatcher]) -> bool:
     """The entry covers exactly ``ds`` (the count first: it is free)."""
-    return entry.dispatchers == len(ds) and entry.digest == digest(d.uid for d in ds)
+    return entry.dispatchers == len(ds) and digest_matches(entry.digest, [d.uid for d in ds])
 
 
 def covered(tick: Tick) -> dict[str, int]:
@@ -111,7 +109,7 @@ def group_reports(tick: Tick) -> dict[tuple[str, Mode], int]:
             entry = cap.progress.entry(cf, mode)
             if entry is None:
                 continue
-            exact = entry.dispatchers == len(members) and entry.digest == index.working_digest(key)
+            exact = entry.dispatchers == len(members) and index.covers(key, entry.digest)
             if exact or tick.mutant(MUTANT_BEYOND_COVERAGE):
                 out[key] = entry.checkpoint_ts
     return out

@@ -106,13 +106,44 @@ class Running:
     checkpoint_ts: int
 
 
+#: What a set digest (``digest``) begins with; a report's digest without it is a legacy one (``legacy_digest``).
+SET_DIGEST = "+"
+_MASK = (1 << 64) - 1
+
+
+def uid_hash(uid: str) -> int:
+    """A uid's 64-bit BLAKE2b, as a number (what ``digest`` sums)."""
+    return int.from_bytes(hashlib.blake2b(uid.encode(), digest_size=8).digest(), "big")
+
+
+def sum_digest(total: int) -> str:
+    """The digest of a set whose members' ``uid_hash``es sum to ``total``."""
+    return f"{SET_DIGEST}{total & _MASK:016x}"
+
+
 def digest(uids: Iterable[str]) -> str:
-    """A short, order-independent digest of a set of uids (64 bits of BLAKE2b over the sorted uids)."""
+    """A short, order-independent digest of a set of uids: the sum, modulo 2^64, of each uid's 64-bit BLAKE2b. A sum
+    can be kept current as members come and go, one addition each (``Index.working_digest``): the maintainer no
+    longer hashes every Working dispatcher of a capture whenever one starts or stops (issue 37: a metrics scrape at
+    100,000 spans did it in the event loop, up to 140 ms while spans were placed)."""
+    return sum_digest(sum(uid_hash(u) for u in uids))
+
+
+def legacy_digest(uids: Iterable[str]) -> str:
+    """The digest of captures from before issue 37 (64 bits of BLAKE2b over the sorted uids): still judged, so that
+    a rolling upgrade keeps using their reports."""
     h = hashlib.blake2b(digest_size=8)
     for uid in in_order(uids, key=None):
         h.update(uid.encode())
         h.update(b"\n")
     return h.hexdigest()
+
+
+def digest_matches(reported: str, uids: Iterable[str]) -> bool:
+    """Whether a report's ``reported`` digest (a set digest, or a legacy one) is the digest of ``uids``."""
+    if reported.startswith(SET_DIGEST):
+        return reported == digest(uids)
+    return reported == legacy_digest(uids)
 
 
 def build(

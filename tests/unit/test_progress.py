@@ -70,7 +70,7 @@ def test_digest_is_order_independent_and_names_the_set() -> None:
     assert digest(["b", "a"]) == digest(["a", "b"])
     assert digest(["a", "b"]) != digest(["a", "c"])
     assert digest(["a"]) != digest(["a", "a2"])
-    assert len(digest([])) == 16
+    assert len(digest([])) == 17  # "+" (a set digest), then 64 bits in hex
 
 
 def test_build_groups_per_changefeed_and_mode() -> None:
@@ -296,3 +296,48 @@ def test_a_progress_only_status_write_does_not_wake_the_next_decision() -> None:
     paused = replace(cf, paused=True)
     moved = decide(world(table(1), *caps2, A, B, C, DA, DB, DC, cf=paused, now=NOW + 2), first.memory)
     assert status_chain(moved).wake
+
+
+def test_a_set_digest_is_a_sum_kept_current_per_change_and_a_legacy_one_is_still_judged() -> None:
+    """Issue 37: the maintainer hashed every Working dispatcher of a capture whenever one started or stopped (the digest
+    was over the sorted uids), in the event loop when a metrics scrape asked. The digest is now a sum of per-uid
+    hashes, which the index keeps current one addition per change; a report from a capture of before (a legacy
+    digest, no "+") is still recognised, so a rolling upgrade keeps using its reports."""
+    from controller.engine import index as index_module
+    from controller.engine.index import Index
+    from controller.model.keys import KeyRange
+    from controller.model.progress import legacy_digest
+    from controller.model.records import Dispatcher
+    from controller.model.states import DispatcherState
+
+    idx = Index("cf")
+    ds = [
+        Dispatcher(name=f"d{i}", uid=f"u{i}", changefeed="cf", span=f"s{i}", table_id=1, key_range=KeyRange.of_table(1),
+                   capture="c0", start_ts=1, epoch=1, state=DispatcherState.WORKING)
+        for i in range(50)
+    ]  # fmt: skip
+    for d in ds:
+        idx.put(d)
+    key = ("c0", Mode.DEFAULT)
+    assert idx.working_digest(key) == digest(d.uid for d in ds)
+    idx.remove(ds[7].KIND, "d7")
+    idx.put(ds[3].evolve(state=DispatcherState.STOPPED))
+    left = [d.uid for d in ds if d.name not in ("d3", "d7")]
+    hashed: list[str] = []
+    real = index_module.uid_hash
+
+    def counting(uid: str) -> int:
+        hashed.append(uid)
+        return real(uid)
+
+    index_module.uid_hash = counting  # type: ignore[assignment]
+    try:
+        assert idx.working_digest(key) == digest(left)
+        assert idx.covers(key, digest(left))
+        assert hashed == []  # no uid hashed to answer: the sum was kept per change
+        assert idx.covers(key, legacy_digest(left))  # a capture of before issue 37
+        assert not idx.covers(key, legacy_digest(left[:-1]))
+        assert not idx.covers(key, digest(left[:-1]))
+    finally:
+        index_module.uid_hash = real  # type: ignore[assignment]
+    assert idx.verify() == []
