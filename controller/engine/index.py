@@ -153,23 +153,31 @@ class MinTracker:
     a ``SortedList`` (sortedcontainers: short sublists, so no update moves or compares more than a few
     thousand entries). The heap with lazy deletion it replaces was rebuilt whole once its stale entries
     outnumbered the live ones: at 100,000 spans a ``heapify`` of 100,000 pairs, one C call that held the GIL
-    and the event loop up to 73 ms during a placement (issue 25)."""
+    and the event loop up to 73 ms during a placement (issue 25).
+
+    It keeps no map of its own from name to value: the caller says what an entry was (``set(name, value, old)``),
+    which the index has in the span's previous facts (issue 37: a second name-keyed table of every span's
+    checkpoint, beside ``span_facts``, grew in step with it)."""
 
     def __init__(self) -> None:
-        self.values: dict[str, int] = {}
         self._ordered: SortedList = SortedList()
 
-    def set(self, name: str, value: int | None) -> None:
-        old = self.values.get(name)
+    def set(self, name: str, value: int | None, old: int | None) -> None:
+        """Entry ``name`` goes from ``old`` (None: absent) to ``value`` (None: removed)."""
         if old == value:
             return
         if old is not None:
             self._ordered.remove((old, name))
-        if value is None:
-            del self.values[name]
-        else:
-            self.values[name] = value
+        if value is not None:
             self._ordered.add((value, name))
+
+    def __len__(self) -> int:
+        return len(self._ordered)
+
+    @property
+    def values(self) -> dict[str, int]:
+        """name -> value (built: for checks and tests)."""
+        return {name: int(value) for value, name in self._ordered}
 
     def min_excluding(self, exclude: Collection[str] = ()) -> int | None:
         """The lowest value of an entry not in ``exclude`` (None if there is none)."""
@@ -573,11 +581,11 @@ class Index:
         if keep is not None and keep.reporter == f.reporter:
             pass  # the same tracker: ``_span_in`` sets the new value over the old one
         elif f.reporter is None:
-            self.checkpoints.set(name, None)
+            self.checkpoints.set(name, None, f.checkpoint)
         else:
             tracker = self.reported_checkpoints[f.reporter]
-            tracker.set(name, None)
-            if not tracker.values:
+            tracker.set(name, None, f.checkpoint)
+            if not tracker:
                 del self.reported_checkpoints[f.reporter]
 
     def _span_in(self, name: str, f: SpanFacts, had: SpanFacts | None) -> None:
@@ -610,10 +618,12 @@ class Index:
             self.span_load[f.load] += 1
         if f.capture and f.state is SpanState.REPLICATING:
             self.replicating_by_capture[f.capture] += 1
+        # What the span's entry was in this tracker: its old value if ``_span_out`` kept it (the same tracker).
+        was = had.checkpoint if had is not None and had.reporter == f.reporter else None
         if f.reporter is None:
-            self.checkpoints.set(name, f.checkpoint)
+            self.checkpoints.set(name, f.checkpoint, was)
         else:
-            self.reported_checkpoints.setdefault(f.reporter, MinTracker()).set(name, f.checkpoint)
+            self.reported_checkpoints.setdefault(f.reporter, MinTracker()).set(name, f.checkpoint, was)
 
     # -- dispatchers ---------------------------------------------------------------------------------
 
