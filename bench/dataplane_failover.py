@@ -14,13 +14,15 @@ truth, not what the processes say of themselves), sampled every ``--every`` seco
   from the captures' reports, which ride on their Lease renewals (``--capture-renew``, 2 s by default): at rest it
   sits around that interval.
 * **sink lag**: the same, of the revision up to which the sink holds every span: for each Span the highest revision
-  one of its dispatchers committed (the sink's ``checkpoints`` table, written in the transaction of the rows), the
-  lowest over the Spans. What a reader of PostgreSQL sees.
+  the sink's ``checkpoints`` table records for the ranges that cover it (each row says every change of its range up
+  to its revision is committed, written in the transaction of those rows; a parent's row covers its children's
+  ranges, its origins' rows a merged span's), the lowest over the Spans. What a reader of PostgreSQL sees.
 
 Phases: steady state (``--steady`` s: p50 / p99 / max); the maintainer SIGKILLed with the three operators held in
 RemoveOrigin, a new maintainer started and the hooks released at once (peak, and seconds from the kill until each lag
-is back under ``--under`` s and stays there for 5 s); one capture SIGKILLed (the same figures; its spans are placed
-again once its Lease ran out).
+is back under its bound and stays there for 5 s: the sink lag under ``--under`` s, the checkpoint lag under the steady
+state's p99 plus ``--under``, since at rest it is about a report interval); one capture SIGKILLed (the same figures;
+its spans are placed again once its Lease ran out).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import statistics
 import sys
 import tempfile
@@ -63,29 +66,26 @@ class Lags:
         first = self.writer.written_after(revision)
         return 0.0 if first is None else max(0.0, now - first)
 
-    def _sink_revisions(self) -> dict[str, int]:
+    def _sink_ranges(self) -> list[tuple[bytes, bytes, int]]:
         with psycopg.connect(self.dsn, connect_timeout=5) as conn:
             try:
-                rows = conn.execute(f"SELECT dispatcher, revision FROM {schema.checkpoints(CF)}").fetchall()
+                rows = conn.execute(f"SELECT span_start, span_end, revision FROM {schema.checkpoints(CF)}").fetchall()
             except psycopg.errors.UndefinedTable:
-                return {}
-        return {str(d): int(r) for d, r in rows}
+                return []
+        return [(bytes(a), bytes(b), int(r)) for a, b, r in rows]
 
     async def sample(self) -> tuple[float, float]:
         snap = await snapshot(self.client, NS)
         cfs = snap[Kind.CHANGEFEED]
         checkpoint = int((cfs[0].get("status") or {}).get("checkpointTs") or 0) if cfs else 0
-        committed = await asyncio.to_thread(self._sink_revisions)
-        per_span: dict[str, int] = {}
+        committed = await asyncio.to_thread(self._sink_ranges)
+        per_span: list[int] = []
         for s in snap[Kind.SPAN]:
             if (s.get("metadata") or {}).get("deletionTimestamp"):
                 continue
-            per_span[s["metadata"]["name"]] = int((s.get("spec") or {}).get("startTs") or 0)
-        for d in snap[Kind.DISPATCHER]:
-            span = (d.get("spec") or {}).get("span")
-            if span in per_span:
-                per_span[span] = max(per_span[span], committed.get(d["metadata"]["name"], 0))
-        sink = min(per_span.values()) if per_span else 0
+            lo, hi = bytes.fromhex(s["spec"]["startKey"]), bytes.fromhex(s["spec"]["endKey"])
+            per_span.append(complete_up_to(lo, hi, committed))
+        sink = min(per_span) if per_span else 0
         now = time.time()
         lags = (self._lag(checkpoint, now), self._lag(sink, now))
         self.samples.append((time.monotonic(), *lags))
@@ -99,27 +99,39 @@ class Lags:
             await asyncio.sleep(every)
         return self.samples[began:]
 
-    async def recovery(self, since: float, under: float, every: float, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
-        """Sample until both lags have stayed under ``under`` for 5 s (or ``timeout``): the peak of each, and when
-        each went back under ``under`` for good (seconds after ``since``)."""
+    async def recovery(self, since: float, bounds: tuple[float, float], every: float, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+        """Sample until each lag has stayed under its bound (checkpoint, sink) for 5 s (or ``timeout``): the peak of
+        each, and when each went back under its bound for good (seconds after ``since``)."""
         began = len(self.samples)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             await self.sample()
             window = [s for s in self.samples[began:] if s[0] >= time.monotonic() - 5.0]
-            if time.monotonic() - since > 5.0 and window and all(max(s[1], s[2]) < under for s in window):
+            if time.monotonic() - since > 5.0 and window and all(s[1] < bounds[0] and s[2] < bounds[1] for s in window):
                 break
             await asyncio.sleep(every)
         got = self.samples[began:]
         out: dict[str, Any] = {}
         for i, name in ((1, "checkpoint"), (2, "sink")):
-            over = [s[0] for s in got if s[i] >= under]
+            bound = bounds[i - 1]
+            over = [s[0] for s in got if s[i] >= bound]
             out[name] = {
+                "bound_s": round(bound, 2),
                 "peak_s": round(max((s[i] for s in got), default=0.0), 2),
                 "back_under_after_s": round((over[-1] if over else since) - since, 2) if got else None,
-                "recovered": bool(got) and got[-1][i] < under,
+                "recovered": bool(got) and got[-1][i] < bound,
             }
         return out
+
+
+def complete_up_to(lo: bytes, hi: bytes, rows: list[tuple[bytes, bytes, int]]) -> int:
+    """The revision up to which the sink holds every change of ``[lo, hi)``: each row says so of its own range, and a
+    range covered by several (a merged span's, by its origins' rows) is complete up to the least of what covers each
+    of its parts."""
+    cuts = sorted({lo, hi, *(k for a, b, _ in rows for k in (a, b) if lo < k < hi)})
+    return min(
+        max((r for a, b, r in rows if a <= x and y <= b), default=0) for x, y in itertools.pairwise(cuts)
+    )
 
 
 def figures(samples: list[tuple[float, float, float]]) -> dict[str, Any]:
@@ -228,6 +240,7 @@ async def main(a: argparse.Namespace) -> None:
                   flush=True)  # fmt: skip
             steady = figures(await lags.run(a.steady, a.every))
             print(f"steady state, {a.steady:.0f} s: {steady}", flush=True)
+            bounds = (steady["checkpoint"]["p99_s"] + a.under, a.under)
 
             await operators_in_flight(client, system)
             killed = time.monotonic()
@@ -235,7 +248,7 @@ async def main(a: argparse.Namespace) -> None:
             system.start_maintainer()
             for cap in system.capture_names:
                 await set_hook(client, NS, cap, HOLD_CLOSE, None)
-            rec = await lags.recovery(killed, a.under, a.every, a.timeout)
+            rec = await lags.recovery(killed, bounds, a.every, a.timeout)
             snap = await snapshot(client, NS)
             phases = {o["metadata"]["name"]: (o.get("status") or {}).get("phase") for o in snap[Kind.OPERATOR]}
             print(f"maintainer SIGKILL with a Move, a Split and a Merge in flight (bound: Lease {a.lease} + 5 s = "
@@ -244,7 +257,7 @@ async def main(a: argparse.Namespace) -> None:
             victim = system.capture_names[0]
             killed = time.monotonic()
             system.kill(victim)
-            rec = await lags.recovery(killed, a.under, a.every, a.timeout)
+            rec = await lags.recovery(killed, bounds, a.every, a.timeout)
             print(f"capture SIGKILL ({victim}; its Lease lasts 10 s): {rec}", flush=True)
             print(f"writer: {writer.changes} changes up to revision {writer.last}", flush=True)
         finally:
