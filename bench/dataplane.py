@@ -20,8 +20,7 @@ A real etcd and a real PostgreSQL start on loopback (controller.dataplane.server
    ``--idle-seconds``, as a share of one core (the watches' progress notifications, one per watch every
    ``--progress-notify`` seconds, included).
 
-Not measured here (said in the issue's note): the lag across a maintainer or capture SIGKILL (the failure tests
-in tests/dataplane/test_failures.py show recovery and verify, not a timed lag curve).
+The lag across a maintainer or a capture SIGKILL: ``bench/dataplane_failover.py``.
 """
 
 from __future__ import annotations
