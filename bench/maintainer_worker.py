@@ -444,6 +444,21 @@ def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
 changefeeds.decide = timed_decide  # type: ignore[assignment]
 
 
+#: Seconds each /metrics request spent encoding the registry (the collector's work), in the loop.
+SCRAPE_WORK: list[float] = []
+
+
+class TimedMetricsServer(MetricsServer):
+    """The maintainer's /metrics, its own work timed (what the driver's round trip adds is waiting for the loop)."""
+
+    async def _metrics(self, request: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await super()._metrics(request)
+        finally:
+            SCRAPE_WORK.append(time.perf_counter() - t)
+
+
 _snapshot = changefeeds.Changefeeds.snapshot
 
 
@@ -611,6 +626,7 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
             "total_s": round(m.tenure.total_s, 3),
         },
         "pacer_yields": m.informer.pacer.yields,
+        "scrape_work_ms": percentiles(SCRAPE_WORK) if SCRAPE_WORK else None,
         "heap_reserve": None
         if m.heap is None
         else {
@@ -722,7 +738,7 @@ async def main(a: argparse.Namespace) -> None:
     await m.start()
     server: MetricsServer | None = None
     if a.scrape > 0:  # served in the loop, as the maintainer's own: the driver scrapes it (bench/run.py --scrape)
-        server = MetricsServer(m.metrics.registry, "127.0.0.1", 0)
+        server = TimedMetricsServer(m.metrics.registry, "127.0.0.1", 0)
         await server.start()
         STATE["metrics_port"], STATE["scrape"] = server.port, a.scrape
     await reply({"ready": True, **STATE})

@@ -743,6 +743,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     out["maintainer_rss_kib_before_kill"] = old["rss"]
     out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
     out["scrapes_first_maintainer"] = worker.scrapes()
+    out["scrape_work_first_maintainer"] = old.get("scrape_work_ms")
     if system.a.stall_stacks:
         out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
@@ -799,6 +800,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     log(f"phase 3: {st['ops']} {t_fin:.1f}s after releasing the hooks (released {t_rel - t_kill:.1f}s after kill)")
     end = await new.ask("stats")
     out["new_maintainer_rss_kib"] = end["rss"]
+    out["scrape_work_new_maintainer"] = end.get("scrape_work_ms")
     out["loop_stalls_new_maintainer"] = await new.ask("stalls 0")
     out["scrapes_new_maintainer"] = new.scrapes()
     if system.a.stall_stacks:
@@ -990,6 +992,9 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
          f"{r.get('loop_stalls_new_maintainer', {}).get('longest_turn_cpu_ms', '-')}"),
         ("whole run: /metrics scrapes, n, p99 / max ms, bytes (first | new)",
          " | ".join(fmt_scrapes(r.get(k)) for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
+        ("... of it the handler's own work, p99 / max ms (first | new)",
+         " | ".join(f"{(r.get(k) or {}).get('p99_ms', '-')} / {(r.get(k) or {}).get('max_ms', '-')}"
+                    for k in ("scrape_work_first_maintainer", "scrape_work_new_maintainer"))),
         ("whole run: generation-2 passes (tenure steps too), longest ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('n', '-')}, {round((r.get(k) or {}).get('max_s', 0) * 1000, 1)}"
                     for k in ("gc_full_first_maintainer", "gc_full_new_maintainer"))),
