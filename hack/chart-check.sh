@@ -54,6 +54,17 @@ grep -q 'dsn: "host=pg.db port=5432 dbname=cdc user=cdc password=not-a-real-pass
   || { echo "the sink Secret's dsn lacks its sslmode" >&2; exit 1; }
 grep -q 'endpoints: "http://etcd-0.etcd:2379,etcd-1.etcd:2379"' "$OUT/dataplane.yaml" \
   || { echo "the source Secret's endpoints are not joined" >&2; exit 1; }
+for tls in 'ca.crt: "-----BEGIN CERTIFICATE-----\nnot-a-real-ca' 'tls.crt: "-----BEGIN CERTIFICATE-----\nnot-a-real-cert' \
+           'tls.key: "-----BEGIN PRIVATE KEY-----\nnot-a-real-key'; do
+  grep -qF "$tls" "$OUT/dataplane.yaml" || { echo "the TLS source Secret lacks: $tls" >&2; exit 1; }
+done
+# TLS material for http:// endpoints (most likely a forgotten https://): the chart refuses to render.
+if "$HELM" template cfm charts/changefeed-maintainer --kube-version "$KUBE_VERSION" \
+     --set 'dataplane.sources[0].name=s' --set 'dataplane.sources[0].endpoints[0]=http://etcd:2379' \
+     --set 'dataplane.sources[0].ca=PEM' >/dev/null 2>"$OUT/tls-http.err"; then
+  echo "a source with a ca and http:// endpoints rendered" >&2; exit 1
+fi
+grep -q "use https:// endpoints" "$OUT/tls-http.err" || { cat "$OUT/tls-http.err" >&2; exit 1; }
 render monitoring -f tests/chart/values/monitoring.yaml
 validate --chart --expect-crds 6 --expect-monitoring PodMonitor,PrometheusRule,ConfigMap,PodDisruptionBudget \
   "$OUT/monitoring.yaml"

@@ -42,7 +42,9 @@ Compaction. A watch from a compacted revision is cancelled by etcd (``compact_re
 dispatcher stops, its checkpoint does not move, and :meth:`~DataplaneRuntime.failed` says why. Nothing is
 skipped.
 
-Credentials (:class:`Endpoints`) are never logged nor shown in a repr.
+The connection (``controller.dataplane.etcd.Connection``): plaintext for ``http://`` endpoints, TLS for ``https://``
+ones (the Secret's ``ca.crt``, and ``tls.crt``/``tls.key`` for a client certificate), one endpoint at a time, the
+next after a transport error. Credentials (:class:`Endpoints`) are never logged nor shown in a repr.
 """
 
 from __future__ import annotations
@@ -51,16 +53,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aetcd
 import aetcd.rpc
 
 from controller.capture.etcdwatch import BACKOFF, TRANSPORT, WatchStream
 from controller.capture.logs import fields
 from controller.capture.sink import MAX_PENDING_ROWS, Row, Sink
+from controller.dataplane.etcd import Connection, Tls, describe
 from controller.model.records import Dispatcher
 
 log = logging.getLogger("controller.capture.dataplane")
@@ -77,29 +79,13 @@ class Endpoints:
     dsn: str
     username: str | None = None
     password: str | None = None
+    #: TLS material for ``https://`` endpoints (``controller.dataplane.etcd``); None: the system's roots.
+    tls: Tls | None = None
 
     def __repr__(self) -> str:
         return f"Endpoints(etcd={len(self.etcd)} endpoint(s), dsn=<hidden>)"
 
     __str__ = __repr__
-
-
-def unsupported_endpoint(endpoints: Sequence[str]) -> str | None:
-    """Why these etcd endpoints cannot be used, or None. TLS to etcd (``https://``) is not supported yet: the
-    client would speak plaintext to a TLS port and retry for ever, so such a source is refused up front."""
-    for e in endpoints:
-        if e.strip().lower().startswith("https://"):
-            return f"TLS to etcd is not supported yet (endpoint {e.strip()!r}): use http:// on a trusted network"
-    return None
-
-
-def _host_port(endpoint: str) -> tuple[str, int]:
-    text = endpoint.strip().removeprefix("http://")
-    text = text.rstrip("/")
-    host, _, port = text.rpartition(":")
-    if not host:
-        return text, 2379
-    return host.strip("[]"), int(port)
 
 
 @dataclass
@@ -199,7 +185,7 @@ class _Feed:
         self.changefeed = changefeed
         self.endpoints = endpoints
         self.dispatchers: dict[str, _Disp] = {}
-        self.client: aetcd.Client | None = None
+        self.client: Connection | None = None
         self._client_lock = asyncio.Lock()
         self._endpoint_index = 0
         self.stream = WatchStream(self.etcd, self.reset_etcd)
@@ -217,20 +203,17 @@ class _Feed:
 
     # -- etcd --------------------------------------------------------------------------------------------
 
-    async def etcd(self) -> aetcd.Client:
+    async def etcd(self) -> Connection:
         async with self._client_lock:
             if self.client is None:
-                host, port = _host_port(self.endpoints.etcd[self._endpoint_index % len(self.endpoints.etcd)])
-                client = aetcd.Client(
-                    host=host,
-                    port=port,
-                    username=self.endpoints.username,
-                    password=self.endpoints.password,
-                    timeout=10,
-                    options={"grpc.enable_http_proxy": 0},
+                e = self.endpoints
+                self.client = await Connection.open(
+                    e.etcd[self._endpoint_index % len(e.etcd)],
+                    username=e.username,
+                    password=e.password,
+                    tls=e.tls,
+                    auth_timeout=10,
                 )
-                await client.connect()
-                self.client = client
             return self.client
 
     async def reset_etcd(self) -> None:
@@ -283,7 +266,7 @@ class _Feed:
             except asyncio.CancelledError:
                 raise
             except TRANSPORT as exc:
-                log.warning("etcd scan failed; retrying", extra=fields(dispatcher=d.name, error=type(exc).__name__))
+                log.warning("etcd scan failed; retrying", extra=fields(dispatcher=d.name, error=describe(exc)))
                 await self.reset_etcd()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])

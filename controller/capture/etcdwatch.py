@@ -31,6 +31,7 @@ import aetcd.rpc
 import grpc
 
 from controller.capture.logs import fields
+from controller.dataplane.etcd import Connection, describe
 
 log = logging.getLogger("controller.capture.dataplane")
 
@@ -71,7 +72,7 @@ class Watcher(Protocol):
 
 
 class WatchStream:
-    def __init__(self, client: Callable[[], Awaitable[aetcd.Client]], reset: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, client: Callable[[], Awaitable[Connection]], reset: Callable[[], Awaitable[None]]) -> None:
         #: The feed's etcd client (connected on first use) and how to drop it after a transport error.
         self._client = client
         self._reset = reset
@@ -147,7 +148,7 @@ class WatchStream:
             except TRANSPORT as exc:
                 log.warning(
                     "etcd watch stream broke; watching again from each dispatcher's position",
-                    extra=fields(error=type(exc).__name__, watchers=len(self._wanted)),
+                    extra=fields(error=describe(exc), watchers=len(self._wanted)),
                 )
                 await self._reset()
                 await asyncio.sleep(backoff)

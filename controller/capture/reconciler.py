@@ -129,6 +129,8 @@ class Reconciler:
         self.full_at = -1e9
         #: Dispatchers whose step failed for want of the API: visited again at the next pass.
         self.retry: set[str] = set()
+        #: Dispatchers waiting on their changefeed's source (``Sources.retry_at``): name -> when to visit again.
+        self.waiting: dict[str, float] = {}
         #: Dispatchers whose step raised a bug: name -> (failures in a row, monotonic time before which no pass
         #: tries it again). Dropped when its step goes through or its object is gone.
         self.broken: dict[str, tuple[int, float]] = {}
@@ -176,6 +178,10 @@ class Reconciler:
             return set(live), set(self.runs) - set(live), finished
         names = changed | self.retry
         self.retry = set()
+        due = [n for n, at in self.waiting.items() if at <= now]
+        for n in due:
+            del self.waiting[n]
+        names.update(due)
         names.update(self.active)
         names.update(n for n, c in self.closing.items() if not c.released)
         names.update(self.broken)
@@ -314,8 +320,11 @@ class Reconciler:
             return
         if self.lease.fence_reason:
             raise Fenced(self.lease.fence_reason)
-        if self.lease.paused_at is not None or not await self.sources.ready(d.changefeed):
-            return  # paused while it read the epoch; or its source cannot be read yet
+        if self.lease.paused_at is not None:
+            return  # paused while it read the epoch
+        if not await self.sources.ready(d.changefeed):  # its source cannot be used yet: look again after a while
+            self.waiting[d.name] = self.sources.retry_at(d.changefeed) or time.monotonic()
+            return
         if self.lease.paused_at is not None:
             return  # paused while it read the Secrets
         self.rt.start(d)

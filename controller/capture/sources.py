@@ -9,16 +9,20 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import time
 
-from controller.capture.dataplane import Endpoints, unsupported_endpoint
+from controller.capture.dataplane import Endpoints
 from controller.capture.logs import Notes, fields
 from controller.capture.routed import RoutedRuntime
+from controller.dataplane import etcd
 from controller.kube.client import JSON, RESOURCES, SECRETS, ApiError, Client
 from controller.model.resources import InvalidResource, changefeed_from_resource
 from controller.model.states import Kind
 
 log = logging.getLogger("controller.capture")
 CHANGEFEEDS = RESOURCES[Kind.CHANGEFEED]
+#: Seconds before a source that could not be used is looked at again: first, then doubling up to the cap.
+RETRY = (2.0, 30.0)
 
 
 def secret_data(secret: JSON) -> dict[str, str]:
@@ -38,12 +42,33 @@ class Sources:
         self.notes = notes
         #: Changefeeds whose source was looked up (its Secrets read, or found to have none).
         self.read: set[str] = set()
+        #: Changefeeds whose source could not be used: name -> (monotonic time of the next look, back-off). A fixed
+        #: Secret is picked up within the back-off (``RETRY``), not at the next full pass; a broken one costs its
+        #: reads once per back-off, however many dispatchers wait on it.
+        self.waiting: dict[str, tuple[float, float]] = {}
+
+    def retry_at(self, changefeed: str) -> float | None:
+        """When a dispatcher of ``changefeed`` that waits on its source should be visited again (monotonic)."""
+        waiting = self.waiting.get(changefeed)
+        return waiting[0] if waiting else None
 
     async def ready(self, changefeed: str) -> bool:
         """Whether ``changefeed``'s dispatchers may start: its source looked up (and the data plane configured if it
         names one). False: try again at a later pass."""
         if changefeed in self.read:
             return True
+        waiting = self.waiting.get(changefeed)
+        if waiting is not None and time.monotonic() < waiting[0]:
+            return False
+        if await self._look(changefeed):
+            self.waiting.pop(changefeed, None)
+            self.read.add(changefeed)
+            return True
+        delay = min(waiting[1] * 2, RETRY[1]) if waiting else RETRY[0]
+        self.waiting[changefeed] = (time.monotonic() + delay, delay)
+        return False
+
+    async def _look(self, changefeed: str) -> bool:
         note = self.notes.say
         try:
             cf = changefeed_from_resource(await self.client.get(CHANGEFEEDS, self.namespace, changefeed))
@@ -70,15 +95,13 @@ class Sources:
                      "the source Secret needs endpoints and the sink Secret dsn; waiting",
                      source=cf.source_secret, sink=cf.sink_secret)  # fmt: skip
                 return False
-            problem = unsupported_endpoint(endpoints)
+            tls = etcd.tls_of(source)
+            problem = etcd.problem(endpoints, tls)
             if problem:
                 note(changefeed, "unsupported-source", logging.WARNING, f"{problem}; waiting", source=cf.source_secret)
                 return False
-            self.routed.configure(
-                changefeed,
-                Endpoints(endpoints, sink["dsn"], source.get("username") or None, source.get("password") or None),
-            )
+            username, password = source.get("username") or None, source.get("password") or None
+            self.routed.configure(changefeed, Endpoints(endpoints, sink["dsn"], username, password, tls))
             log.info("changefeed replicates etcd to PostgreSQL",
                      extra=fields(changefeed=changefeed, source=cf.source_secret, sink=cf.sink_secret))  # fmt: skip
-        self.read.add(changefeed)
         return True

@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--etcd-endpoints", default=None, metavar="HOST:PORT,...", help="etcd (default: the source's Secret)"
     )
+    for flag, what in (("cacert", "the CA bundle of https:// endpoints (default: the system's roots)"),
+                       ("cert", "a client certificate for etcd"), ("key", "the client certificate's key")):  # fmt: skip
+        p.add_argument(f"--etcd-{flag}", default=None, metavar="FILE", help=f"{what}, PEM; with --etcd-endpoints")
     p.add_argument("--dsn", default=None, metavar="DSN", help="PostgreSQL (default: the sink's Secret); never printed")
     return parser
 

@@ -16,11 +16,13 @@ import base64
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from controller.cli import render, validate
 from controller.cli.errors import EXIT_FAILED, EXIT_OK, Failed, NotFound, Refused, Usage
 from controller.cli.kube import Session
+from controller.dataplane import etcd
 from controller.dataplane import verify as check
 from controller.kube.client import RESOURCES, ApiError
 from controller.model import resources as conv
@@ -156,18 +158,34 @@ async def _read_secret(session: Session, name: str, what: str) -> dict[str, str]
     return secret_data(secret)
 
 
+def _tls_files(args: argparse.Namespace) -> etcd.Tls:
+    """``--etcd-cacert`` / ``--etcd-cert`` / ``--etcd-key`` (etcdctl's ``--cacert``, ``--cert``, ``--key``)."""
+    pem: dict[str, bytes | None] = {}
+    for flag in ("cacert", "cert", "key"):
+        path = getattr(args, f"etcd_{flag}", None)
+        try:
+            pem[flag] = Path(path).read_bytes() if path else None
+        except OSError as exc:
+            raise Usage(f"--etcd-{flag}: cannot read {path}: {exc.strerror}") from None
+    return etcd.Tls(ca=pem["cacert"], cert=pem["cert"], key=pem["key"])
+
+
 async def _connection(
     session: Session, args: argparse.Namespace, cf: JSON, name: str
-) -> tuple[list[str], str | None, str | None, str]:
-    """etcd endpoints, username, password and the DSN: the flags, else the Secrets the Changefeed names."""
+) -> tuple[list[str], str | None, str | None, etcd.Tls, str]:
+    """etcd endpoints, username, password, TLS and the DSN: the flags, else the Secrets the Changefeed names."""
     etcd_secret, sink_secret = secret_names(cf)
     username = password = None
     if args.etcd_endpoints:
         endpoints = endpoints_of(args.etcd_endpoints)
+        tls = _tls_files(args)
     elif etcd_secret:
+        if any(getattr(args, f"etcd_{flag}", None) for flag in ("cacert", "cert", "key")):
+            raise Usage("--etcd-cacert, --etcd-cert and --etcd-key go with --etcd-endpoints (else the Secret's own)")
         data = await _read_secret(session, etcd_secret, "the etcd source")
         endpoints = endpoints_of(data.get("endpoints", ""))
         username, password = data.get("username") or None, data.get("password") or None
+        tls = etcd.tls_of(data)
         if not endpoints:
             raise Refused(f"Secret {etcd_secret!r} has no key 'endpoints' (comma-separated host:port)")
     else:
@@ -180,7 +198,7 @@ async def _connection(
             raise Refused(f"Secret {sink_secret!r} has no key 'dsn'")
     else:
         raise Refused(f"changefeed {name!r} names no PostgreSQL sink (spec.sink.postgres.secretRef): pass --dsn")
-    return endpoints, username, password, dsn
+    return endpoints, username, password, tls, dsn
 
 
 async def _record(session: Session, name: str, result: Verification) -> None:
@@ -203,7 +221,7 @@ async def verify(session: Session, args: argparse.Namespace) -> int:
     except conv.InvalidResource as exc:
         raise Failed(str(exc)) from None
     revision = choose_revision(cf.checkpoint_ts, args.revision, name)
-    endpoints, username, password, dsn = await _connection(session, args, raw, name)
+    endpoints, username, password, tls, dsn = await _connection(session, args, raw, name)
     snap = await session.snapshot((CHANGEFEEDS, SPANS))
     for w in snap.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -211,8 +229,8 @@ async def verify(session: Session, args: argparse.Namespace) -> int:
     if not spans:
         raise Refused(f"changefeed {name!r} has no spans: nothing to verify")
     try:
-        async with check.EtcdReader(endpoints, username, password) as etcd:
-            results = await check.verify(etcd, dsn, name, revision, spans)
+        async with check.EtcdReader(endpoints, username, password, tls=tls) as reader:
+            results = await check.verify(reader, dsn, name, revision, spans)
     except check.VerifyError as exc:
         raise (Refused if exc.refused else Failed)(str(exc)) from None
     except ValueError as exc:  # e.g. a DSN libpq cannot parse (psycopg raises ProgrammingError, a psycopg.Error)

@@ -46,6 +46,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import stat
 import subprocess
 import tempfile
@@ -390,6 +391,10 @@ class EtcdServer(_Server):
     ``progress_notify_interval`` (seconds) sets ``--experimental-watch-progress-notify-interval``: how often
     etcd sends a progress notification to a watch created with ``progress_notify`` (etcd's default: 10
     minutes). ``unsafe_no_fsync`` (default: on, a throwaway server) skips etcd's fsyncs.
+
+    ``tls``: clients speak TLS (``https://``) to a certificate made at start for 127.0.0.1, its own CA
+    (:attr:`ca_pem`); ``client_cert_auth`` also asks each client for a certificate signed by that CA
+    (:attr:`client_cert_pem` / :attr:`client_key_pem`, one made at start). Needs ``cryptography`` (the test extra).
     """
 
     kind = "etcd"
@@ -403,11 +408,25 @@ class EtcdServer(_Server):
         progress_notify_interval: float | None = None,
         unsafe_no_fsync: bool = True,
         extra_args: Sequence[str] = (),
+        tls: bool = False,
+        client_cert_auth: bool = False,
         start_timeout: float = 30.0,
         attempts: int = 3,
     ) -> None:
         super().__init__(start_timeout=start_timeout, attempts=attempts)
         self.binary = etcd_binary(binary)
+        self.tls = tls or client_cert_auth
+        self.client_cert_auth = client_cert_auth
+        self.ca_pem = self.client_cert_pem = self.client_key_pem = b""
+        if self.tls:
+            from controller.apiserver.tls import self_signed
+
+            server = self_signed(LOOPBACK)
+            self.ca_pem, self._server_key_pem = server.cert_pem, server.key_pem
+            if client_cert_auth:
+                # Its own CA too: etcd trusts both certificates (``--trusted-ca-file`` holds the two).
+                client = self_signed(LOOPBACK)
+                self.client_cert_pem, self.client_key_pem = client.cert_pem, client.key_pem
         self.progress_notify_interval = progress_notify_interval
         self.unsafe_no_fsync = unsafe_no_fsync
         self.extra_args = list(extra_args)
@@ -418,7 +437,7 @@ class EtcdServer(_Server):
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def endpoint(self) -> str:
@@ -457,11 +476,31 @@ class EtcdServer(_Server):
         if self.progress_notify_interval is not None:
             ms = max(1, round(self.progress_notify_interval * 1000))
             argv += ["--experimental-watch-progress-notify-interval", f"{ms}ms"]
+        if self.tls:
+            argv += ["--cert-file", str(self._pem("server.crt", self.ca_pem))]
+            argv += ["--key-file", str(self._pem("server.key", self._server_key_pem))]
+            if self.client_cert_auth:
+                argv += ["--client-cert-auth", "--trusted-ca-file",
+                         str(self._pem("trusted.crt", self.ca_pem + self.client_cert_pem))]  # fmt: skip
         return argv + self.extra_args
+
+    def _pem(self, name: str, data: bytes) -> Path:
+        path = self.directory / name
+        path.touch(mode=0o600)
+        path.write_bytes(data)
+        return path
 
     def _http(self, path: str, body: bytes | None = None) -> Any:
         request = urllib.request.Request(self.client_url + path, data=body, method="POST" if body else "GET")
-        with _DIRECT.open(request, timeout=2) as response:
+        opener = _DIRECT
+        if self.tls:
+            context = ssl.create_default_context(cadata=self.ca_pem.decode())
+            if self.client_cert_auth:
+                context.load_cert_chain(self._pem("client.crt", self.client_cert_pem),
+                                        self._pem("client.key", self.client_key_pem))  # fmt: skip
+            https = urllib.request.HTTPSHandler(context=context)
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), https)
+        with opener.open(request, timeout=2) as response:
             return json.loads(response.read())
 
     def _ready(self) -> bool:

@@ -37,12 +37,13 @@ The comparison (:func:`compare`, :func:`needs_point_read`) is pure, over :class:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.dataplane import schema
+from controller.dataplane import etcd, schema
 from controller.model.keys import KeyRange
 from controller.model.states import Mode
 
@@ -195,34 +196,37 @@ class EtcdReader:
     """Reads at a revision through aetcd's KV stub (aetcd's own ``get_range`` takes no revision)."""
 
     def __init__(self, endpoints: Sequence[str], username: str | None = None, password: str | None = None,
-                 timeout: float = 10.0) -> None:  # fmt: skip
-        if not endpoints:
-            raise VerifyError("no etcd endpoint", refused=True)
+                 timeout: float = 10.0, tls: etcd.Tls | None = None) -> None:  # fmt: skip
+        problem = etcd.problem(endpoints, tls)
+        if problem:
+            raise VerifyError(problem, refused=True)
         self.endpoints = list(endpoints)
         self.username = username
         self.password = password
+        self.tls = tls
         self.timeout = timeout
         self._client: Any = None
 
     async def __aenter__(self) -> EtcdReader:
-        import aetcd
+        import aetcd.rpc
 
-        if self.endpoints[0].strip().lower().startswith("https://"):
-            raise VerifyError(f"TLS to etcd is not supported yet (endpoint {self.endpoints[0]!r})", refused=True)
-        host, _, port = self.endpoints[0].removeprefix("http://").rpartition(":")
-        if not host or not port.isdigit():
-            raise VerifyError(f"etcd endpoint {self.endpoints[0]!r} is not host:port", refused=True)
-        client = aetcd.Client(
-            host=host,
-            port=int(port),
-            username=self.username,
-            password=self.password,
-            timeout=self.timeout,
-            options={"grpc.enable_http_proxy": 0},  # never through an http_proxy from the environment
-        )
+        client = None
         try:
-            await client.connect()
+            client = await etcd.Connection.open(
+                self.endpoints[0],
+                username=self.username,
+                password=self.password,
+                tls=self.tls,
+                auth_timeout=self.timeout,
+            )
+            # A channel connects lazily: read once now, so that an unreachable etcd or a TLS handshake that fails
+            # says so here, with the endpoint.
+            probe = aetcd.rpc.RangeRequest(key=b"\0", limit=1)
+            await client.kvstub.Range(probe, timeout=self.timeout, metadata=client.metadata)
         except Exception as exc:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.close()
             raise VerifyError(f"cannot reach etcd at {self.endpoints[0]}: {_one_line(exc)}") from None
         self._client = client
         return self

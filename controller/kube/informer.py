@@ -85,6 +85,8 @@ IDLE = {LEASE: 15.0}
 #: periods of the chart's probe, whose three failures in a row then restart the container 80-90 s after the API
 #: last answered. A quiet but connected watch is no failure.
 PROGRESS_WINDOW = 60.0
+
+
 def _rv(obj: JSON) -> int:
     try:
         return int(obj.get("metadata", {}).get("resourceVersion", "0"))

@@ -38,7 +38,7 @@ carries the report built by ``progress.build`` over the Working dispatchers whos
 (one write: if the renewal fails, so does the report). A capture process can also restart under the same name:
 a new incarnation that runs none of its predecessor's dispatchers, takes its Lease over (a new
 ``acquireTime``: whatever the old process would still write is refused), and reports them Stopped, as the
-agent does. """
+agent does."""
 
 from __future__ import annotations
 

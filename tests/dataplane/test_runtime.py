@@ -16,8 +16,8 @@ import aetcd.rpc
 import psycopg
 import pytest
 
-from controller.capture.dataplane import DataplaneRuntime, Endpoints, unsupported_endpoint
-from controller.dataplane import schema
+from controller.capture.dataplane import DataplaneRuntime, Endpoints
+from controller.dataplane import etcd, schema
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
@@ -273,12 +273,71 @@ def test_a_checkpoint_stands_for_the_wall_time_the_head_first_passed_it(
     run(with_runtime(endpoints(etcd, postgres), body, clock=lambda: wall[0]))
 
 
-def test_a_tls_etcd_endpoint_is_refused_not_spoken_to_in_plaintext() -> None:
-    assert unsupported_endpoint(["http://10.0.0.1:2379", "10.0.0.2:2379"]) is None
-    problem = unsupported_endpoint(["http://10.0.0.1:2379", " HTTPS://etcd-1:2379"])
-    assert problem is not None
-    assert "TLS to etcd is not supported yet" in problem
-    assert "HTTPS://etcd-1:2379" in problem
+def test_a_source_is_checked_before_it_is_used() -> None:
+    """``etcd.problem``: what the capture warns about (and waits), verify refuses, before any connection."""
+    assert etcd.problem(["http://10.0.0.1:2379", "10.0.0.2:2379", "[::1]:2379", "etcd-0"]) is None
+    assert etcd.problem(["https://etcd-0:2379", "HTTPS://etcd-1:2379"], etcd.Tls(ca=b"pem")) is None
+    assert etcd.problem([]) == "no etcd endpoint"
+    mixed = etcd.problem(["http://10.0.0.1:2379", " HTTPS://etcd-1:2379"])
+    assert "mix http:// and https://" in (mixed or "")
+    half = etcd.problem(["https://etcd-0:2379"], etcd.Tls(cert=b"pem"))
+    assert "needs its key" in (half or "")
+    forgot = etcd.problem(["etcd-0:2379"], etcd.Tls(ca=b"pem"))
+    assert "use https://" in (forgot or "")
+    for bad in ("etcd-0:port", "http://etcd-0:2379/v3", "etcd-0:70000", "unix://x"):
+        problem = etcd.problem([bad])
+        assert "is not host:port" in (problem or ""), bad
+    assert etcd.host_port("https://[::1]:2380") == ("::1", 2380)
+    assert etcd.host_port("etcd-0") == ("etcd-0", 2379)
+    assert etcd.tls_of({"ca.crt": "CA", "tls.crt": " ", "endpoints": "x"}) == etcd.Tls(ca=b"CA")
+    assert "CA" not in repr(etcd.Tls(ca=b"CA", cert=b"C", key=b"K"))
+    assert etcd.describe(ValueError("bad\nsecond line")) == "ValueError: bad"
+    assert len(etcd.describe(OSError("x" * 500))) == 200
+
+
+def test_a_tls_source_with_a_client_certificate_replicates(
+    start_etcd: Callable[..., EtcdServer], postgres: PostgresServer, table_id: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ``https://`` endpoint: the watch and the initial scan over TLS, the server checked against the Secret's
+    ``ca.crt``, the capture known to etcd by its ``tls.crt``/``tls.key`` (``--client-cert-auth``). Without the
+    client certificate etcd refuses the handshake: the dispatcher retries, its checkpoint does not move and
+    nothing is written (nothing is ever spoken in plaintext)."""
+    server = start_etcd(tls=True, client_cert_auth=True)
+    full = etcd.Tls(ca=server.ca_pem, cert=server.client_cert_pem, key=server.client_key_pem)
+
+    async def body() -> None:
+        writer = await etcd.Connection.open(server.client_url, tls=full)
+        try:
+            put = aetcd.rpc.PutRequest(key=k(table_id, b"before"), value=b"scanned")
+            await writer.kvstub.Put(put, timeout=5)
+
+            async def refused(rt: DataplaneRuntime) -> None:
+                rt.start(dispatcher(table_id, "d", 0))
+                await asyncio.sleep(3)
+                assert rt.checkpoint("d") == 0
+                assert rows(postgres, table_id) == {}
+                # Said, with why (gRPC's status and details), not only the exception's type.
+                said = [getattr(r, "fields", {}).get("error", "") for r in caplog.records if "retrying" in r.msg]
+                assert any(e.startswith("UNAVAILABLE: ") and "handshake" in e.lower() for e in said), said
+
+            no_cert = Endpoints(etcd=(server.client_url,), dsn=postgres.dsn, tls=etcd.Tls(ca=server.ca_pem))
+            await with_runtime(no_cert, refused)
+
+            async def replicate(rt: DataplaneRuntime) -> None:
+                rt.start(dispatcher(table_id, "d", 0))  # 0: the initial scan first
+                await until(lambda: rt.checkpoint("d") > 0, what="the initial scan")
+                put = aetcd.rpc.PutRequest(key=k(table_id, b"after"), value=b"watched")
+                last = (await writer.kvstub.Put(put, timeout=5)).header.revision
+                await until(lambda: rt.checkpoint("d") >= last, what="the watch")
+                got = rows(postgres, table_id)
+                assert got[k(table_id, b"before")][0] == b"scanned"
+                assert got[k(table_id, b"after")][0] == b"watched"
+
+            await with_runtime(Endpoints(etcd=(server.client_url,), dsn=postgres.dsn, tls=full), replicate)
+        finally:
+            await writer.close()
+
+    run(body())
 
 
 def test_endpoints_never_show_credentials() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aetcd
@@ -224,6 +225,7 @@ def test_the_command(
     postgres: PostgresServer,
     table_id: int,
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     cf, ns = f"vf-{table_id}", f"vf-{table_id}"
     feed = Feed(etcd, postgres, cf, table_id)
@@ -244,6 +246,8 @@ def test_the_command(
     rc, out, err = cli(*flags)
     assert (rc, err) == (0, "")
     assert out.splitlines() == [f"table {table_id} (default): 2 keys at revision {r}: 0 differences"]
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
     recorded = verification_from_json(_annotation(api, ns, cf))
     assert recorded is not None
     assert (recorded.revision, recorded.differences, recorded.keys) == (r, 0, 2)
@@ -265,7 +269,10 @@ def test_the_command(
         ((*flags, "--revision", str(r + 1)), "above the changefeed's checkpoint"),
         (("--dsn", postgres.dsn), "names no etcd source"),
         (("--etcd-endpoints", etcd.endpoint), "names no PostgreSQL sink"),
-        (("--etcd-endpoints", f"https://{etcd.endpoint}", "--dsn", postgres.dsn), "TLS to etcd is not supported"),
+        ((*flags[:1], f"https://{etcd.endpoint},{etcd.endpoint}", *flags[2:]), "mix http:// and https://"),
+        ((*flags, "--etcd-cert", str(pem)), "needs its key"),
+        ((*flags, "--etcd-cacert", str(pem)), "use https:// endpoints for TLS"),
+        ((*flags, "--etcd-cacert", str(pem.parent / "nope.pem")), "--etcd-cacert: cannot read"),
     ]:
         rc, out, err = cli(*args)
         assert rc == 2, err
@@ -274,6 +281,10 @@ def test_the_command(
         assert len(err.splitlines()) == 1
     capsys.readouterr()
     assert main([*base[:-1], "no-such", *flags]) == 2
+    # TLS spoken to a plaintext etcd: the handshake fails, exit 1, with the endpoint.
+    rc, out, err = cli("--etcd-endpoints", f"https://{etcd.endpoint}", "--dsn", postgres.dsn)
+    assert rc == 1
+    assert err.startswith(f"error: cannot reach etcd at https://{etcd.endpoint}")
     # An unreachable sink: exit 1, without the DSN.
     rc, out, err = cli("--etcd-endpoints", etcd.endpoint, "--dsn", "host=127.0.0.1 port=1 user=secret-user")
     assert rc == 1
