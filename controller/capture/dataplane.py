@@ -59,7 +59,7 @@ from typing import Any
 
 import aetcd.rpc
 
-from controller.capture.etcdwatch import BACKOFF, TRANSPORT, WatchStream
+from controller.capture.etcdwatch import BACKOFF, TRANSPORT, WatchStream, rpc
 from controller.capture.logs import fields
 from controller.capture.sink import MAX_PENDING_ROWS, Row, Sink
 from controller.dataplane.etcd import Connection, Tls, describe
@@ -207,18 +207,23 @@ class _Feed:
         async with self._client_lock:
             if self.client is None:
                 e = self.endpoints
-                self.client = await Connection.open(
-                    e.etcd[self._endpoint_index % len(e.etcd)],
-                    username=e.username,
-                    password=e.password,
-                    tls=e.tls,
-                    auth_timeout=10,
-                )
+                endpoint = e.etcd[self._endpoint_index % len(e.etcd)]
+                try:
+                    self.client = await rpc(
+                        Connection.open(endpoint, username=e.username, password=e.password, tls=e.tls, auth_timeout=10)
+                    )
+                except TRANSPORT:
+                    self._endpoint_index += 1  # refused (authentication asks the server): the next endpoint next
+                    raise
             return self.client
 
-    async def reset_etcd(self) -> None:
-        """Drop the client after a transport error: the next call connects again (to the next endpoint)."""
+    async def reset_etcd(self, used: Connection | None) -> None:
+        """Drop the connection ``used`` after a transport error on it: the next call connects again (to the next
+        endpoint). A connection already replaced (another task's error came first) is left as it is: closing the
+        new one would break the calls on it for nothing."""
         async with self._client_lock:
+            if used is None or self.client is not used:
+                return
             client, self.client = self.client, None
             self._endpoint_index += 1
         if client is not None:
@@ -256,33 +261,34 @@ class _Feed:
         """The initial scan if ``d`` starts at 0, then its watcher (retrying the scan while etcd is unreachable)."""
         backoff = BACKOFF[0]
         while d.failed is None:
+            conn = None
             try:
                 await d.resume.wait()
                 if d.resolved == 0:
-                    await self._scan(d)
+                    conn = await self.etcd()
+                    await self._scan(d, conn)
                 d.scanned = True
                 self.rewatch(d)
                 return
-            except asyncio.CancelledError:
-                raise
             except TRANSPORT as exc:
                 log.warning("etcd scan failed; retrying", extra=fields(dispatcher=d.name, error=describe(exc)))
-                await self.reset_etcd()
+                await self.reset_etcd(conn)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])
 
-    async def _scan(self, d: _Disp) -> None:
+    async def _scan(self, d: _Disp, client: Connection) -> None:
         """The initial scan: the range as of one revision, queued as one unit with that revision as resolved."""
-        client = await self.etcd()
         lo, hi = d.dispatcher.key_range.start, d.dispatcher.key_range.end
         rows: list[Row] = []
         at = 0
         key = lo
         while True:
-            answer = await client.kvstub.Range(
-                aetcd.rpc.RangeRequest(key=key, range_end=hi, revision=at, limit=SCAN_PAGE),
-                timeout=30,
-                metadata=client.metadata,  # the auth token of a source with a username (None without)
+            answer = await rpc(
+                client.kvstub.Range(
+                    aetcd.rpc.RangeRequest(key=key, range_end=hi, revision=at, limit=SCAN_PAGE),
+                    timeout=30,
+                    metadata=client.metadata,  # the auth token of a source with a username (None without)
+                )
             )
             if at == 0:
                 at = answer.header.revision

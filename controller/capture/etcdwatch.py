@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aetcd
 import aetcd.rpc
@@ -39,8 +39,30 @@ log = logging.getLogger("controller.capture.dataplane")
 BACKOFF = (0.1, 5.0)
 #: Seconds before a watcher the server cancelled for another reason than compaction is created again.
 RETRY_CANCELLED = 1.0
-#: What a broken stream or an unreachable etcd raises.
-TRANSPORT = (grpc.aio.AioRpcError, aetcd.exceptions.ClientError, OSError, TimeoutError)
+
+
+class ChannelClosed(Exception):
+    """An etcd call ended because its connection was closed under it (another task's transport error dropped the
+    shared connection): gRPC cancels the call, which reaches the awaiting task as a ``CancelledError`` that is not
+    the task's own cancellation."""
+
+
+#: What a broken stream, an unreachable etcd or a connection closed under a call raises.
+TRANSPORT = (grpc.aio.AioRpcError, aetcd.exceptions.ClientError, OSError, TimeoutError, ChannelClosed)
+
+T = TypeVar("T")
+
+
+async def rpc(call: Awaitable[T]) -> T:
+    """Await an etcd call; a cancellation that is not this task's own (the connection closed under the call) is
+    :class:`ChannelClosed`, a transport error, so that the caller retries instead of ending as if cancelled."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise ChannelClosed("the etcd connection was closed under the call") from None
 
 
 class Watcher(Protocol):
@@ -72,10 +94,14 @@ class Watcher(Protocol):
 
 
 class WatchStream:
-    def __init__(self, client: Callable[[], Awaitable[Connection]], reset: Callable[[], Awaitable[None]]) -> None:
-        #: The feed's etcd client (connected on first use) and how to drop it after a transport error.
+    def __init__(
+        self, client: Callable[[], Awaitable[Connection]], reset: Callable[[Connection | None], Awaitable[None]]
+    ) -> None:
+        #: The feed's etcd client (connected on first use) and how to drop it after a transport error (the
+        #: connection the stream used: one another task already replaced is left alone).
         self._client = client
         self._reset = reset
+        self._conn: Connection | None = None
         self._ids = itertools.count(1)
         #: watch id -> its watcher, for the watchers created on the current stream and not cancelled.
         self._by_id: dict[int, Watcher] = {}
@@ -150,12 +176,12 @@ class WatchStream:
                     "etcd watch stream broke; watching again from each dispatcher's position",
                     extra=fields(error=describe(exc), watchers=len(self._wanted)),
                 )
-                await self._reset()
+                await self._reset(self._conn)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])
 
     async def _stream(self) -> None:
-        client = await self._client()
+        self._conn = client = await self._client()
         requests: asyncio.Queue[Any] = asyncio.Queue()
 
         async def iterate() -> AsyncIterator[Any]:
@@ -172,7 +198,7 @@ class WatchStream:
         self.streams += 1
         try:
             while self._wanted or self._by_id:
-                response = await call.read()
+                response = await rpc(call.read())
                 if response is grpc.aio.EOF:
                     raise OSError("the etcd watch stream ended")
                 self._dispatch(response)

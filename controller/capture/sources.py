@@ -6,6 +6,7 @@ pass tries again). Credentials and the DSN are never logged: only the Secrets' n
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -46,6 +47,7 @@ class Sources:
         #: Secret is picked up within the back-off (``RETRY``), not at the next full pass; a broken one costs its
         #: reads once per back-off, however many dispatchers wait on it.
         self.waiting: dict[str, tuple[float, float]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
 
     def retry_at(self, changefeed: str) -> float | None:
         """When a dispatcher of ``changefeed`` that waits on its source should be visited again (monotonic)."""
@@ -55,6 +57,13 @@ class Sources:
     async def ready(self, changefeed: str) -> bool:
         """Whether ``changefeed``'s dispatchers may start: its source looked up (and the data plane configured if it
         names one). False: try again at a later pass."""
+        if changefeed in self.read:
+            return True
+        # One look at a time per changefeed: its dispatchers step concurrently, and the first look decides for all.
+        async with self._locks.setdefault(changefeed, asyncio.Lock()):
+            return await self._ready(changefeed)
+
+    async def _ready(self, changefeed: str) -> bool:
         if changefeed in self.read:
             return True
         waiting = self.waiting.get(changefeed)

@@ -18,8 +18,12 @@ The server's certificate must name the endpoint's host (a DNS name or IP SAN), a
 
 from __future__ import annotations
 
+import re
+import ssl
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # grpc is imported when a connection is opened: the plugin's other verbs never load it
@@ -81,7 +85,8 @@ def secure(endpoints: Sequence[str]) -> bool:
 def problem(endpoints: Sequence[str], tls: Tls | None = None) -> str | None:
     """Why this source cannot be used as given, or None: an empty list, an endpoint that is not ``host:port``, a
     mix of plaintext and TLS endpoints (one channel kind serves all of them), a client certificate without its key
-    (or the reverse), TLS material given for plaintext endpoints (most likely a forgotten ``https://``)."""
+    (or the reverse), TLS material given for plaintext endpoints (most likely a forgotten ``https://``), PEM that
+    does not load (a CA bundle, a certificate and its unencrypted key)."""
     if not endpoints:
         return "no etcd endpoint"
     for e in endpoints:
@@ -97,31 +102,65 @@ def problem(endpoints: Sequence[str], tls: Tls | None = None) -> str | None:
         return "a client certificate (tls.crt) needs its key (tls.key), and the key its certificate"
     if not schemes.pop() and (tls.ca or tls.cert):
         return "TLS material (ca.crt, tls.crt) is given for http:// endpoints: use https:// endpoints for TLS"
-    return None
+    return _loads(tls)
+
+
+_HOST = re.compile(r"[A-Za-z0-9_.-]+")
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]+")
 
 
 def host_port(endpoint: str) -> tuple[str, int]:
     """``host`` and ``port`` of ``http://host:port``, ``https://host:port``, ``host:port`` or ``host`` (port 2379);
-    an IPv6 address in brackets. ValueError for anything else."""
+    an IPv6 address in brackets. ValueError for anything else (a path, a second scheme, credentials, an IPv6
+    address without brackets), its message never quoting a ``user:password@`` part."""
     text = endpoint.strip()
+    if "@" in text:
+        raise ValueError(
+            "an etcd endpoint holds a user name or password (user@host): put them in the Secret's username and "
+            "password keys"
+        )
+    lower = text.lower()
     for scheme in ("http://", "https://"):
-        if text.lower().startswith(scheme):
+        if lower.startswith(scheme):
             text = text[len(scheme) :]
-    text = text.rstrip("/")
-    if not text or "/" in text or "://" in text:
-        raise ValueError(f"etcd endpoint {endpoint.strip()!r} is not host:port")
+            break
+    text = text.removesuffix("/")
+    bad = ValueError(f"etcd endpoint {endpoint.strip()!r} is not host:port")
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
-        if rest and not rest.startswith(":"):
-            raise ValueError(f"etcd endpoint {endpoint.strip()!r} is not host:port")
+        if not _IPV6.fullmatch(host) or (rest and not rest.startswith(":")):
+            raise bad
         port = rest[1:] if rest else "2379"
     else:
         host, sep, port = text.rpartition(":")
         if not sep:
             host, port = text, "2379"
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"etcd endpoint {endpoint.strip()!r} is not host:port")
+        if not _HOST.fullmatch(host):
+            raise bad  # also a second scheme, a path, or an IPv6 address without brackets
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise bad
     return host, int(port)
+
+
+def _loads(tls: Tls) -> str | None:
+    """Why ``tls``'s PEM cannot be used, or None: the CA bundle and the certificate with its key loaded as the
+    client would load them (never quoting them)."""
+    if tls.ca:
+        try:
+            ssl.create_default_context(cadata=tls.ca.decode(errors="replace"))
+        except (ssl.SSLError, ValueError):
+            return "ca.crt is not a PEM CA certificate (bundle)"
+    if tls.cert and tls.key:
+        with tempfile.TemporaryDirectory(prefix="cfm-tls-") as directory:
+            cert, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
+            for path, data in ((cert, tls.cert), (key, tls.key)):
+                path.touch(mode=0o600)
+                path.write_bytes(data)
+            try:
+                ssl.create_default_context().load_cert_chain(cert, key)
+            except (ssl.SSLError, ValueError):
+                return "tls.crt and tls.key are not a PEM certificate and its (unencrypted) private key"
+    return None
 
 
 class Connection:

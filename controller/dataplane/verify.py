@@ -223,10 +223,12 @@ class EtcdReader:
             # says so here, with the endpoint.
             probe = aetcd.rpc.RangeRequest(key=b"\0", limit=1)
             await client.kvstub.Range(probe, timeout=self.timeout, metadata=client.metadata)
-        except Exception as exc:
+        except BaseException as exc:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await client.close()
+            if not isinstance(exc, Exception):
+                raise  # cancelled, interrupted: as it came, the channel closed
             raise VerifyError(f"cannot reach etcd at {self.endpoints[0]}: {_one_line(exc)}") from None
         self._client = client
         return self

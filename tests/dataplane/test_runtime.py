@@ -16,7 +16,9 @@ import aetcd.rpc
 import psycopg
 import pytest
 
-from controller.capture.dataplane import DataplaneRuntime, Endpoints
+from controller.apiserver.tls import self_signed
+from controller.capture.dataplane import DataplaneRuntime, Endpoints, _Feed
+from controller.capture.etcdwatch import ChannelClosed, rpc
 from controller.dataplane import etcd, schema
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import KeyRange, table_key
@@ -274,19 +276,31 @@ def test_a_checkpoint_stands_for_the_wall_time_the_head_first_passed_it(
 
 
 def test_a_source_is_checked_before_it_is_used() -> None:
-    """``etcd.problem``: what the capture warns about (and waits), verify refuses, before any connection."""
-    assert etcd.problem(["http://10.0.0.1:2379", "10.0.0.2:2379", "[::1]:2379", "etcd-0"]) is None
-    assert etcd.problem(["https://etcd-0:2379", "HTTPS://etcd-1:2379"], etcd.Tls(ca=b"pem")) is None
+    """``etcd.problem``: what the capture warns about (and waits), verify refuses, before any connection; its
+    messages never quote credentials or PEM."""
+    ca, client = self_signed("127.0.0.1"), self_signed("127.0.0.1")
+    good = etcd.Tls(ca=ca.cert_pem, cert=client.cert_pem, key=client.key_pem)
+    assert etcd.problem(["http://10.0.0.1:2379", "10.0.0.2:2379", "[::1]:2379", "etcd-0", "etcd-1/"]) is None
+    assert etcd.problem(["https://etcd-0:2379", "HTTPS://etcd-1:2379"], good) is None
+    assert etcd.problem(["https://etcd-0:2379"]) is None  # the system's roots
     assert etcd.problem([]) == "no etcd endpoint"
     mixed = etcd.problem(["http://10.0.0.1:2379", " HTTPS://etcd-1:2379"])
     assert "mix http:// and https://" in (mixed or "")
-    half = etcd.problem(["https://etcd-0:2379"], etcd.Tls(cert=b"pem"))
+    half = etcd.problem(["https://etcd-0:2379"], etcd.Tls(cert=client.cert_pem))
     assert "needs its key" in (half or "")
-    forgot = etcd.problem(["etcd-0:2379"], etcd.Tls(ca=b"pem"))
+    forgot = etcd.problem(["etcd-0:2379"], etcd.Tls(ca=ca.cert_pem))
     assert "use https://" in (forgot or "")
-    for bad in ("etcd-0:port", "http://etcd-0:2379/v3", "etcd-0:70000", "unix://x"):
+    bad_ca = etcd.problem(["https://etcd-0:2379"], etcd.Tls(ca=b"-----BEGIN CERTIFICATE-----\nnot one\n"))
+    assert bad_ca == "ca.crt is not a PEM CA certificate (bundle)"
+    other_key = etcd.problem(["https://etcd-0:2379"], etcd.Tls(cert=client.cert_pem, key=ca.key_pem))
+    assert "tls.crt and tls.key are not a PEM certificate and its" in (other_key or "")
+    for bad in ("etcd-0:port", "http://etcd-0:2379/v3", "etcd-0:70000", "unix://x", "http://https://etcd-0:2379",
+                "fd00::1", "::1", "[fd00::1]x"):  # fmt: skip
         problem = etcd.problem([bad])
         assert "is not host:port" in (problem or ""), bad
+    with_password = etcd.problem(["https://root:s3cret@etcd-0:2379"])
+    assert "username and password keys" in (with_password or "")
+    assert "s3cret" not in (with_password or "")
     assert etcd.host_port("https://[::1]:2380") == ("::1", 2380)
     assert etcd.host_port("etcd-0") == ("etcd-0", 2379)
     assert etcd.tls_of({"ca.crt": "CA", "tls.crt": " ", "endpoints": "x"}) == etcd.Tls(ca=b"CA")
@@ -442,5 +456,58 @@ def test_a_source_with_a_username_and_password_replicates(
                 assert got[k(table_id, b"after")][0] == b"watched"
 
             await with_runtime(e, replicate)
+
+    run(body())
+
+
+def test_a_call_on_a_connection_closed_under_it_is_a_transport_error_and_a_stale_reset_keeps_the_new_one(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Every dispatcher of a changefeed shares one connection. One task's transport error drops it; gRPC then
+    cancels the calls other tasks have on it, which reached them as ``CancelledError`` and ended their scan (or the
+    watch stream) for good, with nothing said. Now such a call is ``ChannelClosed``, a transport error the caller
+    retries, while the task's own cancellation still propagates; and a reset for a connection already replaced
+    leaves the new one alone. (The pending call is a watch stream's read: a call to a server that never answers
+    would leave gRPC connecting in its threads, and the next fork of a test server abort.)"""
+    endpoint = request.getfixturevalue("etcd").endpoint  # the shared server (``etcd`` here is the module)
+
+    async def pending_read(conn: etcd.Connection) -> asyncio.Task[Any]:
+        requests: asyncio.Queue[Any] = asyncio.Queue()
+        create = aetcd.rpc.WatchCreateRequest(key=b"\xff\xfe-nothing", start_revision=0)
+        requests.put_nowait(aetcd.rpc.WatchRequest(create_request=create))
+
+        async def iterate() -> Any:
+            while (request := await requests.get()) is not None:
+                yield request
+
+        call = aetcd.rpc.WatchStub(conn.channel).Watch(iterate())
+        assert (await call.read()).created
+        return asyncio.create_task(rpc(call.read()))  # nothing will come: pending until closed or cancelled
+
+    async def body() -> None:
+        conn = await etcd.Connection.open(endpoint)
+        read = await pending_read(conn)
+        await asyncio.sleep(0.2)
+        await conn.close()
+        with pytest.raises(ChannelClosed):
+            await read
+        conn = await etcd.Connection.open(endpoint)
+        read = await pending_read(conn)
+        await asyncio.sleep(0.2)
+        read.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+        await conn.close()
+
+        rt = DataplaneRuntime(batch_interval=0.02)
+        feed = _Feed(rt, CF, Endpoints(etcd=(endpoint,), dsn="host=unused"))
+        first = await feed.etcd()
+        await feed.reset_etcd(first)
+        second = await feed.etcd()
+        assert second is not first
+        await feed.reset_etcd(first)  # a late reset from a task that used the first
+        assert await feed.etcd() is second
+        await feed.reset_etcd(second)
+        assert feed.client is None
 
     run(body())
