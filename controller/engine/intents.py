@@ -153,14 +153,28 @@ class ConfirmPresent:
     Why: a rule that removes something because of another object (an overlap no operator explains removes the newer
     span because of the older one) must not act on a view that still shows that object after it was deleted: a
     person's ``kubectl delete``, or another maintainer's, delivered late by its watch (simulator seed 300908: a
-    Merge's new span removed as overlapping a source a person had deleted, its DELETED 3 s late)."""
+    Merge's new span removed as overlapping a source a person had deleted, its DELETED 3 s late).
+
+    With ``resource_version``: also unchanged since this view (``record_unchanged``). A dispatcher created from a
+    record the chain does not write itself (an operator's recorded target, a placement's recorded name) rests on
+    that record still naming it: a zombie's write of the record (its own new target after the first was refused)
+    that the view has not seen yet would otherwise have it create a dispatcher nothing names (simulator seed
+    738533), which the next process closes as unclaimed."""
 
     kind: Kind
     name: str
     uid: str = ""
+    resource_version: str = ""
 
     def describe(self) -> str:
+        if self.resource_version:
+            return f"confirm {self.kind} {self.name} is unchanged"
         return f"confirm {self.kind} {self.name} is still there"
+
+
+def record_unchanged(record: Record) -> ConfirmPresent:
+    """The consistent read a create resting on ``record`` (as this view has it) comes after."""
+    return ConfirmPresent(record.kind, record.name, record.uid, record.resource_version)
 
 
 Write = (

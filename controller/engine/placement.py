@@ -46,8 +46,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.engine import naming
-from controller.engine.intents import Create, Write
-from controller.engine.operators.common import new_dispatcher
+from controller.engine.intents import Create, Write, record_unchanged
+from controller.engine.operators.common import creates_from_record, new_dispatcher
 from controller.engine.world import Tick, is_placement
 from controller.model.records import Dispatcher, Span
 from controller.model.states import CLOSED_DISPATCHER_STATES, DispatcherState, SpanState
@@ -179,7 +179,11 @@ def advance(tick: Tick, span: Span) -> list[Write]:
     if d is None:
         if keys_busy(tick, span):
             return _absent(tick, span, "another span's dispatcher runs some of its keys")
-        return [tick.create(_dispatcher(tick, span))]
+        create = tick.create(_dispatcher(tick, span))
+        if creates_from_record(tick, span, [create]):
+            # From the name as recorded before: only if the record still names it (``record_unchanged``).
+            return [record_unchanged(span), create]
+        return [create]
     if d.deleting or d.state in CLOSED_DISPATCHER_STATES:
         # Refused (stale epoch) or failed: record a new name first, then close; created once it is gone.
         renamed = replace(span, dispatcher=dispatcher_name(tick, span, avoid=d.name))

@@ -201,6 +201,7 @@ MUTANTS = frozenset(
         "progress-used-beyond-coverage",  # a capture's minimum used for Working dispatchers it did not cover
         "quiet-chains-everywhere",  # every chain's landing is declared to need no decision of its own
         "decides-on-stale-view",  # a decision is made on a view in doubt (a kind's watch broke, not listed since)
+        "creates-from-an-unconfirmed-record",  # a dispatcher made from a recorded target a zombie has rewritten since
         *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process
     }
 )

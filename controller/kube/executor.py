@@ -238,7 +238,8 @@ class Executor:
 
     async def _confirm_present(self, w: I.ConfirmPresent) -> None:
         """GET (no resourceVersion: a consistent read) ``w.name``: gone, or another incarnation, fails the chain and
-        takes the one the view held out of it at once (``Informer.gone``); there, it is offered (as fresh as any)."""
+        takes the one the view held out of it at once (``Informer.gone``); there, it is offered (as fresh as any).
+        With ``w.resource_version``: changed since fails the chain too, the newer one offered."""
         try:
             obj = await self.client.get(RESOURCES[w.kind], self.namespace, w.name)
         except ApiError as exc:
@@ -251,6 +252,8 @@ class Executor:
             self.informer.offer(w.kind.value, obj)
             raise StaleView(f"{w.kind} {w.name} is another incarnation")
         self.informer.offer(w.kind.value, obj)
+        if w.resource_version and (obj.get("metadata") or {}).get("resourceVersion") != w.resource_version:
+            raise StaleView(f"{w.kind} {w.name} changed since this view")  # the newer one is in the view now
 
     async def _confirm_none_left(self, w: I.ConfirmNoneLeft) -> None:
         """LIST each kind the teardown removes (no resourceVersion: a consistent read, in pages) until

@@ -92,7 +92,13 @@ def sweep(
 #: Seeds 318736 and 320624 (the long run of issue 36, seeds from 300000, on a decide that still acted on a view in
 #: doubt, gating only its destructive rules): a successor's Dispatcher view in doubt lacked a zombie's dispatcher and
 #: a span was placed beside it (single owner); a Move's destination created with no record naming it.
-PINNED: dict[str, tuple[int, ...]] = {"decides-on-stale-view": (318736, 320624)}
+#: Seed 738533 (the long run of issues 36/37, seeds from 700000, on this code and on the code before it): a zombie
+#: rewrote a Move's target after a capture refused the one it created under its old epoch; the new leader, its
+#: SpanOperator view behind, created the old target again, named by no record (``record_unchanged`` reads first).
+PINNED: dict[str, tuple[int, ...]] = {
+    "decides-on-stale-view": (318736, 320624),
+    "creates-from-an-unconfirmed-record": (738533,),
+}
 
 
 def mutation_check(start: int, limit: int, steps: int, jobs: int) -> int:

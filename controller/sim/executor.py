@@ -219,6 +219,8 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
                 cache.offer(cur)
             raise ApiError(409, STALE_VIEW, f"{w.kind} {w.name} is gone")
         cache.offer(cur)
+        if w.resource_version and cur.resource_version != w.resource_version:
+            raise ApiError(409, STALE_VIEW, f"{w.kind} {w.name} changed since this view")
     elif isinstance(w, I.ConfirmNoneLeft):
         # A consistent read: the API's own state, not the cache (what a LIST without resourceVersion is).
         found = teardown.left_behind(

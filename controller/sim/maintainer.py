@@ -253,7 +253,7 @@ class SimMaintainer:
             return
         truth = self.ctx.api.store[Kind.SPAN]
         for chain in decision.chains:
-            confirmed = [w for w in chain.writes if isinstance(w, I.ConfirmPresent)]
+            confirmed = [w for w in chain.writes if isinstance(w, I.ConfirmPresent) and w.kind is Kind.SPAN]
             if any(getattr(truth.get(w.name), "uid", None) != w.uid for w in confirmed):
                 continue  # a consistent read of what it rests on stops the chain first
             for w in chain.writes:

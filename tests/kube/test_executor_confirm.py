@@ -16,6 +16,7 @@ from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import RESOURCES, Client, Config
 from controller.kube.executor import STALE_VIEW, Executor
 from controller.kube.informer import Informer
+from controller.model.resources import dispatcher_from_resource
 from controller.model.states import API_VERSION, CHANGEFEED_FINALIZER, Kind
 from tests.kube.test_informer_relist import namespace
 
@@ -97,5 +98,45 @@ def test_a_span_confirmed_gone_stops_the_chain_and_leaves_the_view(api_server: A
             assert (out.failed, out.writes, dict(out.errors)) == (1, 0, {STALE_VIEW: 1})
             assert informer.store.record(Kind.SPAN, "kept") is None
             assert await client.get(RESOURCES[Kind.SPAN], ns, "doomed")  # nothing removed on a false premise
+
+    asyncio.run(scenario())
+
+
+def test_a_create_resting_on_a_record_changed_since_the_view_does_not_land(api_server: ApiServerHandle) -> None:
+    """``record_unchanged`` (simulator seed 738533): a dispatcher created from an operator's target as recorded
+    before follows a GET confirming the operator unchanged. Rewritten since (a zombie maintainer's new target after
+    the first was refused), the chain stops before the create and the newer record is in the view for the next
+    decision; unchanged, the create lands."""
+
+    async def scenario() -> None:
+        async with Client(Config(url=api_server.url)) as client:
+            ns = await namespace(client)
+            spec = {"changefeed": "cf", "type": "Move", "spans": ["s1"], "target": "c1"}
+            op = await client.create(RESOURCES[Kind.OPERATOR], ns, obj("SpanOperator", "mv", spec))
+            informer = Informer(client, ns)  # no watch: only what the executor does reaches it
+            informer.offer(Kind.OPERATOR.value, op)
+            executor = Executor(client, informer, ns)
+            seen = informer.store.record(Kind.OPERATOR, "mv")
+            assert seen is not None
+            d = obj("Dispatcher", "s1-d", {"changefeed": "cf", "span": "s1", "tableID": 1, "startKey": "00",
+                                           "endKey": "ff", "capture": "c1", "startTs": 5, "epoch": 1})  # fmt: skip
+
+            def chain() -> Decision:
+                create = I.Create(dispatcher_from_resource({**d, "metadata": {"name": "s1-d", "namespace": ns}}))
+                writes = (I.record_unchanged(seen), create)
+                return Decision(chains=(I.Chain(writes, "Move mv AddDest"),), memory=Memory(epoch=1, identity="m"))
+
+            await client.patch(RESOURCES[Kind.OPERATOR], ns, "mv", {"metadata": {"annotations": {"by": "a zombie"}}})
+            out = await executor.apply(chain())
+            assert (out.failed, out.writes, dict(out.errors)) == (1, 0, {STALE_VIEW: 1})
+            assert (await client.list(RESOURCES[Kind.DISPATCHER], ns))[0] == []  # nothing created on a stale record
+            newer = informer.store.record(Kind.OPERATOR, "mv")
+            assert newer is not None
+            assert newer.resource_version != seen.resource_version  # the next decision sees the rewrite
+
+            seen = newer
+            out = await executor.apply(chain())
+            assert (out.failed, out.writes) == (0, 1)
+            assert [o["metadata"]["name"] for o in (await client.list(RESOURCES[Kind.DISPATCHER], ns))[0]] == ["s1-d"]
 
     asyncio.run(scenario())

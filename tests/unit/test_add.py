@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller.engine.intents import ConfirmPresent
 from controller.engine.maintainer import decide
 from tests.unit.fixtures import (
     EPOCH,
@@ -101,7 +102,12 @@ def running_add(d_state=None, cap="c1", **d_kw):
 
 def test_missing_dispatcher_is_recreated_with_recorded_name():
     dec = decide(world(*running_add()), memory())
-    assert flat(dec) == [("create", "Dispatcher", "dnew")]
+    # After a consistent read confirming the operator still records it (simulator seed 738533: a zombie had
+    # rewritten the target meanwhile, and the dispatcher made from the old one was claimed by nothing).
+    assert flat(dec) == [("confirm", "SpanOperator", "add"), ("create", "Dispatcher", "dnew")]
+    (confirm,) = [w for c in dec.chains for w in c.writes if isinstance(w, ConfirmPresent)]
+    op = next(r for r in running_add() if r.kind is Kind.OPERATOR)
+    assert (confirm.uid, confirm.resource_version) == (op.uid, op.resource_version)
     (d,) = created(dec, Kind.DISPATCHER)
     assert (d.capture, d.start_ts) == ("c1", 150)
 

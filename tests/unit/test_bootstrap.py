@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from controller.engine import intents as I
 from controller.engine import invariants, naming
 from controller.engine.maintainer import BOOTSTRAPPED, Memory, decide
 from controller.model.keys import KeyRange
@@ -448,3 +449,7 @@ def test_a_span_created_placed_is_finished_where_its_create_recorded() -> None:
     assert not created(dec, Kind.SPAN)
     assert not created(dec, Kind.OPERATOR)
     assert statuses(dec, Kind.SPAN, "s") == []
+    # From the record as the view has it: after a consistent read that it still names the dispatcher
+    # (``record_unchanged``, simulator seed 738533).
+    (chain,) = [c for c in dec.chains if any(isinstance(w, I.Create) and w.obj is d for w in c.writes)]
+    assert [(type(w).__name__, w.kind, w.name) for w in chain.writes[:1]] == [("ConfirmPresent", Kind.SPAN, "s")]

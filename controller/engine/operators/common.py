@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.engine import naming
-from controller.engine.intents import Write
+from controller.engine.intents import Create, Write, record_unchanged
 from controller.engine.world import Tick
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
-from controller.model.records import Dispatcher, Origin, Span, SpanOperator, Target
+from controller.model.records import Dispatcher, Origin, Record, Span, SpanOperator, Target
 from controller.model.states import (
     CLOSED_DISPATCHER_STATES,
     DISPATCHER_FINALIZER,
@@ -364,8 +364,22 @@ def advance_targets(tick: Tick, op: SpanOperator, lost_reason: str, reshape: boo
         return settles + finish(tick, op, phase, reason, message, targets=targets)
     if targets != op.targets:
         _, write = record(tick, op, targets=targets)
-        return [*settles, write, *acts]
+        return [*settles, write, *acts]  # the write is a compare-and-swap on the record the creates rest on
+    if creates_from_record(tick, op, acts):
+        # A create from the target as recorded before, not written by this decision: only if the record still
+        # names it.
+        return [record_unchanged(op), *settles, *acts]
     return settles + acts
+
+
+def creates_from_record(tick: Tick, record: Record, writes: list[Write]) -> bool:
+    """Whether ``writes`` create a dispatcher on the strength of ``record`` as the view shows it: not written by
+    this decision (whose own write is the compare-and-swap the create then follows)."""
+    return (
+        (record.kind, record.name) not in tick.touched
+        and any(isinstance(w, Create) and w.obj.kind is Kind.DISPATCHER for w in writes)
+        and not tick.mutant("creates-from-an-unconfirmed-record")
+    )
 
 
 # -- giving a target up ----------------------------------------------------------------------------
