@@ -10,6 +10,8 @@ import asyncio
 import base64
 import random
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +23,7 @@ import psycopg
 import pytest
 
 from controller.cli.__main__ import main as kubectl_changefeed
-from controller.dataplane import etcd, schema
+from controller.dataplane import schema
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import table_key
 from controller.model.states import OpPhase
@@ -179,17 +181,34 @@ def test_a_tls_source_named_by_its_secret_replicates_and_verifies(
     Secret fixed, the capture replicates (initial scan and watch) over TLS, and ``kubectl changefeed verify`` reads
     the same Secret and finds 0 differences. No PEM and no DSN in any output."""
     server = start_etcd(tls=True, client_cert_auth=True)  # its own etcd; its own table in the shared PostgreSQL
-    tls = etcd.Tls(ca=server.ca_pem, cert=server.client_cert_pem, key=server.client_key_pem)
 
-    async def put(key: bytes, value: bytes) -> int:
-        conn = await etcd.Connection.open(server.client_url, tls=tls)
-        try:
-            answer = await conn.kvstub.Put(aetcd.rpc.PutRequest(key=key, value=value), timeout=5)
-            return int(answer.header.revision)
-        finally:
-            await conn.close()
+    pem = tmp_path / "pem"
+    pem.mkdir()
+    for name, blob in (("ca", server.ca_pem), ("cert", server.client_cert_pem), ("key", server.client_key_pem)):
+        (pem / name).write_bytes(blob)
 
-    first = asyncio.run(put(table_key(TLS_TABLE) + b"before", b"scanned"))
+    def put(key: bytes, value: bytes) -> int:
+        """In a process of its own: gRPC over TLS in the test process left it busy, and a later test's fork of a
+        PostgreSQL restart then crashed the child (CI, SIGSEGV before its exec)."""
+        script = (
+            "import asyncio, sys, aetcd.rpc\n"
+            "from pathlib import Path\n"
+            "from controller.dataplane import etcd\n"
+            "p = Path(sys.argv[2])\n"
+            "tls = etcd.Tls(ca=(p / 'ca').read_bytes(), cert=(p / 'cert').read_bytes(), key=(p / 'key').read_bytes())\n"
+            "async def main():\n"
+            "    c = await etcd.Connection.open(sys.argv[1], tls=tls)\n"
+            "    put = aetcd.rpc.PutRequest(key=bytes.fromhex(sys.argv[3]), value=bytes.fromhex(sys.argv[4]))\n"
+            "    a = await c.kvstub.Put(put, timeout=5)\n"
+            "    await c.close()\n"
+            "    print(a.header.revision)\n"
+            "asyncio.run(main())\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script, server.client_url, str(pem), key.hex(), value.hex()],
+                             check=True, capture_output=True, text=True, timeout=60)  # fmt: skip
+        return int(out.stdout.split()[-1])
+
+    first = put(table_key(TLS_TABLE) + b"before", b"scanned")
     data = {"ca.crt": server.ca_pem.decode(), "tls.crt": server.client_cert_pem.decode(),
             "tls.key": server.client_key_pem.decode()}  # fmt: skip
     secret(api, "source", {"endpoints": f"{server.client_url},http://{server.endpoint}", **data})
@@ -215,7 +234,7 @@ def test_a_tls_source_named_by_its_secret_replicates_and_verifies(
         api.ok("PUT", f"/api/v1/namespaces/{api.namespace}/secrets/source", body)
         watch = Watch(api, system)
         watch.until(lambda s: any(d.checkpoint_ts > 0 for d in s.live_dispatchers()), "the initial scan over TLS")
-        last = asyncio.run(put(table_key(TLS_TABLE) + b"after", b"watched"))
+        last = put(table_key(TLS_TABLE) + b"after", b"watched")
         watch.until(
             lambda s: (s.changefeed is not None and s.changefeed.checkpoint_ts >= last) or "behind",
             "the checkpoint to pass the write over TLS",
@@ -225,10 +244,14 @@ def test_a_tls_source_named_by_its_secret_replicates_and_verifies(
             table_key(TLS_TABLE) + b"before": (b"scanned", first),
             table_key(TLS_TABLE) + b"after": (b"watched", last),
         }
-        capsys.readouterr()
         base = ["--kubeconfig", str(api.kubeconfig), "-n", api.namespace]
-        rc = kubectl_changefeed([*base, "verify", "-c", CHANGEFEED])
-        out, err = capsys.readouterr()
+        done = subprocess.run(
+            [sys.executable, "-m", "controller.cli", *base, "verify", "-c", CHANGEFEED],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip (its own process, as above)
+        rc, out, err = done.returncode, done.stdout, done.stderr
         assert rc == 0, (out, err)
         assert f"table {TLS_TABLE} (default): 2 keys at revision" in out
         assert "0 differences" in out
