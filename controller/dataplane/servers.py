@@ -19,7 +19,9 @@ Robustness:
 - the server's stdout and stderr go to a log file in its directory; a failure to start, or a server found
   dead by :meth:`~_Server.check`, raises :class:`ServerError` / :class:`ServerDied` whose message ends with
   the log's last lines;
-- each server runs in its own session (so one ``killpg`` reaches a postmaster's backends too) and, started
+- each server is spawned without ``fork()`` handlers (through ``setpriv``, so ``Popen`` can ``vfork``: a
+  ``fork()`` while a test's gRPC threads were busy crashed the child), runs in its own session (so one
+  ``killpg`` reaches a postmaster's backends too) and, started
   from the main thread, with a parent-death signal (``prctl(PR_SET_PDEATHSIG)``): if the process that
   started it dies, even by SIGKILL, the kernel signals the server (etcd: SIGKILL; the postmaster: SIGQUIT,
   its immediate shutdown, which takes its backends along). Linux delivers that signal when the *thread* that
@@ -138,6 +140,36 @@ def _watchdog(death_signal: int, parent: int) -> Callable[[], None]:
     return preexec
 
 
+def _launch(
+    argv: list[str], *, account: pwd.struct_passwd | None, death_signal: int | None
+) -> tuple[list[str], dict[str, Any]]:
+    """How to start ``argv``: the command line and the ``Popen`` keywords that run it as ``account`` (if
+    given) and with the kernel's parent-death signal ``death_signal`` (if given).
+
+    Through ``setpriv`` (util-linux) when it is installed, so that ``Popen`` needs neither ``user=`` nor a
+    ``preexec_fn`` and starts the child with ``vfork``: a plain ``fork()`` of a process whose gRPC threads are
+    busy (a test's etcd client) runs gRPC's fork handlers, and the child crashed with SIGSEGV before its exec
+    (seen in CI when PostgreSQL was restarted as ``nobody`` while a writer wrote to etcd). ``setpriv`` changes
+    the ids first and arms the signal last (a change of ids clears it). One gap it leaves: a parent that dies
+    between the spawn and ``setpriv``'s ``prctl`` leaves the server running (the ``preexec_fn`` path checks
+    ``getppid`` for that; this one cannot). Without ``setpriv``: ``user=``/``group=`` and :func:`_watchdog`
+    (a fork)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        prefix = [setpriv]
+        if account is not None:
+            prefix += [f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups"]
+        if death_signal is not None:
+            prefix.append(f"--pdeathsig={signal.Signals(death_signal).name}")
+        return ([*prefix, "--", *argv] if len(prefix) > 1 else argv), {}
+    kwargs: dict[str, Any] = {}
+    if account is not None:
+        kwargs.update(user=account.pw_uid, group=account.pw_gid, extra_groups=[])
+    if death_signal is not None:
+        kwargs["preexec_fn"] = _watchdog(death_signal, os.getpid())  # prctl is resolved before the fork
+    return argv, kwargs
+
+
 def _stop_process(proc: subprocess.Popen[bytes], steps: Sequence[tuple[int, float]]) -> None:
     """Signal ``proc`` with each ``(signal, grace seconds)`` in turn until it exits, then SIGKILL whatever is
     left of its session (it was started with ``start_new_session``: its process group is its pid)."""
@@ -185,6 +217,8 @@ class _Server:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._lock = threading.Lock()
+        #: The account the server runs as (None: this process's own).
+        self._account: pwd.struct_passwd | None = None
 
     # --- what a server kind supplies -----------------------------------------------------------------
     def _prepare(self) -> None:
@@ -293,21 +327,20 @@ class _Server:
         assert self._log is not None
         if not same_ports:
             self._choose_ports()
-        argv = self._argv()
+        # The parent-death signal fires when the *thread* that started the server ends: main thread only.
+        main = threading.current_thread() is threading.main_thread()
+        argv, launch = _launch(self._argv(), account=self._account, death_signal=self.death_signal if main else None)
         self._log.write(f"--- attempt {attempt}: {' '.join(argv)}\n".encode())
         self._log.flush()
         offset = self._log.tell()
-        preexec = None
-        if threading.current_thread() is threading.main_thread():
-            preexec = _watchdog(self.death_signal, os.getpid())
         self._proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=preexec,  # prctl is resolved before the fork (see _watchdog)
             cwd=self.directory,
+            **launch,
             **self._popen_kwargs(),
         )
         deadline = time.monotonic() + self.start_timeout
@@ -578,7 +611,6 @@ class PostgresServer(_Server):
         self.settings = dict(settings or {})
         self.host = LOOPBACK
         self.port = 0
-        self._account: pwd.struct_passwd | None = None
         if os.geteuid() == 0 or run_as is not None:
             self._account = pwd.getpwnam(run_as or "nobody")
         self._bin = self.bin_dir
@@ -604,10 +636,7 @@ class PostgresServer(_Server):
     def _popen_kwargs(self) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env.update(LC_ALL="C", LANG="C")
-        kwargs: dict[str, Any] = {"env": env}
-        if self._account is not None:
-            kwargs.update(user=self._account.pw_uid, group=self._account.pw_gid, extra_groups=[])
-        return kwargs
+        return {"env": env}
 
     def _prepare(self) -> None:
         self.socket_dir.mkdir()
@@ -625,10 +654,11 @@ class PostgresServer(_Server):
         assert self._log is not None
         self._log.write(f"--- {' '.join(argv)}\n".encode())
         self._log.flush()
+        argv, launch = _launch(argv, account=self._account, death_signal=None)
         try:
             result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                     cwd=self.directory, timeout=self.start_timeout, check=False,
-                                    **self._popen_kwargs())  # fmt: skip
+                                    **launch, **self._popen_kwargs())  # fmt: skip
         except subprocess.TimeoutExpired:
             raise ServerError(f"initdb did not finish within {self.start_timeout:g} s", self.log_path) from None
         if result.returncode != 0:

@@ -9,9 +9,9 @@ etcd at a revision at or below the changefeed's checkpoint with the sink, online
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import re
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -289,12 +289,13 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
         before = w.last
         checkpoint_past(watch, before, "the checkpoint to pass the writes before the crash", 30)
         failure = w.changes
-        down = threading.Thread(target=postgres.restart, args=(10.0,), kwargs={"crash": True}, name="sink-down")
-        down.start()
-        try:  # the captures retry, their reports say why, and the Changefeed shows it
-            snap = watch.until(lambda s: sink_condition(s, "True"), "the Changefeed to say the sink is unavailable", 9)
-        finally:
-            down.join(timeout=60)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sink-down") as pool:
+            down = pool.submit(postgres.restart, 10.0, crash=True)
+            try:  # the captures retry, their reports say why, and the Changefeed shows it
+                unavailable = "the Changefeed to say the sink is unavailable"
+                snap = watch.until(lambda s: sink_condition(s, "True"), unavailable, 9)
+            finally:
+                down.result(timeout=60)  # a restart that failed fails the test with its own error
         assert snap.changefeed is not None
         cond = snap.changefeed.condition(SINK_UNAVAILABLE)
         assert cond is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -349,6 +350,35 @@ def test_a_failed_start_reports_the_log_and_leaves_nothing(tmp_path: Path) -> No
         EtcdServer(extra_args=["--no-such-flag"], attempts=1).start()
     assert "no-such-flag" in str(failed.value)  # the tail of etcd's own complaint
     assert set(Path(servers.tempfile.gettempdir()).glob("cfm-etcd-*")) == before
+
+
+def test_servers_start_without_fork_handlers_and_as_their_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server (and initdb) is spawned with neither ``preexec_fn`` nor ``user=``, so ``Popen`` uses ``vfork``
+    and no ``pthread_atfork`` handler runs: a plain ``fork()`` while gRPC's threads were busy crashed the
+    child of a PostgreSQL restart (SIGSEGV, CI). ``setpriv`` switches the account and arms the parent-death
+    signal instead (the test above shows the signal still works); run by root, the postmaster is ``nobody``."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv: servers fall back to preexec_fn and user= (a fork)")
+    spawned: list[tuple[list[str], dict[str, Any]]] = []
+    real = subprocess.Popen
+
+    def spy(argv: list[str], *args: Any, **kwargs: Any) -> Any:
+        spawned.append((list(argv), kwargs))
+        return real(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", spy)  # servers.py calls subprocess.Popen
+    with PostgresServer() as pg:
+        uid = next(int(line.split()[1]) for line in Path(f"/proc/{pg.pid}/status").read_text().splitlines()
+                   if line.startswith("Uid:"))  # fmt: skip
+        if os.geteuid() == 0:
+            assert uid == pwd.getpwnam("nobody").pw_uid
+        else:
+            assert uid == os.geteuid()
+    assert any("initdb" in " ".join(argv) for argv, _ in spawned), spawned
+    assert any(Path(a).name == "postgres" for argv, _ in spawned for a in argv), spawned
+    for argv, kwargs in spawned:
+        assert not {"preexec_fn", "user", "group", "extra_groups"} & kwargs.keys(), (argv, kwargs)
+        assert Path(argv[0]).name == "setpriv", argv
 
 
 def test_servers_die_with_the_process_that_started_them() -> None:
