@@ -357,8 +357,8 @@ def test_servers_start_without_fork_handlers_and_as_their_account(monkeypatch: p
     and no ``pthread_atfork`` handler runs: a plain ``fork()`` while gRPC's threads were busy crashed the
     child of a PostgreSQL restart (SIGSEGV, CI). ``setpriv`` switches the account and arms the parent-death
     signal instead (the test above shows the signal still works); run by root, the postmaster is ``nobody``."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("no setpriv: servers fall back to preexec_fn and user= (a fork)")
+    # Not a skip: without setpriv the servers fall back to the fork that crashed (install util-linux).
+    assert shutil.which("setpriv") is not None, "no setpriv: servers fall back to preexec_fn and user= (a fork)"
     spawned: list[tuple[list[str], dict[str, Any]]] = []
     real = subprocess.Popen
 
