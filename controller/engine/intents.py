@@ -172,6 +172,24 @@ class ConfirmPresent:
         return f"confirm {self.kind} {self.name} is still there"
 
 
+@dataclass(frozen=True, slots=True)
+class ConfirmGone:
+    """Not a write: a consistent read (a GET, served from etcd) that fails the chain if ``name`` exists, whatever
+    its incarnation; the executor offers what it found to its view, so the next decision sees it.
+
+    Why: a rule that concludes from an object's absence that a person deleted it (an operator's target span
+    "deleted by hand mid-way", then given up and its keys left to the safety net) must not conclude it from a view
+    that has not seen the object yet: a span another maintainer created (a deposed one finishing the same Split
+    from its own view, the create answered AlreadyExists here), its ADDED event still on the way (simulator seed
+    867345: a Split recorded its children deleted by hand and the hole fill re-created the parent's range)."""
+
+    kind: Kind
+    name: str
+
+    def describe(self) -> str:
+        return f"confirm {self.kind} {self.name} is gone"
+
+
 def record_unchanged(record: Record) -> ConfirmPresent:
     """The consistent read a create resting on ``record`` (as this view has it) comes after."""
     return ConfirmPresent(record.kind, record.name, record.uid, record.resource_version)
@@ -187,9 +205,10 @@ Write = (
     | Event
     | ConfirmNoneLeft
     | ConfirmPresent
+    | ConfirmGone
 )
 #: Intents that read, not write (not counted as writes).
-READS = (ConfirmNoneLeft, ConfirmPresent)
+READS = (ConfirmNoneLeft, ConfirmPresent, ConfirmGone)
 
 
 @dataclass(frozen=True, slots=True)

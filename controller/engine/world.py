@@ -202,6 +202,8 @@ MUTANTS = frozenset(
         "quiet-chains-everywhere",  # every chain's landing is declared to need no decision of its own
         "decides-on-stale-view",  # a decision is made on a view in doubt (a kind's watch broke, not listed since)
         "creates-from-an-unconfirmed-record",  # a dispatcher made from a recorded target a zombie has rewritten since
+        "gives-up-a-span-unseen",  # an operator's new span absent from the view is taken as deleted by hand, unread
+        "fills-a-hole-an-unseen-operator-plans",  # a hole fill where a running Split/Merge's spans are all unseen
         *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process
     }
 )

@@ -49,7 +49,8 @@ STALE_VIEW = "StaleView"
 
 
 class StaleView(Exception):
-    """A consistent read (``ConfirmNoneLeft``, ``ConfirmPresent``) found what the decision's view did not show."""
+    """A consistent read (``ConfirmNoneLeft``, ``ConfirmPresent``, ``ConfirmGone``) found what the decision's view did
+    not show."""
 
 
 #: What a failed write raises; the chain is abandoned and the next decision starts from a fresh snapshot.
@@ -225,6 +226,8 @@ class Executor:
             await self._confirm_none_left(w)
         elif isinstance(w, I.ConfirmPresent):
             await self._confirm_present(w)
+        elif isinstance(w, I.ConfirmGone):
+            await self._confirm_gone(w)
 
     async def _write_through(self, kind: str, obj: JSON, wake: bool = True) -> None:
         """Offer a write's response to the informer in its turn (the pacer's): responses that arrive together
@@ -254,6 +257,18 @@ class Executor:
         self.informer.offer(w.kind.value, obj)
         if w.resource_version and (obj.get("metadata") or {}).get("resourceVersion") != w.resource_version:
             raise StaleView(f"{w.kind} {w.name} changed since this view")  # the newer one is in the view now
+
+    async def _confirm_gone(self, w: I.ConfirmGone) -> None:
+        """GET (no resourceVersion: a consistent read) ``w.name``: found (any incarnation), it fails the chain and
+        is offered to the informer, so the next decision sees what this one's view had not yet."""
+        try:
+            obj = await self.client.get(RESOURCES[w.kind], self.namespace, w.name)
+        except ApiError as exc:
+            if exc.not_found:
+                return
+            raise
+        self.informer.offer(w.kind.value, obj)
+        raise StaleView(f"{w.kind} {w.name} is still there")
 
     async def _confirm_none_left(self, w: I.ConfirmNoneLeft) -> None:
         """LIST each kind the teardown removes (no resourceVersion: a consistent read, in pages) until

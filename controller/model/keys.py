@@ -29,6 +29,14 @@ def table_key(table_id: int) -> bytes:
     return TABLE_PREFIX + table_id.to_bytes(8, "big")
 
 
+def table_id_of(key_range: KeyRange) -> int | None:
+    """The table whose keys ``key_range`` starts in (None for a start key outside every table's range)."""
+    start = key_range.start
+    if len(start) < 9 or start[:1] != TABLE_PREFIX:
+        return None
+    return int.from_bytes(start[1:9], "big")
+
+
 def key_to_hex(key: bytes) -> str:
     return key.hex()
 

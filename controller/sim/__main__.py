@@ -95,9 +95,15 @@ def sweep(
 #: Seed 738533 (the long run of issues 36/37, seeds from 700000, on this code and on the code before it): a zombie
 #: rewrote a Move's target after a capture refused the one it created under its old epoch; the new leader, its
 #: SpanOperator view behind, created the old target again, named by no record (``record_unchanged`` reads first).
+#: Seed 867345 (the long run of issues 36/37, seeds from 850000): a new leader's view showed a Split at AddSpans with
+#: neither its parent (its own delete) nor its children (a zombie created them, their events late); it filled the
+#: parent's range as a hole. Seed 860035 (a search with the mutant, seeds from 860000): a Split recorded a child as
+#: deleted by hand that another maintainer had created, unseen.
 PINNED: dict[str, tuple[int, ...]] = {
     "decides-on-stale-view": (318736, 320624),
     "creates-from-an-unconfirmed-record": (738533,),
+    "fills-a-hole-an-unseen-operator-plans": (867345,),
+    "gives-up-a-span-unseen": (860035,),
 }
 
 

@@ -112,7 +112,7 @@ class Cache:
 class Outcome:
     writes: int = 0
     failed_chains: int = 0
-    stale_views: int = 0  # chains a consistent read (ConfirmNoneLeft, ConfirmPresent) stopped
+    stale_views: int = 0  # chains a consistent read (ConfirmNoneLeft, ConfirmPresent, ConfirmGone) stopped
     killed: bool = False
     log: list[str] = field(default_factory=list)
     #: Creates that landed (AlreadyExists included) and creates the API refused (for ``maintainer.observed``).
@@ -221,6 +221,12 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         cache.offer(cur)
         if w.resource_version and cur.resource_version != w.resource_version:
             raise ApiError(409, STALE_VIEW, f"{w.kind} {w.name} changed since this view")
+    elif isinstance(w, I.ConfirmGone):
+        # A consistent read (a GET): found, any incarnation, it enters the view and the chain stops.
+        cur = api.get(w.kind, w.name)
+        if cur is not None:
+            cache.offer(cur)
+            raise ApiError(409, STALE_VIEW, f"{w.kind} {w.name} is still there")
     elif isinstance(w, I.ConfirmNoneLeft):
         # A consistent read: the API's own state, not the cache (what a LIST without resourceVersion is).
         found = teardown.left_behind(

@@ -275,6 +275,8 @@ def describe(w: I.Write) -> tuple[str, ...]:
         return ("confirm", "Changefeed", w.changefeed)
     if isinstance(w, I.ConfirmPresent):
         return ("confirm", w.kind.value, w.name)
+    if isinstance(w, I.ConfirmGone):
+        return ("confirm-gone", w.kind.value, w.name)
     return ("event", w.kind.value, w.name, w.reason)
 
 
@@ -428,6 +430,9 @@ class Store:
             elif isinstance(w, I.ConfirmPresent) and getattr(self.get(w.kind, w.name), "uid", None) != w.uid:
                 self.aborted += 1
                 return made  # what the chain rests on is gone: it stops
+            elif isinstance(w, I.ConfirmGone) and self.get(w.kind, w.name) is not None:
+                self.aborted += 1
+                return made  # what the chain concludes was deleted is there: it stops
         return made
 
     def captures_step(self, progress: int = 10) -> None:

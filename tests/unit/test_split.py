@@ -6,8 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from controller.engine.maintainer import Memory, decide
+from controller.engine.maintainer import Decision, Memory, decide
+from controller.engine.world import Options
 from controller.model.keys import KeyRange
+from controller.model.records import Span, SpanOperator
 from tests.unit.fixtures import (
     EPOCH,
     DispatcherState,
@@ -405,3 +407,65 @@ def test_every_child_deleted_by_hand_fails_span_deleted():
     assert rec.message == (
         "every new span was deleted by hand mid-way (child0, child1); the safety net re-covers their keys"
     )
+
+
+def _children_made_elsewhere() -> list[Span]:
+    """The children as another maintainer (a deposed one driving the same Split) created them: in the API, not yet
+    in this maintainer's view."""
+    return [span(t.span, key_range=t.key_range, state=SpanState.SCHEDULING, operator="sp") for t in CHILDREN]
+
+
+def _split_placing_unseen_children(options: Options | None = None) -> tuple[Decision, Store]:
+    """Simulator seed 867345, as it happened: a new leader's CreateSpans found every child already created
+    (AlreadyExists: a zombie made them) and deleted the parent (out of its view at once); its next view shows the
+    Split at AddSpans, no parent and no child (their ADDED events still on the way)."""
+    targets = tuple(replace(t, capture="c0", dispatcher=f"k{i}", start_ts=130) for i, t in enumerate(CHILDREN))
+    view = at(Stage.ADD_SPANS, targets=targets, parent=False, cp=130)
+    api = Store()
+    api.add(changefeed(), *view, *_children_made_elsewhere())
+    return decide(world(*view), memory(), options), api
+
+
+def test_children_the_view_has_not_seen_are_read_before_they_are_given_up_and_no_hole_is_filled():
+    dec, api = _split_placing_unseen_children()
+    assert created(dec, Kind.SPAN) == []  # the parent's keys are planned by a Split the view cannot place: wait
+    (chain,) = [c for c in dec.chains if ("status", "SpanOperator", "sp") in [describe(w) for w in c.writes]]
+    assert [describe(w) for w in chain.writes][:3] == [
+        ("confirm-gone", "Span", "child0"),
+        ("confirm-gone", "Span", "child1"),
+        ("status", "SpanOperator", "sp"),
+    ]
+    api.apply(dec)
+    assert api.aborted >= 1  # the consistent read finds them: nothing is recorded as deleted
+    op = api.get(Kind.OPERATOR, "sp")
+    assert isinstance(op, SpanOperator)
+    assert (op.phase, [t.lost for t in op.targets]) == (OpPhase.RUNNING, [False, False])
+    assert {s.key_range for s in api.of(Kind.SPAN).values()} == set(pieces(1, 2))  # no parent range again
+
+
+@pytest.mark.parametrize("mutant", ["gives-up-a-span-unseen", "fills-a-hole-an-unseen-operator-plans"])
+def test_each_half_of_the_unseen_children_fix_is_needed(mutant: str) -> None:
+    dec, api = _split_placing_unseen_children(Options(mutants=frozenset({mutant})))
+    api.apply(dec)
+    op = api.get(Kind.OPERATOR, "sp")
+    assert isinstance(op, SpanOperator)
+    if mutant == "gives-up-a-span-unseen":  # recorded as deleted by hand though both exist
+        assert (op.phase, op.status_reason) == (OpPhase.FAILED, "SpanDeleted")
+        assert {"child0", "child1"} <= set(api.of(Kind.SPAN))
+    else:  # the parent's range created again beside the children
+        assert trange(1) in {s.key_range for s in api.of(Kind.SPAN).values()}
+
+
+def test_children_really_deleted_fail_the_split_and_the_next_decision_covers_their_keys():
+    targets = tuple(replace(t, capture="c0", dispatcher=f"k{i}", start_ts=130) for i, t in enumerate(CHILDREN))
+    api = Store()
+    api.add(changefeed(), *at(Stage.ADD_SPANS, targets=targets, parent=False, cp=130))
+    dec = decide(api.world(), memory())
+    assert created(dec, Kind.SPAN) == []  # not in the decision that records the deletion: after it lands
+    api.apply(dec)
+    assert api.aborted == 0
+    op = api.get(Kind.OPERATOR, "sp")
+    assert isinstance(op, SpanOperator)
+    assert (op.phase, op.status_reason) == (OpPhase.FAILED, "SpanDeleted")
+    dec = decide(api.world(), memory())
+    assert [s.key_range for s in created(dec, Kind.SPAN)] == [trange(1)]

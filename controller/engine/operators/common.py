@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.engine import naming
-from controller.engine.intents import Create, Write, record_unchanged
+from controller.engine.intents import ConfirmGone, Create, Write, record_unchanged
 from controller.engine.world import Tick
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
@@ -276,15 +276,19 @@ def place_targets(
         span = tick.spans.get(t.span)
         if span is None:
             # The span vanished under the operator (deleted by hand): close what we made for it, then
-            # there is nothing left to place (the safety net re-covers its keys).
+            # there is nothing left to place (the safety net re-covers its keys). Absent from the view is not
+            # deleted: another maintainer may have created it, its event still on the way (simulator seed
+            # 867345), so a consistent read confirms it gone before either.
+            gone = [] if tick.mutant("gives-up-a-span-unseen") else [ConfirmGone(Kind.SPAN, t.span)]
             mine = [x for x in tick.dispatchers_of_span(t.span)]
             if t.dispatcher in tick.dispatchers and tick.dispatchers[t.dispatcher] not in mine:
                 mine.append(tick.dispatchers[t.dispatcher])
             if mine:
-                acts.extend(w for x in mine for w in tick.close_dispatcher(x))
+                acts.extend([*gone, *(w for x in mine for w in tick.close_dispatcher(x))])
                 targets.append(t)
             else:
                 targets.append(give_up(t, SPAN_DELETED, SPAN_DELETED_MESSAGE))
+                settles.extend(gone)  # before the operator's record of it
             continue
         d = tick.dispatchers.get(t.dispatcher) if t.dispatcher else None
         others = [x for x in tick.dispatchers_of_span(t.span) if x.name != t.dispatcher]
