@@ -127,8 +127,9 @@ def test_a_split_whose_parent_was_deleted_by_hand_fails_instead_of_hanging():
     table and mode from, and waited forever. It now ends Failed (SpanNotFound); the safety net re-covers
     the range with an Absent span.
     """
+    from controller.engine import intents as I
     from controller.model.records import Target as T
-    from tests.unit.fixtures import Kind, last_status, pieces
+    from tests.unit.fixtures import Kind, Store, changefeed, created, describe, last_status, pieces, writes
 
     halves = pieces(1, 2)
     op = operator(
@@ -140,11 +141,21 @@ def test_a_split_whose_parent_was_deleted_by_hand_fails_instead_of_hanging():
         split_into=2,
         targets=tuple(T(span=f"child-{i}", key_range=r) for i, r in enumerate(halves)),
     )
-    dec = decide(world(table(1), capture("c0"), op), memory())
+    api = Store()
+    api.add(changefeed(), table(1), capture("c0"), op)
+    dec = decide(api.world(), memory())
     rec = last_status(dec, Kind.OPERATOR, "sp")
     assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "SpanNotFound")
-    spans = [w for w in dec.chains for w in w.writes if type(w).__name__ == "Create" and w.obj.kind is Kind.SPAN]
-    assert [w.obj.key_range for w in spans] == [trange(1)]  # the hole, re-covered as one span (placed at once)
+    # The spans it takes for deleted are read first (none of them is there), and its keys wait for that end to land.
+    assert [describe(w) for w in writes(dec) if isinstance(w, I.ConfirmGone)] == [
+        ("confirm-gone", "Span", n) for n in ("gone", "child-0", "child-1")
+    ]
+    assert created(dec, Kind.SPAN) == []
+    api.apply(dec)
+    assert api.aborted == 0
+    dec = decide(api.world(), memory())
+    spans = created(dec, Kind.SPAN)
+    assert [s.key_range for s in spans] == [trange(1)]  # the hole, re-covered as one span (placed at once)
 
 
 def test_two_running_operators_on_one_span_keep_the_one_the_span_names():

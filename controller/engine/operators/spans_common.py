@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.engine.intents import Delete, Write
+from controller.engine.intents import ConfirmGone, Delete, Write
 from controller.engine.operators.common import (
     NO_CAPTURE,
     PARTIALLY_PLACED,
@@ -64,9 +64,14 @@ def create_spans(tick: Tick, op: SpanOperator, *replaced: str) -> list[Write]:
     if template is None:
         # Every replaced span was deleted by hand and none of the new ones exists yet: there is nothing
         # to take the table and mode from. The safety net re-covers the range; this operator ends.
+        # Absent from the view is not deleted (another maintainer may have made the new spans, unseen yet): a
+        # consistent read confirms each is gone first (simulator seed 867345).
         gone = ", ".join(replaced)
         message = f"span(s) {gone} deleted by hand before the new spans existed; the safety net re-covers the keys"
-        return writes + finish(tick, op, OpPhase.FAILED, "SpanNotFound", message)
+        reads: list[Write] = []
+        if not tick.mutant("gives-up-a-span-unseen"):
+            reads = [ConfirmGone(Kind.SPAN, n) for n in (*replaced, *(t.span for t in op.targets))]
+        return writes + reads + finish(tick, op, OpPhase.FAILED, "SpanNotFound", message)
     if tick.mutant("reshape-without-capture-skips-new-spans") and not tick.schedulable_captures():
         # Deliberate bug for the mutation check: with no capture to place them on, the new spans are
         # given up before they exist (the old spans go, nothing replaces them).
