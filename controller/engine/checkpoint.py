@@ -9,6 +9,8 @@ Table), of what is known for each:
 - any other span: its persisted checkpoint (the start ts it will be replicated from);
 - a span some in-flight Add, Move, Split or Merge owns: also the operator's recorded checkpoint (the
   ts its new dispatchers start from), which holds the changefeed back while the span is in flight.
+- a table joining (``Changefeed.status.joining``: its first spans are being created, perhaps by a deposed
+  maintainer, unseen here): the join's start, until the table's spans cover it (engine/tables.py).
 
 It never goes backwards: a lower minimum (cannot happen unless a span is created below the
 checkpoint, which the engine never does) leaves the published value where it is.
@@ -21,7 +23,7 @@ from collections import defaultdict
 from controller.engine import progress
 from controller.engine.world import Tick
 from controller.model.keys import KeyRange, gaps
-from controller.model.records import Span, SpanOperator
+from controller.model.records import Join, Span, SpanOperator
 from controller.model.states import DispatcherState, Mode, OpPhase, OpType, SpanState
 
 
@@ -52,10 +54,19 @@ def compute(tick: Tick) -> int:
             for t in op.targets:
                 if not t.done and t.start_ts:
                     lower(t.start_ts)
+    for join in _joins(tick):
+        lower(join.start_ts)
     previous = tick.checkpoint_floor
     if low is None or _has_hole(tick):
         return previous
     return max(previous, low)
+
+
+def _joins(tick: Tick) -> list[Join]:
+    """Tables whose first spans are being created (``Changefeed.status.joining``, and those this decision adds):
+    their spans start no lower than the join says, and may not be in this view yet (a deposed maintainer's,
+    simulator seed 805239), so the join holds the checkpoint until the table's spans cover it."""
+    return [*tick.changefeed.joining, *tick.joins_wanted.values()]
 
 
 def _has_hole(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> bool:
@@ -140,6 +151,7 @@ def _incremental(tick: Tick) -> int:
             for t in op.targets:
                 if not t.done and t.start_ts:
                     values.append(t.start_ts)
+    values += [join.start_ts for join in _joins(tick)]
     known = [v for v in values if v is not None]
     previous = tick.checkpoint_floor
     if not known:

@@ -185,6 +185,9 @@ class ConfirmGone:
 
     kind: Kind
     name: str
+    #: Only this incarnation counts as there ("": any): a Table re-created under the name is not the one a
+    #: Changefeed's join named.
+    uid: str = ""
 
     def describe(self) -> str:
         return f"confirm {self.kind} {self.name} is gone"

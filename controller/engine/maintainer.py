@@ -525,8 +525,10 @@ def _status(
             events.append(tick.event(capture, "CaptureLost", message, warning=True))
         else:
             events.append(tick.event(cf, "CaptureLost", message, warning=True))
+    joins, join_reads = tables.joining(tick)
     new = replace(
         cf,
+        joining=joins,
         checkpoint_ts=checkpoint.compute(tick),
         span_counts=_state_counts(tick),
         operators_in_flight=_in_flight_count(tick),
@@ -543,7 +545,8 @@ def _status(
             waiting = True
     published = new.checkpoint_ts != cf.checkpoint_ts
     if not new.status_equal(cf):
-        writes.insert(0, WriteStatus(new))
+        # A join dropped for a table the view lacks follows a read that finds no such Table (engine/tables.py).
+        writes[:0] = [*join_reads, WriteStatus(new)]
     # Only the progress moved (what a changefeed at rest writes, once a second): no rule reads it back but the
     # checkpoint as the floor of where new dispatchers start, and a lower floor is safe; its landing needs no
     # decision (the next capture report, event or due time brings one).

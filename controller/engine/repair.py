@@ -29,6 +29,7 @@ from dataclasses import replace
 from controller.engine import controller, naming, placement
 from controller.engine.intents import ConfirmPresent, Write
 from controller.engine.operators.common import set_span
+from controller.engine.tables import join_of, joined
 from controller.engine.world import Tick, is_placement
 from controller.model import resources as conv
 from controller.model.keys import KeyError_, KeyRange, gaps, overlapping_pairs, table_id_of
@@ -357,6 +358,12 @@ def coverage(tick: Tick) -> None:
                 if initial_left <= 0:
                     tick.coverage_deferred = True  # next decision (which this decision's writes wake)
                     continue
+                if not joined(tick, table) and not tick.mutant("spans-before-the-join"):
+                    # First the join, on the Changefeed (engine/tables.py): the spans come once the view shows it.
+                    tick.joins_wanted.setdefault(table.name, join_of(tick, table))
+                    tick.coverage_deferred = True
+                    initial_left -= len(_initial_ranges(table)[0])
+                    continue
                 initial_left -= _initial_spans(tick, table, mode)
                 continue
             for hole in gaps(table.key_range, ranges):
@@ -390,16 +397,22 @@ def _pre_split_cut(table: Table, hole: KeyRange) -> tuple[KeyRange, ...]:
         return (hole,)
 
 
-def _initial_spans(tick: Tick, table: Table, mode: Mode) -> int:
-    """Create ``table``'s first spans in ``mode`` (its pre-split); returns how many."""
+def _initial_ranges(table: Table) -> tuple[tuple[KeyRange, ...], str]:
+    """``table``'s first spans' ranges (its pre-split), and why its preSplit was ignored ("" if it was not)."""
     rng = table.key_range
     try:
-        ranges = rng.split_at(_pre_split_keys(table))
+        return rng.split_at(_pre_split_keys(table)), ""
     except KeyError_ as exc:
-        ranges = (rng,)
+        return (rng,), str(exc)
+
+
+def _initial_spans(tick: Tick, table: Table, mode: Mode) -> int:
+    """Create ``table``'s first spans in ``mode`` (its pre-split); returns how many."""
+    ranges, ignored = _initial_ranges(table)
+    if ignored:
         tick.emit(
             f"table {table.name} presplit",
-            [tick.event(table, "PreSplitIgnored", f"spec.preSplit ignored: {exc}", warning=True)],
+            [tick.event(table, "PreSplitIgnored", f"spec.preSplit ignored: {ignored}", warning=True)],
         )
     for r in ranges:
         _new_span(tick, table, mode, r)

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.engine import controller, naming
-from controller.engine.intents import AddFinalizer, RemoveFinalizer, WriteStatus
+from controller.engine.intents import AddFinalizer, ConfirmGone, RemoveFinalizer, Write, WriteStatus
 from controller.engine.operators.common import owned_spans, record
 from controller.engine.world import Tick
 from controller.model import resources as conv
+from controller.model.keys import gaps
 from controller.model.ordering import in_order
-from controller.model.records import SpanOperator, Table
-from controller.model.states import TABLE_FINALIZER, Kind, Mode, OpPhase, OpSource, OpType
+from controller.model.records import Join, SpanOperator, Table
+from controller.model.states import TABLE_FINALIZER, Kind, Mode, OpPhase, OpSource, OpType, SpanState
 
 
 def lifecycle(tick: Tick) -> None:
@@ -116,3 +117,58 @@ def remove_spans(tick: Tick, spans: list[str], basis: str, why: str, cancel: tup
     if op.name in tick.operators:
         return  # created already (not yet started: the in-flight limit)
     controller.admit(tick, op, create=True)
+
+
+# -- joining: a new table's record on the Changefeed before its first spans -------------------------------------
+
+
+def join_of(tick: Tick, table: Table) -> Join:
+    """The join ``table``'s first spans wait for: they start from the checkpoint floor (or the table's startTs)."""
+    return Join(table=table.name, uid=table.uid, start_ts=max(tick.checkpoint_floor, table.start_ts))
+
+
+def joined(tick: Tick, table: Table) -> bool:
+    """The view's Changefeed records ``table`` (this incarnation) as joining: its first spans may be created."""
+    return any(j.table == table.name and j.uid == table.uid for j in tick.changefeed.joining)
+
+
+def joining(tick: Tick) -> tuple[tuple[Join, ...], list[Write]]:
+    """What ``Changefeed.status.joining`` becomes, and the reads its write must follow.
+
+    A join stays until the view shows the table's spans covering its range in every mode (their checkpoints hold
+    the changefeed back from then on), or the table deleted. A join whose table the view does not show (gone, or
+    not seen yet: a Table watch lagging behind another maintainer's join) is dropped only after a GET finds no such
+    Table (``ConfirmGone`` with its uid): found, the chain stops and the Table enters the view. The joins this
+    decision wants (``Tick.joins_wanted``) are added."""
+    keep: list[Join] = []
+    reads: list[Write] = []
+    for j in tick.changefeed.joining:
+        table = tick.world.tables.get(j.table)
+        if table is None or table.uid != j.uid:
+            reads.append(ConfirmGone(Kind.TABLE, j.table, j.uid))
+        elif not table.deleting and not _covered(tick, table):
+            keep.append(j)
+    names = {j.table for j in keep}
+    keep += [j for name, j in sorted(tick.joins_wanted.items()) if name not in names]
+    return tuple(keep), reads
+
+
+def _covered(tick: Tick, table: Table) -> bool:
+    """The view's accepted spans of ``table`` cover its range in every mode of the changefeed (as the view shows
+    them: a span this decision creates counts once it has landed)."""
+    for mode in tick.changefeed.modes:
+        if tick.index is not None:
+            found = (tick.world.spans.get(n) for n in tick.index.spans_by_table.get((table.table_id, mode), ()))
+            pool = [s for s in found if s is not None]
+        else:
+            pool = list(tick.world.spans.values())
+        ranges = [
+            s.key_range
+            for s in pool
+            if (s.table_id, s.mode) == (table.table_id, mode)
+            and s.state not in (None, SpanState.INVALID)
+            and not s.deleting
+        ]
+        if gaps(table.key_range, ranges):
+            return False
+    return True

@@ -25,7 +25,7 @@ from controller.engine.intents import Chain, Create, Delete, Event, FenceCapture
 from controller.model import progress
 from controller.model.keys import KeyRange
 from controller.model.ordering import in_order
-from controller.model.records import Capture, Changefeed, Dispatcher, Record, Span, SpanOperator, Table
+from controller.model.records import Capture, Changefeed, Dispatcher, Join, Record, Span, SpanOperator, Table
 from controller.model.states import DISPATCHER_FINALIZER, Kind, Mode, OpPhase, SpanState
 
 if TYPE_CHECKING:
@@ -204,6 +204,7 @@ MUTANTS = frozenset(
         "creates-from-an-unconfirmed-record",  # a dispatcher made from a recorded target a zombie has rewritten since
         "gives-up-a-span-unseen",  # an operator's new span absent from the view is taken as deleted by hand, unread
         "fills-a-hole-an-unseen-operator-plans",  # a hole fill where a running Split/Merge's spans are all unseen
+        "spans-before-the-join",  # a new table's first spans created without its join recorded on the Changefeed
         *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process
     }
 )
@@ -298,6 +299,8 @@ class Tick:
         self._load: dict[str, int] | None = None
         #: Coverage left some new tables' spans for the next decision (its batch was full): no balancing.
         self.coverage_deferred = False
+        #: New tables this decision records as joining (``Changefeed.status.joining``) before their first spans.
+        self.joins_wanted: dict[str, Join] = {}
         #: Span states per table, for the status phase of a full decision (built once, at that phase).
         self.per_table_states: dict[int, list[SpanState | None]] | None = None
         self.tables_by_id: dict[int, Table] = {}

@@ -259,8 +259,8 @@ class Executor:
             raise StaleView(f"{w.kind} {w.name} changed since this view")  # the newer one is in the view now
 
     async def _confirm_gone(self, w: I.ConfirmGone) -> None:
-        """GET (no resourceVersion: a consistent read) ``w.name``: found (any incarnation), it fails the chain and
-        is offered to the informer, so the next decision sees what this one's view had not yet."""
+        """GET (no resourceVersion: a consistent read) ``w.name``: found (any incarnation, or ``w.uid``'s), it fails the
+        chain; found at all, it is offered to the informer, so the next decision sees what this one's view had not."""
         try:
             obj = await self.client.get(RESOURCES[w.kind], self.namespace, w.name)
         except ApiError as exc:
@@ -268,7 +268,8 @@ class Executor:
                 return
             raise
         self.informer.offer(w.kind.value, obj)
-        raise StaleView(f"{w.kind} {w.name} is still there")
+        if not w.uid or (obj.get("metadata") or {}).get("uid") == w.uid:
+            raise StaleView(f"{w.kind} {w.name} is still there")
 
     async def _confirm_none_left(self, w: I.ConfirmNoneLeft) -> None:
         """LIST each kind the teardown removes (no resourceVersion: a consistent read, in pages) until

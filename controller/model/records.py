@@ -144,6 +144,24 @@ class SchedulerStatus:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Join:
+    """``Changefeed.status.joining[]``: a table whose first spans a maintainer is about to create, and the ts they
+    start from at the lowest (the checkpoint as that maintainer's view had it).
+
+    Written with a compare-and-swap on the Changefeed before any of the table's spans exists, counted in the
+    checkpoint's minimum while it is there, dropped once the view shows the table's spans covering it (they count
+    then) or the table gone. Why: the checkpoint's publisher must know of every table whose spans may start below
+    what it publishes, and a deposed maintainer, not yet fenced, may create a new table's spans from its own older
+    view of the checkpoint while the new leader's Table and Span views have not seen the table yet (simulator seed
+    805239). The Changefeed is the one object every leader writes with a compare-and-swap: a deposed maintainer's
+    join fails on the resourceVersion the new leader's epoch moved, and a join written before that is read by it."""
+
+    table: str
+    uid: str
+    start_ts: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class SpanCounts:
     absent: int = 0
     scheduling: int = 0
@@ -172,6 +190,7 @@ class Changefeed(Record):
         "scheduler_status",
         "conditions",
         "observed_generation",
+        "joining",
     )
 
     paused: bool = False
@@ -192,6 +211,7 @@ class Changefeed(Record):
     scheduler_status: SchedulerStatus = field(default_factory=SchedulerStatus)
     conditions: tuple[Condition, ...] = ()
     observed_generation: int = 0
+    joining: tuple[Join, ...] = ()
 
     #: The last ``kubectl changefeed verify`` (metadata: the annotation ``cdc.maintainer.dev/last-verify``,
     #: neither spec nor status; ``controller.model.verification``); None if it never ran.

@@ -67,6 +67,7 @@ from controller.model.records import (
     Changefeed,
     Condition,
     Dispatcher,
+    Join,
     Origin,
     Record,
     SchedulerConfig,
@@ -374,6 +375,7 @@ def _changefeed_parts(cf: Changefeed) -> tuple[Obj, Obj]:
     _put(status, "scheduler", sched)
     _put(status, "conditions", [_condition(c) for c in cf.conditions])
     _put(status, "observedGeneration", cf.observed_generation)
+    _put(status, "joining", [{"table": j.table, "uid": j.uid, "startTs": j.start_ts} for j in cf.joining])
     return spec, status
 
 
@@ -932,6 +934,14 @@ def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
             for path, item in reader.objects(status, "conditions", "status.conditions")
         ),
         observed_generation=reader.int_(status, "observedGeneration", "status.observedGeneration"),
+        joining=tuple(
+            Join(
+                table=reader.str_(item, "table", f"{path}.table"),
+                uid=reader.str_(item, "uid", f"{path}.uid"),
+                start_ts=reader.int_(item, "startTs", f"{path}.startTs"),
+            )
+            for path, item in reader.objects(status, "joining", "status.joining")
+        ),
         last_verify=verification_from_json(_annotation(obj, LAST_VERIFY_ANNOTATION)),
     )
 

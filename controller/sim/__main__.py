@@ -98,12 +98,14 @@ def sweep(
 #: Seed 867345 (the long run of issues 36/37, seeds from 850000): a new leader's view showed a Split at AddSpans with
 #: neither its parent (its own delete) nor its children (a zombie created them, their events late); it filled the
 #: parent's range as a hole. Seed 860035 (a search with the mutant, seeds from 860000): a Split recorded a child as
-#: deleted by hand that another maintainer had created, unseen.
+#: deleted by hand that another maintainer had created, unseen. Seed 805239 (the long run from 800000): a deposed
+#: maintainer created a new table's spans from its old floor, unseen by the new leader, which published past it.
 PINNED: dict[str, tuple[int, ...]] = {
     "decides-on-stale-view": (318736, 320624),
     "creates-from-an-unconfirmed-record": (738533,),
     "fills-a-hole-an-unseen-operator-plans": (867345,),
     "gives-up-a-span-unseen": (860035,),
+    "spans-before-the-join": (805239,),
 }
 
 

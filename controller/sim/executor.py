@@ -226,7 +226,8 @@ def _one(api: Api, cache: Cache, w: I.Write, local: dict[tuple[Kind, str], str])
         cur = api.get(w.kind, w.name)
         if cur is not None:
             cache.offer(cur)
-            raise ApiError(409, STALE_VIEW, f"{w.kind} {w.name} is still there")
+            if not w.uid or cur.uid == w.uid:
+                raise ApiError(409, STALE_VIEW, f"{w.kind} {w.name} is still there")
     elif isinstance(w, I.ConfirmNoneLeft):
         # A consistent read: the API's own state, not the cache (what a LIST without resourceVersion is).
         found = teardown.left_behind(

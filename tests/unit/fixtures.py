@@ -22,6 +22,7 @@ from controller.model.records import (
     Changefeed,
     Condition,
     Dispatcher,
+    Join,
     Origin,
     Record,
     SchedulerConfig,
@@ -215,7 +216,9 @@ def operator(
     return SpanOperator(**base)  # type: ignore[arg-type]
 
 
-def world(*records: Record, now: float = NOW, cf: Changefeed | None = None) -> World:
+def world(*records: Record, now: float = NOW, cf: Changefeed | None = None, joined: bool = True) -> World:
+    """``joined``: the Changefeed records every live table with no span yet as joining (what the decision before
+    this one wrote, engine/tables.py), so that its first spans can be created now."""
     by: dict[Kind, dict[str, Record]] = {k: {} for k in Kind}
     feed = cf or changefeed()
     for r in records:
@@ -223,6 +226,17 @@ def world(*records: Record, now: float = NOW, cf: Changefeed | None = None) -> W
             feed = r
             continue
         by[r.kind][r.name] = r
+    if joined:
+        with_spans = {getattr(s, "table_id", None) for s in by[Kind.SPAN].values()}
+        new = [
+            Join(table=t.name, uid=t.uid, start_ts=max(feed.checkpoint_ts, feed.start_ts, t.start_ts))
+            for t in by[Kind.TABLE].values()
+            if isinstance(t, Table)
+            and not t.deleting
+            and t.table_id not in with_spans
+            and all(j.table != t.name for j in feed.joining)
+        ]
+        feed = replace(feed, joining=(*feed.joining, *new))
     return World(
         now=now,
         changefeed=feed,
@@ -430,7 +444,11 @@ class Store:
             elif isinstance(w, I.ConfirmPresent) and getattr(self.get(w.kind, w.name), "uid", None) != w.uid:
                 self.aborted += 1
                 return made  # what the chain rests on is gone: it stops
-            elif isinstance(w, I.ConfirmGone) and self.get(w.kind, w.name) is not None:
+            elif (
+                isinstance(w, I.ConfirmGone)
+                and (found := self.get(w.kind, w.name)) is not None
+                and (not w.uid or found.uid == w.uid)
+            ):
                 self.aborted += 1
                 return made  # what the chain concludes was deleted is there: it stops
         return made

@@ -7,7 +7,9 @@ from dataclasses import replace
 import pytest
 
 from controller.engine.maintainer import decide
+from controller.model.records import Changefeed
 from tests.unit.fixtures import (
+    CF,
     NOW,
     Kind,
     OpPhase,
@@ -105,10 +107,17 @@ def test_gone_leaves_span_absent_at_final_checkpoint():
 def test_gone_with_delete_spans_deletes_span():
     dec = decide(world(capture("c0"), *running(delete_spans=True, source=OpSource.MAINTAINER)), memory())
     assert flat(dec)[:2] == [("delete", "Span", "s1"), ("status", "SpanOperator", "rm")]
-    # the table is live, so coverage repair refills the range with a fresh span in its own chain, placed at
-    # once (create the span with its placement recorded, create its dispatcher: placement.py)
-    assert [w[:2] for w in flat(dec)[2:]] == [("create", "Span"), ("create", "Dispatcher")]
     assert last_status(dec, Kind.OPERATOR, "rm").phase is OpPhase.SUCCEEDED
+    # the table is live and now has no span: it joins again (on the Changefeed, engine/tables.py), and once the view
+    # shows that, coverage repair refills the range with a fresh span in its own chain, placed at once (create the
+    # span with its placement recorded, create its dispatcher: placement.py)
+    assert flat(dec)[2:] == []
+    cf = last_status(dec, Kind.CHANGEFEED, CF)
+    assert isinstance(cf, Changefeed)
+    assert [j.table for j in cf.joining] == ["t1"]
+    done = last_status(dec, Kind.OPERATOR, "rm")
+    dec = decide(world(capture("c0"), table(1), done, cf=cf), memory())
+    assert [w[:2] for w in flat(dec) if w[0] == "create"] == [("create", "Span"), ("create", "Dispatcher")]
 
 
 # -- Invalid spans (regressions found by the property test) ----------------------------------------------

@@ -20,6 +20,7 @@ from controller.model import (
     Condition,
     Dispatcher,
     DispatcherState,
+    Join,
     KeyRange,
     Mode,
     OpPhase,
@@ -152,6 +153,7 @@ def changefeeds(draw: st.DrawFn) -> Changefeed:
         operators_in_flight=draw(SMALL),
         conditions=tuple(conditions),
         observed_generation=draw(st.integers(0, 2**63 - 1)),
+        joining=tuple(draw(st.lists(st.builds(Join, table=NAMES, uid=NAMES, start_ts=TS), max_size=3))),
     )
 
 

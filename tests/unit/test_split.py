@@ -467,5 +467,7 @@ def test_children_really_deleted_fail_the_split_and_the_next_decision_covers_the
     op = api.get(Kind.OPERATOR, "sp")
     assert isinstance(op, SpanOperator)
     assert (op.phase, op.status_reason) == (OpPhase.FAILED, "SpanDeleted")
+    api.apply(decide(api.world(), memory()))  # the table has no span left: it joins again first
+    assert [j.table for j in api.changefeed.joining] == ["t1"]
     dec = decide(api.world(), memory())
     assert [s.key_range for s in created(dec, Kind.SPAN)] == [trange(1)]
