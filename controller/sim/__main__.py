@@ -55,6 +55,10 @@ def _results(seeds: list[int], mutants: tuple[str, ...], steps: int, jobs: int) 
         yield from pool.imap(_run, work, chunksize=4)
 
 
+#: How many seeds ``--find`` lists per count (the candidates a long run offers a rare mutant).
+FIND_SHOWN = 2000
+
+
 def sweep(
     seeds: list[int], mutants: tuple[str, ...], steps: int, jobs: int, budget: float | None, find: tuple[str, ...] = ()
 ) -> int:
@@ -83,7 +87,7 @@ def sweep(
     )
     print("injected: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     for what, at in found.items():
-        print(f"seeds with {what!r} ({len(at)}): {' '.join(map(str, at[:50]))}")
+        print(f"seeds with {what!r} ({len(at)}): {' '.join(map(str, at[:FIND_SHOWN]))}")
     return 1 if failed else 0
 
 

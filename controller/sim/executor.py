@@ -113,6 +113,9 @@ class Outcome:
     writes: int = 0
     failed_chains: int = 0
     stale_views: int = 0  # chains a consistent read (ConfirmNoneLeft, ConfirmPresent, ConfirmGone) stopped
+    #: Which read stopped each of them ("ConfirmGone", "ConfirmPresent", "ConfirmPresent unchanged", ...): where the
+    #: read saved the decision from its view, the histories a mutant without it would fail (``--find``).
+    stale_reads: list[str] = field(default_factory=list)
     killed: bool = False
     log: list[str] = field(default_factory=list)
     #: Creates that landed (AlreadyExists included) and creates the API refused (for ``maintainer.observed``).
@@ -163,7 +166,10 @@ def apply(
                     _one(api, cache, w, local)
             except ApiError as e:
                 error = f"{w.describe()} -> {e.code} {e.reason}"
-                out.stale_views += e.reason == STALE_VIEW
+                if e.reason == STALE_VIEW:
+                    out.stale_views += 1
+                    unchanged = isinstance(w, I.ConfirmPresent) and bool(w.resource_version)
+                    out.stale_reads.append(type(w).__name__ + (" unchanged" if unchanged else ""))
                 if isinstance(w, I.Create) and e.code in REFUSAL_CODES:
                     out.refusals.append(Refusal(w.describe(), e.reason, e.message))
                 break

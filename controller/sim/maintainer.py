@@ -36,7 +36,7 @@ from controller.engine.maintainer import (
 from controller.engine.repair import OVERLAP_REASON
 from controller.engine.world import Options, World, is_placement
 from controller.model.records import Capture, Changefeed, Condition, Dispatcher, Span, SpanOperator
-from controller.model.states import Kind, OpPhase, SpanState
+from controller.model.states import Kind, OpPhase, OpType, SpanState
 from controller.sim import executor
 from controller.sim.api import KINDS, Watcher
 from controller.sim.captures import LEASE
@@ -184,6 +184,7 @@ class SimMaintainer:
             return  # not every kind listed yet: nothing is decided (Informer.synced)
         world = self.world()
         decision = decide(world, self.memory, self.options)
+        self._count_held(world, decision)
         self._check_agreement(world, decision)
         self._check_premises(world, decision)
         self._check_refusal_reported(world, decision)
@@ -236,12 +237,49 @@ class SimMaintainer:
             self.unreported = self.memory.refusal
         if out.stale_views:
             ctx.bump("teardown stale view", out.stale_views)
+        for read in out.stale_reads:
+            ctx.bump(f"read stopped {read}")
         if out.killed:
             self.stop()
             ctx.trace.add(f"  {who} KILLED mid-decision")
             return
         self._check_recorded(decision)
         self._check_quiet(decision, out)
+
+    def _count_held(self, world: World, decision: Decision) -> None:
+        """Count the histories in which a rare mutant can do harm, which a long run lists (``--find``) for the
+        mutation check's pinned seeds: a decision held for a view in doubt that would have created a dispatcher
+        beside one the view lacks (``decide`` is pure: asked again with ``decides-on-stale-view``, the mutant), and a
+        running Split or Merge of which the view shows no span."""
+        for op in world.operators.values():
+            # A running Split or Merge of which the view shows no span: where ``fills-a-hole-an-unseen-operator-plans``
+            # can act (seed 867345).
+            reshape = op.phase is OpPhase.RUNNING and op.type in (OpType.SPLIT, OpType.MERGE)
+            if reshape and not any(n in world.spans for n in (*op.spans, *(t.span for t in op.targets))):
+                self.ctx.bump("operator with no span in view")
+                break
+        if not world.stale or decision.chains or "decides-on-stale-view" in self.options.mutants:
+            return
+        options = replace(self.options, mutants=self.options.mutants | {"decides-on-stale-view"})
+        would = decide(world, self.memory, options)
+        truth = self.ctx.api.store[Kind.DISPATCHER]
+        for c in would.chains:
+            for w in c.writes:
+                if not (isinstance(w, Create) and isinstance(w.obj, Dispatcher)):
+                    continue
+                d = w.obj
+                beside = [
+                    o
+                    for o in truth.values()
+                    if isinstance(o, Dispatcher)
+                    and o.name != d.name
+                    and o.name not in world.dispatchers
+                    and (o.changefeed, o.table_id, o.mode) == (d.changefeed, d.table_id, d.mode)
+                    and o.key_range.overlaps(d.key_range)
+                ]
+                if beside:  # the view in doubt lacks a dispatcher of these keys: the mutant would run them twice
+                    self.ctx.bump("view in doubt held a second owner")
+                    return
 
     def _check_premises(self, world: World, decision: Decision) -> None:
         """A rule that removes acts on a premise that holds in the API, not only in a view that lags: a span removed
