@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from controller.engine import intents as I
+from controller.engine.index import Index
 from controller.engine.maintainer import Decision, Memory, decide
 from controller.engine.teardown import left_behind
 from controller.engine.world import World
@@ -245,6 +246,21 @@ def world(*records: Record, now: float = NOW, cf: Changefeed | None = None, join
         dispatchers=by[Kind.DISPATCHER],  # type: ignore[arg-type]
         operators=by[Kind.OPERATOR],  # type: ignore[arg-type]
         captures=by[Kind.CAPTURE],  # type: ignore[arg-type]
+    )
+
+
+def indexed_world(cf: Changefeed, records: Iterable[Record], captures: Iterable[Capture], now: float = NOW) -> World:
+    """A world with the engine's Index of ``cf``'s records (what an incremental decision reads)."""
+    index = Index.build(cf.name, [cf, *records])
+    return World(
+        now=now,
+        changefeed=cf,
+        tables=index.tables,
+        spans=index.spans,
+        dispatchers=index.dispatchers,
+        operators=index.operators,
+        captures={c.name: c for c in captures},
+        index=index,
     )
 
 

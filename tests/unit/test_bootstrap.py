@@ -453,3 +453,20 @@ def test_a_span_created_placed_is_finished_where_its_create_recorded() -> None:
     # (``record_unchanged``, simulator seed 738533).
     (chain,) = [c for c in dec.chains if any(isinstance(w, I.Create) and w.obj is d for w in c.writes)]
     assert [(type(w).__name__, w.kind, w.name) for w in chain.writes[:1]] == [("ConfirmPresent", Kind.SPAN, "s")]
+
+
+def test_the_mutant_creates_from_a_record_without_reading_it_again() -> None:
+    """``creates-from-an-unconfirmed-record`` (the sweep's seed 738533 found its race before the histories changed):
+    the same decision, without the consistent read the create rests on."""
+    from controller.engine.world import Options
+
+    made = replace(
+        span("s", key_range=KeyRange.of_table(1), state=None, checkpoint_ts=0, start_ts=120),
+        created_capture="c1",
+        created_dispatcher="s-d0",
+    ).with_recorded_placement()
+    options = Options(mutants=frozenset({"creates-from-an-unconfirmed-record"}))
+    dec = decide(world(table(1), *CAPS, made, cf=CF_NEW), Memory(epoch=NEW, identity="m2"), options)
+    (d,) = created(dec, Kind.DISPATCHER)
+    (chain,) = [c for c in dec.chains if any(isinstance(w, I.Create) and w.obj is d for w in c.writes)]
+    assert not [w for w in chain.writes if isinstance(w, I.ConfirmPresent)]

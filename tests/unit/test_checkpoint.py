@@ -7,9 +7,8 @@ from dataclasses import replace
 import pytest
 
 from controller.engine import checkpoint
-from controller.engine.index import Index
 from controller.engine.maintainer import decide
-from controller.engine.world import Options, Tick, World
+from controller.engine.world import Options, Tick
 from tests.unit.fixtures import (
     EPOCH,
     DispatcherState,
@@ -22,6 +21,7 @@ from tests.unit.fixtures import (
     capture,
     changefeed,
     dispatcher,
+    indexed_world,
     last_status,
     memory,
     operator,
@@ -113,18 +113,7 @@ def test_a_span_of_a_table_not_seen_yet_holds_it_back():
     assert compute(table(1), capture("c0"), A, B, C, DA, DB, DC, unseen) == 150
     # The same through the index (an incremental decision) as through the full one.
     cf = changefeed()
-    recs = [cf, table(1), A, B, C, DA, DB, DC, unseen]
-    index = Index.build(cf.name, recs)
-    w = World(
-        now=1000.0,
-        changefeed=cf,
-        tables=index.tables,
-        spans=index.spans,
-        dispatchers=index.dispatchers,
-        operators=index.operators,
-        captures={"c0": capture("c0")},
-        index=index,
-    )
+    w = indexed_world(cf, [table(1), A, B, C, DA, DB, DC, unseen], [capture("c0")], now=1000.0)
     assert checkpoint.compute(Tick(w, EPOCH, Options())) == 150
     # Once the table is seen being deleted, its span no longer counts.
     assert compute(table(1), table(4, deleting=True), capture("c0"), A, B, C, DA, DB, DC, unseen) == 260

@@ -12,9 +12,8 @@ from dataclasses import replace
 
 from controller.engine import checkpoint
 from controller.engine import intents as I
-from controller.engine.index import Index
 from controller.engine.maintainer import decide
-from controller.engine.world import Options, Tick, World
+from controller.engine.world import Options, Tick
 from controller.model.records import Changefeed, Join
 from tests.unit.fixtures import (
     CF,
@@ -27,6 +26,7 @@ from tests.unit.fixtures import (
     created,
     describe,
     dispatcher,
+    indexed_world,
     memory,
     pieces,
     span,
@@ -87,17 +87,7 @@ def test_the_new_leader_counts_a_join_of_a_table_it_has_not_seen():
     start, not at the minimum of the spans it sees (300)."""
     cf = changefeed(checkpoint_ts=250, joining=(Join(table="t5", uid="uid-t5", start_ts=250),))
     assert checkpoint.compute(Tick(world(*LIVE, cf=cf), EPOCH, Options())) == 250
-    index = Index.build(cf.name, [cf, *LIVE])
-    w = World(
-        now=1000.0,
-        changefeed=cf,
-        tables=index.tables,
-        spans=index.spans,
-        dispatchers=index.dispatchers,
-        operators=index.operators,
-        captures={"c0": capture("c0")},
-        index=index,
-    )
+    w = indexed_world(cf, [r for r in LIVE if r.kind is not Kind.CAPTURE], [capture("c0")])
     assert checkpoint.compute(Tick(w, EPOCH, Options())) == 250  # the incremental decision counts it too
     # Without the join (the old rule), the leader publishes the minimum of what it sees: 300.
     assert checkpoint.compute(Tick(world(*LIVE, cf=replace(cf, joining=())), EPOCH, Options())) == 300

@@ -9,7 +9,7 @@ import dataclasses
 
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, decide
-from controller.engine.world import World
+from controller.engine.world import Options, World
 from controller.model.records import Record, SchedulerConfig, SpanOperator
 from controller.model.states import Kind
 from tests.unit.fixtures import (
@@ -329,6 +329,10 @@ def test_a_finished_split_is_not_undone_by_a_repair_on_a_span_view_still_showing
     # decides-on-stale-view brings back).
     trusted = decide(_split_done_world(parent_in_view=True, stale=frozenset()), memory())
     assert any(o.startswith("remove-") for o in _removals(trusted))
+    # The mutant decides on the view in doubt as if it were current.
+    mutant = Options(mutants=frozenset({"decides-on-stale-view"}))
+    doubted = decide(_split_done_world(parent_in_view=True, stale=frozenset({Kind.SPAN})), memory(), mutant)
+    assert any(o.startswith("remove-") for o in _removals(doubted))
     # The relist: the parent is gone from the view, which is current again.
     relisted = decide(_split_done_world(parent_in_view=False, stale=frozenset()), memory())
     assert _removals(relisted) == []
