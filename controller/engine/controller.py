@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from controller.engine.intents import Delete, Write
 from controller.engine.operators import ADVANCE, START
-from controller.engine.operators.common import fail, record
+from controller.engine.operators.common import cancel, fail
 from controller.engine.world import Tick
 from controller.model.records import SpanOperator
 from controller.model.states import Kind, OpPhase, OpSource
@@ -50,10 +50,7 @@ def resolve_conflicts(tick: Tick) -> None:
                 continue
             canceled.add(op.name)
             message = f"span {name!r} is also owned by operator {survivor.name!r}; only one may run"
-            _, write = record(
-                tick, op, phase=OpPhase.CANCELED, status_reason="Conflict", message=message, finished_at=tick.now
-            )
-            tick.emit(f"cancel {op.name}", [write])
+            tick.emit(f"cancel {op.name}", [cancel(tick, op, "Conflict", message)])
         for s in {*survivor.spans, *(t.span for t in survivor.targets)}:
             tick.owner[s] = survivor.name
 

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from controller.engine import controller, naming
 from controller.engine.intents import AddFinalizer, ConfirmGone, RemoveFinalizer, Write, WriteStatus
-from controller.engine.operators.common import owned_spans, record
+from controller.engine.operators.common import cancel as cancel_operator
+from controller.engine.operators.common import owned_spans
 from controller.engine.world import Tick
 from controller.model import resources as conv
 from controller.model.keys import gaps
@@ -94,10 +95,7 @@ def remove_spans(tick: Tick, spans: list[str], basis: str, why: str, cancel: tup
             covered.update(op.spans)
             continue
         # Any other operator yields: it is canceled and its spans join the Remove.
-        _, write = record(
-            tick, op, phase=OpPhase.CANCELED, status_reason=cancel[0], message=cancel[1], finished_at=tick.now
-        )
-        tick.emit(f"cancel {op.name}", [write])
+        tick.emit(f"cancel {op.name}", [cancel_operator(tick, op, *cancel)])
     todo = tuple(s for s in spans if s not in covered)
     if not todo:
         return

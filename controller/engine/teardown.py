@@ -34,11 +34,11 @@ from controller.engine.intents import (
     Write,
     WriteStatus,
 )
-from controller.engine.operators.common import record
+from controller.engine.operators.common import cancel
 from controller.engine.world import Options, Tick
 from controller.model.ordering import in_order
 from controller.model.records import Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
-from controller.model.states import CHANGEFEED_FINALIZER, TABLE_FINALIZER, Kind, OpPhase, OpSource, OpType
+from controller.model.states import CHANGEFEED_FINALIZER, TABLE_FINALIZER, Kind, OpSource, OpType
 
 #: Table.status.state of a Table whose changefeed was deleted.
 DETACHED = "Detached"
@@ -62,15 +62,7 @@ def run(tick: Tick) -> str:
     message = f"changefeed {cf.name} was deleted; replication stops"
     for op in tick.in_flight():
         if not _ours(op):
-            _, write = record(
-                tick,
-                op,
-                phase=OpPhase.CANCELED,
-                status_reason="ChangefeedDeleted",
-                message=message,
-                finished_at=tick.now,
-            )
-            tick.emit(f"cancel {op.name}", [write])
+            tick.emit(f"cancel {op.name}", [cancel(tick, op, "ChangefeedDeleted", message)])
     by_table: dict[int, list[str]] = {}
     for s in tick.spans.values():
         if not s.deleting:

@@ -276,3 +276,11 @@ def test_a_deposed_maintainers_new_table_holds_the_checkpoint_through_its_join()
     r = run_history(805239, frozenset({"spans-before-the-join"}))
     assert not r.ok
     assert r.violation.startswith("no gap"), r.violation
+
+
+def test_a_cancel_does_not_record_what_a_read_stopped_in_another_chain() -> None:
+    """Found by the long run of 2026-12-06 (seed 922845): the teardown's cancel of a Split, in a chain of its own,
+    wrote the record as the Split's AddSpans chain had left it in the same decision (a new span given up as deleted by
+    hand), though that chain's read found the span and stopped it."""
+    r = run_history(922845)
+    assert r.ok, r.violation

@@ -458,8 +458,9 @@ def test_a_span_created_placed_is_finished_where_its_create_recorded() -> None:
 def test_the_mutant_creates_from_a_record_without_reading_it_again() -> None:
     """``creates-from-an-unconfirmed-record`` (the sweep's seed 738533 found its race before the histories changed):
     the same decision, without the consistent read the create rests on."""
-    from controller.engine.world import Options
+    from controller.engine.world import DIRECT_MUTANTS, Options
 
+    assert "creates-from-an-unconfirmed-record" in DIRECT_MUTANTS  # killed here, not by the sweep
     made = replace(
         span("s", key_range=KeyRange.of_table(1), state=None, checkpoint_ts=0, start_ts=120),
         created_capture="c1",

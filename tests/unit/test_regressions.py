@@ -9,7 +9,7 @@ import dataclasses
 
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, decide
-from controller.engine.world import Options, World
+from controller.engine.world import DIRECT_MUTANTS, Options, World
 from controller.model.records import Record, SchedulerConfig, SpanOperator
 from controller.model.states import Kind
 from tests.unit.fixtures import (
@@ -329,7 +329,8 @@ def test_a_finished_split_is_not_undone_by_a_repair_on_a_span_view_still_showing
     # decides-on-stale-view brings back).
     trusted = decide(_split_done_world(parent_in_view=True, stale=frozenset()), memory())
     assert any(o.startswith("remove-") for o in _removals(trusted))
-    # The mutant decides on the view in doubt as if it were current.
+    # The mutant decides on the view in doubt as if it were current (killed here: engine.world.DIRECT_MUTANTS).
+    assert "decides-on-stale-view" in DIRECT_MUTANTS
     mutant = Options(mutants=frozenset({"decides-on-stale-view"}))
     doubted = decide(_split_done_world(parent_in_view=True, stale=frozenset({Kind.SPAN})), memory(), mutant)
     assert any(o.startswith("remove-") for o in _removals(doubted))
