@@ -174,8 +174,9 @@ class ConfirmPresent:
 
 @dataclass(frozen=True, slots=True)
 class ConfirmGone:
-    """Not a write: a consistent read (a GET, served from etcd) that fails the chain if ``name`` exists, whatever
-    its incarnation; the executor offers what it found to its view, so the next decision sees it.
+    """Not a write: a consistent read (a GET, served from etcd) that fails the chain if ``name`` exists (any
+    incarnation, or only ``uid``'s when given); the executor offers what it found to its view, so the next decision
+    sees it.
 
     Why: a rule that concludes from an object's absence that a person deleted it (an operator's target span
     "deleted by hand mid-way", then given up and its keys left to the safety net) must not conclude it from a view
