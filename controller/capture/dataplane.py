@@ -6,7 +6,9 @@ captures compare exactly, and a successor's startTs is exact). A dispatcher star
 every change of its range up to ``R`` applied downstream and watches from ``R + 1``. ``R == 0`` means "now":
 an initial scan (one range read at the store's current revision ``S``), committed in **one** transaction
 with checkpoint ``S`` (so a dispatcher replaced before it committed leaves nothing half-scanned behind:
-its successor, also at 0, scans again), then the watch from ``S + 1``.
+its successor, also at 0, scans again), then the watch from ``S + 1``. That transaction also makes a tombstone
+at ``S`` of every live row of the range older than ``S`` that the scan did not find (``schema.sweep``): rows a
+predecessor committed before it died unreported, for keys deleted since.
 
 Checkpoint = the highest revision up to which every change of the span is *committed* in the sink. A
 watch response with events carries whole revisions (etcd never splits one revision's events across
@@ -61,7 +63,7 @@ import aetcd.rpc
 
 from controller.capture.etcdwatch import BACKOFF, TRANSPORT, WatchStream, rpc
 from controller.capture.logs import fields
-from controller.capture.sink import MAX_PENDING_ROWS, Row, Sink
+from controller.capture.sink import MAX_PENDING_ROWS, Row, Scan, Sink
 from controller.dataplane.etcd import Connection, Tls, describe
 from controller.model.records import Dispatcher
 
@@ -106,6 +108,8 @@ class _Disp:
     failed: str | None = None
     #: Its initial scan (if it starts at 0) is done: it may watch.
     scanned: bool = False
+    #: That scan, until the transaction holding its rows (and its sweep: ``sink.Scan``) committed.
+    scan: Scan | None = None
     #: Its watcher is stopped while too many of its rows wait for the sink (back-pressure).
     held: bool = False
     task: asyncio.Task[None] | None = None
@@ -297,8 +301,9 @@ class _Feed:
             if not answer.more or not answer.kvs:
                 break
             key = answer.kvs[-1].key + b"\x00"
-        # No await between these: the writer takes all of it, with ``at``, in one transaction.
+        # No await between these: the writer takes all of it, with ``at`` and the sweep, in one transaction.
         d.rows.extend(rows)
+        d.scan = Scan(at, [row[0] for row in rows])
         d.resolved = at
         d.received_rows += len(rows)
         self.sink.received(d, len(rows))

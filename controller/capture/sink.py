@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psycopg
@@ -30,6 +31,17 @@ log = logging.getLogger("controller.capture.dataplane")
 
 #: One row as ``schema.apply`` takes it: key, value, revision, deleted.
 Row = tuple[bytes, bytes | None, int, bool]
+
+
+@dataclass(frozen=True)
+class Scan:
+    """An initial scan waiting to be committed with its rows: its revision and every key it found. Its transaction
+    also turns the live rows of the range that the scan did not find into tombstones (``schema.sweep``)."""
+
+    at: int
+    keys: list[bytes]
+
+
 #: Back-off of a failed transaction: first wait, cap (seconds).
 BACKOFF = (0.1, 5.0)
 #: A dispatcher stops receiving while this many of its rows wait for the sink (back-pressure).
@@ -50,6 +62,8 @@ class Pending(Protocol):
     durable: int
     #: Set while paused (its rows stay where they are).
     paused_at: int | None
+    #: An initial scan among ``rows``, to be committed with them (None once it is).
+    scan: Scan | None
 
 
 class Sink:
@@ -133,14 +147,17 @@ class Sink:
             if not batch or self._advance_without_rows(batch):
                 continue
             taken = {d.name: (d.rows, d.resolved) for d in batch}
+            scans = {d.name: d.scan for d in batch if d.scan is not None}
             for d in batch:
                 self.pending_rows -= len(d.rows)
                 d.rows = []
+                d.scan = None
             try:
-                await self._commit(batch, taken)
+                await self._commit(batch, taken, scans)
             except (psycopg.Error, OSError) as exc:
                 for d in batch:  # put them back in front of what came meanwhile: nothing lost, nothing reordered
                     d.rows = taken[d.name][0] + d.rows
+                    d.scan = scans.get(d.name, d.scan)
                     self.pending_rows += len(taken[d.name][0])
                     self.dirty.add(d.name)
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -180,11 +197,12 @@ class Sink:
 
     def _advance_without_rows(self, batch: list[Any]) -> bool:
         """Checkpoints that only moved (progress notifications of idle spans): when no dispatcher of the batch has a
-        row waiting, every row each received up to its resolved revision is already committed (rows leave ``rows``
-        only into a transaction, and come back if it fails), so its checkpoint may move with no transaction at all.
-        The ``checkpoints`` table is brought up to date by the next transaction with rows. Not before its table
-        exists (the first transaction creates it), so that verify finds every span's table."""
-        if any(d.rows for d in batch) or any(
+        row (or a scan, even one that found nothing: its sweep) waiting, every row each received up to its resolved
+        revision is already committed (rows leave ``rows`` only into a transaction, and come back if it fails), so its
+        checkpoint may move with no transaction at all. The ``checkpoints`` table is brought up to date by the next
+        transaction with rows. Not before its table exists (the first transaction creates it), so that verify finds
+        every span's table."""
+        if any(d.rows or d.scan is not None for d in batch) or any(
             (d.dispatcher.table_id, d.dispatcher.mode) not in self.ensured for d in batch
         ):
             return False
@@ -192,7 +210,7 @@ class Sink:
             d.durable = max(d.durable, d.resolved)
         return True
 
-    async def _commit(self, batch: list[Any], taken: dict[str, tuple[list[Row], int]]) -> None:
+    async def _commit(self, batch: list[Any], taken: dict[str, tuple[list[Row], int]], scans: dict[str, Scan]) -> None:
         conn = await self._connection()
         cf = self.changefeed
         for d in batch:
@@ -207,6 +225,14 @@ class Sink:
                 if old is None or old[2] < row[2]:
                     latest[row[0]] = row
         async with conn.transaction(), conn.cursor() as cur:
+            for d in batch:  # before the rows: what the scan found is not swept, whatever this batch holds of it
+                scan = scans.get(d.name)
+                if scan is not None:
+                    r = d.dispatcher.key_range
+                    await cur.execute(
+                        schema.sweep(cf, d.dispatcher.table_id, d.dispatcher.mode),
+                        {"lo": r.start, "hi": r.end, "at": scan.at, "keys": scan.keys},
+                    )
             for (table_id, mode), rows in per_table.items():
                 if rows:
                     await cur.executemany(schema.apply(cf, table_id, mode), list(rows.values()))

@@ -5,7 +5,8 @@ One PostgreSQL schema per changefeed (``cfm_<changefeed>``, ``-`` made ``_``) ho
 - per Table and mode, ``t<tableID>`` (default mode) and ``t<tableID>_redo`` (redo mode): one row per upstream key,
   ``key bytea PRIMARY KEY, value bytea, revision bigint NOT NULL, deleted boolean NOT NULL``. ``revision`` is the
   etcd ``mod_revision`` of the change the row holds; a delete keeps the row as a tombstone (``deleted``, value
-  NULL) with the delete's revision, so that an older put replayed after a failover cannot resurrect the key;
+  NULL) with the delete's revision (for a key an initial scan no longer finds, the scan's: ``sweep``), so that an
+  older put replayed after a failover cannot resurrect the key;
 - ``checkpoints``: per dispatcher, the revision up to which every change of its span has been applied
   (``dispatcher text PRIMARY KEY, table_id bigint, mode text, span_start bytea, span_end bytea, revision bigint,
   updated_at timestamptz``), written in the same transaction as the rows it covers.
@@ -72,6 +73,21 @@ def apply(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> str:
         f"INSERT INTO {t} AS row (key, value, revision, deleted) VALUES (%s, %s, %s, %s) "
         "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, revision = EXCLUDED.revision, "
         "deleted = EXCLUDED.deleted WHERE row.revision < EXCLUDED.revision"
+    )
+
+
+def sweep(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> str:
+    """An initial scan's deletes (named placeholders ``lo``, ``hi``, ``at``, ``keys``): every live row of
+    ``lo <= key < hi`` older than the scan's revision ``at`` whose key the scan did not find (``keys``) becomes a
+    tombstone at ``at``. A scan reads only what is there, so without this a key that a predecessor wrote downstream
+    and that etcd deleted before the scan would stay live while the checkpoint says its delete was applied (a
+    successor starts at 0 when the maintainer never learned its predecessor's checkpoint: the capture died between
+    its first commit and its first report). Rows at or after ``at`` are newer than what the scan saw: untouched."""
+    t = qualified(changefeed, table_id, mode)
+    return (
+        f"UPDATE {t} AS row SET value = NULL, revision = %(at)s, deleted = true "
+        "WHERE row.key >= %(lo)s AND row.key < %(hi)s AND row.revision < %(at)s AND NOT row.deleted "
+        "AND NOT EXISTS (SELECT 1 FROM unnest(%(keys)s::bytea[]) AS scanned(key) WHERE scanned.key = row.key)"
     )
 
 

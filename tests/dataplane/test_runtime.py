@@ -141,6 +141,49 @@ def test_rows_tombstones_checkpoint_and_a_successor(etcd: EtcdServer, postgres: 
     run(with_runtime(endpoints(etcd, postgres), body))
 
 
+def test_a_successor_that_scans_again_turns_the_keys_deleted_since_into_tombstones(
+    etcd: EtcdServer, postgres: PostgresServer, table_id: int
+) -> None:
+    """A successor at 0 (the maintainer never learned its predecessor's checkpoint: the capture died between its
+    first commit and its first report) scans over a sink that holds its predecessor's rows. A key deleted in between
+    is not in the scan: its row becomes a tombstone at the scan's revision, or it would stay live while the
+    checkpoint says the delete was applied. Also when the scan finds nothing at all; rows outside the range stay."""
+    half = KeyRange(table_key(table_id), k(table_id, b"m"))
+
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            r_a = (await c.put(k(table_id, b"a"), b"1")).header.revision
+            await c.put(k(table_id, b"b"), b"2")
+            r_z = (await c.put(k(table_id, b"z"), b"3")).header.revision  # outside ``half``
+            rt.start(dispatcher(table_id, "d1", 0))
+            await until(lambda: rt.checkpoint("d1") >= r_z, what="the first scan")
+            rt.close("d1")  # died unreported: its successors start at 0 again
+            r_b = (await c.delete(k(table_id, b"b"))).header.revision
+            await c.delete(k(table_id, b"z"))  # outside ``half``: not the half's successors' to delete
+
+            rt.start(dispatcher(table_id, "d2", 0, half))
+            await until(lambda: rt.checkpoint("d2") >= r_b, what="the second scan")
+            got = rows(postgres, table_id)
+            assert got[k(table_id, b"a")] == (b"1", r_a, False)
+            _, at, deleted = got[k(table_id, b"b")]
+            assert deleted, got
+            assert r_b <= at <= rt.checkpoint("d2"), got
+            assert got[k(table_id, b"z")] == (b"3", r_z, False)
+            rt.close("d2")
+
+            r_a2 = (await c.delete(k(table_id, b"a"))).header.revision  # the half is empty now
+            rt.start(dispatcher(table_id, "d3", 0, half))
+            await until(lambda: rt.checkpoint("d3") >= r_a2, what="a scan that finds nothing")
+            got = rows(postgres, table_id)
+            _, at, deleted = got[k(table_id, b"a")]
+            assert deleted, got
+            assert r_a2 <= at <= rt.checkpoint("d3"), got
+            assert got[k(table_id, b"z")] == (b"3", r_z, False)
+            rt.close("d3")
+
+    run(with_runtime(endpoints(etcd, postgres), body))
+
+
 def test_split_ranges_and_redo_mode(etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> None:
     """Two dispatchers of one capture on halves of a table share transactions; a redo span writes the redo table."""
     middle = k(table_id, b"m")
