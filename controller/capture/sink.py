@@ -33,6 +33,10 @@ log = logging.getLogger("controller.capture.dataplane")
 Row = tuple[bytes, bytes | None, int, bool]
 
 
+class _ScanSuperseded(Exception):
+    """A transaction holding the scan of a dispatcher closed meanwhile: rolled back (``Sink._commit``)."""
+
+
 @dataclass(frozen=True)
 class Scan:
     """An initial scan waiting to be committed with its rows: its revision and every key it found. Its transaction
@@ -154,12 +158,12 @@ class Sink:
                 d.scan = None
             try:
                 await self._commit(batch, taken, scans)
+            except _ScanSuperseded:
+                self._put_back(batch, taken, scans)  # the others' rows go in the next transaction, at once
+                self.wake.set()
+                continue
             except (psycopg.Error, OSError) as exc:
-                for d in batch:  # put them back in front of what came meanwhile: nothing lost, nothing reordered
-                    d.rows = taken[d.name][0] + d.rows
-                    d.scan = scans.get(d.name, d.scan)
-                    self.pending_rows += len(taken[d.name][0])
-                    self.dirty.add(d.name)
+                self._put_back(batch, taken, scans)
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 log.warning(
                     "sink transaction failed; retrying", extra=fields(changefeed=self.changefeed, error=self.error)
@@ -180,6 +184,17 @@ class Sink:
                     self.drained(d)
             if any(d.rows for d in batch):
                 self.wake.set()
+
+    def _put_back(self, batch: list[Any], taken: dict[str, tuple[list[Row], int]], scans: dict[str, Scan]) -> None:
+        """A transaction that did not commit: its rows (and scans) go back in front of what came meanwhile, nothing
+        lost, nothing reordered; those of a dispatcher closed meanwhile are dropped (its successor replays them)."""
+        for d in batch:
+            if self.dispatchers.get(d.name) is not d:
+                continue
+            d.rows = taken[d.name][0] + d.rows
+            d.scan = scans.get(d.name, d.scan)
+            self.pending_rows += len(taken[d.name][0])
+            self.dirty.add(d.name)
 
     def _take_dirty(self) -> list[Any]:
         """The dispatchers with something to commit (resolved past durable), not paused (those stay dirty)."""
@@ -250,6 +265,14 @@ class Sink:
                     for d in batch
                 ],
             )
+            # Last: a scan whose dispatcher closed while this transaction ran is not committed. Its close reported a
+            # final checkpoint of 0 (nothing committed yet), so its successor starts at 0 and scans again; rows of this
+            # older scan landing after that successor's (for keys etcd deleted in between, which its sweep cannot see
+            # yet) would stay live behind its checkpoint. What is left is the COMMIT's own round trip: a close then
+            # reports 0 while this commits, milliseconds before any successor could have scanned.
+            closed = [d.name for d in batch if d.name in scans and self.dispatchers.get(d.name) is not d]
+            if closed:
+                raise _ScanSuperseded(closed)
         self.commits += 1
         self.committed_rows += sum(len(r) for r in per_table.values())
 

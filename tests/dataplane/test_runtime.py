@@ -184,6 +184,45 @@ def test_a_successor_that_scans_again_turns_the_keys_deleted_since_into_tombston
     run(with_runtime(endpoints(etcd, postgres), body))
 
 
+def test_a_scan_whose_dispatcher_closed_while_its_transaction_ran_is_not_committed(
+    etcd: EtcdServer, postgres: PostgresServer, table_id: int
+) -> None:
+    """The scan's transaction waits (another session locks the table), its dispatcher is closed meanwhile (final
+    checkpoint 0: its successor will scan again), then the lock goes: the old scan is rolled back, not committed
+    behind a successor's scan. The writer goes on: a successor's scan commits."""
+    table = schema.qualified(CF, table_id)
+
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            r_a = (await c.put(k(table_id, b"a"), b"1")).header.revision
+        with psycopg.connect(postgres.dsn, autocommit=True) as setup:
+            for statement in schema.create_schema(CF).split(";\n"):
+                setup.execute(statement)
+            setup.execute(schema.create_table(CF, table_id))
+        with psycopg.connect(postgres.dsn) as locker:
+            locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+
+            def waiting() -> bool:
+                with psycopg.connect(postgres.dsn, autocommit=True) as probe:
+                    row = probe.execute(
+                        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass", (table,)
+                    ).fetchone()
+                return bool(row and row[0])
+
+            rt.start(dispatcher(table_id, "d1", 0))
+            await until(waiting, what="the scan's transaction waiting for the lock")
+            assert rt.close("d1") == 0
+            locker.rollback()  # the lock goes: the old scan's transaction runs on, and must roll back
+            await asyncio.sleep(0.5)
+        assert rows(postgres, table_id) == {}
+        rt.start(dispatcher(table_id, "d2", 0))
+        await until(lambda: rt.checkpoint("d2") >= r_a, what="the successor's scan")
+        assert rows(postgres, table_id) == {k(table_id, b"a"): (b"1", r_a, False)}
+        rt.close("d2")
+
+    run(with_runtime(endpoints(etcd, postgres), body))
+
+
 def test_split_ranges_and_redo_mode(etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> None:
     """Two dispatchers of one capture on halves of a table share transactions; a redo span writes the redo table."""
     middle = k(table_id, b"m")
