@@ -324,9 +324,12 @@ def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
     table_id: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A capture rolled (SIGTERM: it drains, its spans moved off before it exits, as a rollout's pod), then the
-    API server restarted with 30 s of outage (every client cut off: the captures pause their dispatchers at
-    their renew deadline, and resume them once their Leases are theirs again): the writer writes through both."""
+    """A capture stopped by SIGTERM as a rollout stops a pod (without ``--drain-timeout``: it closes its dispatchers,
+    reports each Stopped with its final checkpoint and releases its Lease; the maintainer places their spans again
+    from those checkpoints on the others), then the API server restarted with 30 s of outage (every client cut off:
+    the captures pause their dispatchers at their renew deadline, and resume them once their Leases are theirs
+    again): the writer writes through both. A drain proper (spans moved off while the capture still runs) is
+    tests/integration/test_capture.py's."""
     watch = start_feed(api, system, etcd, postgres, table_id)
     with writer(etcd, table_id) as w:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
