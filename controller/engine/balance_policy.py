@@ -13,7 +13,9 @@ and the simulator (``controller.sim.balance``) builds the same ``View`` from its
   the Deployment may not have announced themselves yet: their processes start seconds apart).
 - *Bids*: a changefeed's loop asks (``View.asking``); it may bid unless it handed the changefeed over lately and
   nobody took it since (``shards.held_back``), a live holder other than itself renews it, or its share is full
-  (``shards.may_bid``), counting its bids in flight (``View.bids``) and those this step lets through.
+  (``shards.may_bid``), counting its bids in flight (``View.bids``) and those this step lets through. It bids for
+  the free changefeeds in an order rotated by its place among the members (``_bid_order``), so that replicas with
+  room for one each bid for different ones, not all for the first.
 - *Rounds*: the balance is looked at once per ``retry``, none before settle + one lease duration, one round of
   handoffs (``shards.hand_over``) per two lease durations and none while one is under way (``View.handing``).
 - *Lateness*: members whose renewals are three retry periods overdue (a SIGKILLed replica, until its Lease lapses)
@@ -42,6 +44,7 @@ MUTANTS = frozenset(
         "bids-race-past-share",  # bids in flight do not count: a replica's loops all bid at once
         "warm-up-ignores-expected",  # a replica's first lease duration counts only the members it sees
         "rounds-unspaced",  # a round of handoffs at every look (once per retry), not one per two lease durations
+        "bids-herd",  # every replica bids for the free changefeeds in one order: all for the same one, one wins
     }
 )
 
@@ -163,7 +166,7 @@ def _bids(view: View, now: float, tally: Mapping[str, int], mutants: Collection[
     low = shards.share(total, members)[0]
     others_short = any(n < low for m, n in tally.items() if m != c.identity)
     in_flight = set(view.bids)
-    for name in sorted(view.asking):
+    for name in _bid_order(view, tally, mutants):
         seen = view.changefeeds.get(name)
         until, released = view.memory.handed_until.get(name, (-math.inf, 0))
         if shards.held_back(c.identity, until, released, now, seen, mutants):
@@ -189,6 +192,23 @@ def _bids(view: View, now: float, tally: Mapping[str, int], mutants: Collection[
             out.append(name)
             in_flight.add(name)
     return out
+
+
+def _bid_order(view: View, tally: Mapping[str, int], mutants: Collection[str]) -> list[str]:
+    """The asking changefeeds in the order this replica bids for them. Replicas with room share the free changefeeds
+    out instead of herding: the free ones (no live holder) in name order, rotated by this replica's place among the
+    live members, so that with k changefeeds freed at once (a SIGKILLed replica's) and k replicas with room for one
+    each, each bids for a different one first. In one order they all bid for the same one, one won, and the last
+    was taken k retry periods after the lapse (balance simulator seed 6026569: past lease duration + 5 s). Views that
+    differ a little only make a collision possible again, never a bid impossible."""
+    asking = sorted(view.asking)
+    free = sorted(n for n, seen in view.changefeeds.items() if not shards.live_holder(seen, mutants))
+    ids = sorted(tally)
+    if "bids-herd" in mutants or not free or view.config.identity not in ids:
+        return asking
+    turn = ids.index(view.config.identity) % len(free)
+    rank = {n: (i - turn) % len(free) for i, n in enumerate(free)}
+    return sorted(asking, key=lambda n: (rank.get(n, len(free)), n))
 
 
 def _balance(
