@@ -76,3 +76,13 @@ def test_a_regression_of_the_policys_round_spacing_is_caught(monkeypatch: pytest
     problem = balance.run_history(10)
     assert problem is not None
     assert "hands over again" in problem
+
+
+def test_a_sigkilled_replicas_changefeeds_are_led_again_within_the_bound_when_they_free_at_once() -> None:
+    """Seed 6026569: three changefeeds of a SIGKILLed replica freed at once, three replicas with room for one each.
+    The bids spread over them; in one order (the mutant) they were taken one per retry period, the last past lease
+    duration + 5 s."""
+    assert balance.run_history(6026569) is None
+    problem = balance.run_history(6026569, {"bids-herd"})
+    assert problem is not None
+    assert "without a live holder" in problem, problem

@@ -70,6 +70,21 @@ def test_bids_in_flight_and_this_steps_count_against_the_share_and_max_leases() 
     assert bp.step(capped, now=0.0).bids == ("cf0",)
 
 
+def test_replicas_with_room_for_one_each_bid_for_different_free_changefeeds() -> None:
+    """Three changefeeds freed at once (a SIGKILLed replica's) and three replicas with room for one each: each bids
+    for a different one. In one order all bid for cf0, one wins, and the last is taken three retry periods later
+    (balance simulator seed 6026569, past lease duration + 5 s)."""
+    holders = ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    leads = {f"cf{i}": holder for i, holder in enumerate(holders, start=3)}  # cf3..cf11; cf0..cf2 free
+    members = {"a": 0.5, "b": 0.5, "c": 0.5}
+
+    def bids(mutants: frozenset[str] = frozenset()) -> dict[str, tuple[str, ...]]:
+        return {me: bp.step(view(leads, 12, members, me=me, asking=free(3)), 20.0, mutants).bids for me in "abc"}
+
+    assert sorted(b for got in bids().values() for b in got) == ["cf0", "cf1", "cf2"]
+    assert set(bids(frozenset({"bids-herd"})).values()) == {("cf0",)}
+
+
 def test_no_bid_for_a_lease_renewed_by_another_nor_for_one_just_handed_over() -> None:
     v = view({"cf0": "b"}, 2, {"a": 0.5, "b": 0.5}, asking=free(2))
     assert bp.step(v, now=20.0).bids == ("cf1",)
