@@ -21,7 +21,7 @@ from controller.engine.maintainer import CHECKPOINT_INTERVAL, Decision, Memory
 from controller.engine.world import Options, World
 from controller.kube.client import EVENTS, LEASES, RESOURCES, ApiError, Client, Config
 from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE, Change
-from controller.maintainer import changefeeds, runner
+from controller.maintainer import changefeeds
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import until
@@ -348,7 +348,10 @@ def test_the_supervisor_turns_on_changes_not_twenty_times_a_second(server: ApiSe
                 turns, began = m.stats.supervisor_turns, time.monotonic()
                 await asyncio.sleep(2.0)
                 rate = (m.stats.supervisor_turns - turns) / (time.monotonic() - began)
-                assert rate <= 1 / runner.SUPERVISE_IDLE + 2, rate  # the idle turns, and a renewal or two
+                # The idle turns and a renewal or two: about 2 a second. The bound is half the old polling's 20: on a
+                # loaded machine renewals bunch up (3.5 a second seen beside two simulators), and what this pins is
+                # the polling, not the exact count.
+                assert rate < 10, rate
                 decisions = m.stats.decisions
                 capture = {"apiVersion": API_VERSION, "kind": "Capture", "metadata": {"name": "c9"}}
                 await client.create(RESOURCES[Kind.CAPTURE], ns, capture)
