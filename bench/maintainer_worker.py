@@ -444,19 +444,22 @@ def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
 changefeeds.decide = timed_decide  # type: ignore[assignment]
 
 
-#: Seconds each /metrics request spent encoding the registry (the collector's work), in the loop.
+#: Seconds each /metrics request spent encoding the registry (the collector's work), in the loop: wall time, and
+#: the loop thread's CPU time (the difference is waiting, for the GIL mostly).
 SCRAPE_WORK: list[float] = []
+SCRAPE_CPU: list[float] = []
 
 
 class TimedMetricsServer(MetricsServer):
     """The maintainer's /metrics, its own work timed (what the driver's round trip adds is waiting for the loop)."""
 
     async def _metrics(self, request: Any) -> Any:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return await super()._metrics(request)
         finally:
             SCRAPE_WORK.append(time.perf_counter() - t)
+            SCRAPE_CPU.append(time.thread_time() - c)
 
 
 _snapshot = changefeeds.Changefeeds.snapshot
@@ -627,6 +630,7 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         },
         "pacer_yields": m.informer.pacer.yields,
         "scrape_work_ms": percentiles(SCRAPE_WORK) if SCRAPE_WORK else None,
+        "scrape_cpu_ms": percentiles(SCRAPE_CPU) if SCRAPE_CPU else None,
         "heap_reserve": None
         if m.heap is None
         else {
@@ -738,7 +742,7 @@ async def main(a: argparse.Namespace) -> None:
     await m.start()
     server: MetricsServer | None = None
     if a.scrape > 0:  # served in the loop, as the maintainer's own: the driver scrapes it (bench/run.py --scrape)
-        server = TimedMetricsServer(m.metrics.registry, "127.0.0.1", 0)
+        server = TimedMetricsServer(m.metrics.registry, "127.0.0.1", 0, process=m.metrics.process)
         await server.start()
         STATE["metrics_port"], STATE["scrape"] = server.port, a.scrape
     await reply({"ready": True, **STATE})

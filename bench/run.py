@@ -744,6 +744,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
     out["scrapes_first_maintainer"] = worker.scrapes()
     out["scrape_work_first_maintainer"] = old.get("scrape_work_ms")
+    out["scrape_cpu_first_maintainer"] = old.get("scrape_cpu_ms")
     if system.a.stall_stacks:
         out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
@@ -801,6 +802,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     end = await new.ask("stats")
     out["new_maintainer_rss_kib"] = end["rss"]
     out["scrape_work_new_maintainer"] = end.get("scrape_work_ms")
+    out["scrape_cpu_new_maintainer"] = end.get("scrape_cpu_ms")
     out["loop_stalls_new_maintainer"] = await new.ask("stalls 0")
     out["scrapes_new_maintainer"] = new.scrapes()
     if system.a.stall_stacks:
@@ -995,6 +997,9 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("... of it the handler's own work, p99 / max ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('p99_ms', '-')} / {(r.get(k) or {}).get('max_ms', '-')}"
                     for k in ("scrape_work_first_maintainer", "scrape_work_new_maintainer"))),
+        ("... of that the loop thread's CPU, p99 / max ms (first | new)",
+         " | ".join(f"{(r.get(k) or {}).get('p99_ms', '-')} / {(r.get(k) or {}).get('max_ms', '-')}"
+                    for k in ("scrape_cpu_first_maintainer", "scrape_cpu_new_maintainer"))),
         ("whole run: generation-2 passes (tenure steps too), longest ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('n', '-')}, {round((r.get(k) or {}).get('max_s', 0) * 1000, 1)}"
                     for k in ("gc_full_first_maintainer", "gc_full_new_maintainer"))),

@@ -18,18 +18,23 @@ tests/monitoring derives the names from this registry and fails on a query that 
 
 The scrape runs in the event loop that mutates the cache (:class:`MetricsServer` is an aiohttp server
 in the running loop, not prometheus_client's thread), so the collector reads a consistent cache
-without locks.
+without locks. It makes no system call there: the standard ``process_*`` series are read from ``/proc`` by a
+thread of the server once a second and served from that reading (:class:`ProcessReadings`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter as Tally
+from collections.abc import Iterable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE
 from controller.maintainer.collector import CAPTURE_STATES, PREFIX, Maintainer, StateCollector
@@ -51,6 +56,7 @@ __all__ = [
     "PREFIX",
     "MaintainerMetrics",
     "MetricsServer",
+    "ProcessReadings",
     "StateCollector",
 ]
 
@@ -82,8 +88,11 @@ class MaintainerMetrics:
         self.failures: Tally[tuple[str, str]] = Tally()
         self.collector = StateCollector(maintainer)
         self.registry.register(self.collector)
+        #: The standard process_* series, read off the event loop (None: not exported).
+        self.process: ProcessReadings | None = None
         if process:  # the standard process_* and python_* series, in this registry
-            ProcessCollector(registry=self.registry)
+            self.process = ProcessReadings()
+            self.registry.register(self.process)
             PlatformCollector(registry=self.registry)
             GCCollector(registry=self.registry)
         #: SpanOperator name -> (uid, terminal) as last seen, to observe each operator's end exactly once.
@@ -162,14 +171,56 @@ class MaintainerMetrics:
         self.operator_duration.labels(rec.type.value, rec.phase.value).observe(max(0.0, ended - began))
 
 
-class MetricsServer:
-    """``GET /metrics`` in the running event loop (aiohttp), on its own address and port."""
+class ProcessReadings(Collector):
+    """prometheus_client's ``process_*`` series (CPU, memory, file descriptors, start time), served from the last
+    reading of ``/proc``, which :meth:`refresh` makes (the server calls it from a thread once a second).
 
-    def __init__(self, registry: CollectorRegistry, address: str, port: int) -> None:
+    Why not read ``/proc`` at scrape time, in the event loop: a reading is a dozen system calls (open, read, close
+    of ``stat`` and ``limits``, a listing of ``fd``), and each lets the GIL go. While the decision's thread runs,
+    the loop's thread then waits up to a switch interval (5 ms) to get it back, after every one of them:
+    0.13 ms of work took 10.7 ms (median) and up to 37 ms beside a busy thread, and at 100,000 spans the whole
+    scrape 35-53 ms in the loop (bench/README.md, issue 37). A reading older than ``max_age`` (no server, or its
+    thread late) is replaced at scrape time, so the series are never staler than that."""
+
+    def __init__(self, max_age: float = 5.0) -> None:
+        self.max_age = max_age
+        self._source = ProcessCollector(registry=None)
+        self._reading: tuple[float, list[Metric]] | None = None
+
+    def refresh(self) -> None:
+        """Read ``/proc`` now (from any thread: the reading is replaced by one assignment)."""
+        self._reading = (time.monotonic(), list(self._source.collect()))
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        reading = self._reading
+        if reading is None or time.monotonic() - reading[0] > self.max_age:
+            self.refresh()
+            reading = self._reading
+        return reading[1] if reading is not None else []
+
+
+class MetricsServer:
+    """``GET /metrics`` in the running event loop (aiohttp), on its own address and port; with ``process``, a
+    task that has that reading of ``/proc`` refreshed by a thread every ``period`` seconds."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        address: str,
+        port: int,
+        process: ProcessReadings | None = None,
+        period: float = 1.0,
+    ) -> None:
         self.registry = registry
         self.address = address
         self.port = port
+        self.process = process
+        self.period = period
         self._runner: web.AppRunner | None = None
+        self._refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         app = web.Application()
@@ -184,12 +235,26 @@ class MetricsServer:
         self._runner = runner
         if not self.port:  # an ephemeral port (tests): report the one the OS chose
             self.port = int(runner.addresses[0][1])
+        if self.process is not None:
+            self._refresher = asyncio.create_task(self._refresh(self.process), name="metrics-process-readings")
         log.info("metrics served on http://%s:%d/metrics", self.address, self.port)
 
     async def stop(self) -> None:
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None:
+            refresher.cancel()
+            await asyncio.gather(refresher, return_exceptions=True)
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    async def _refresh(self, process: ProcessReadings) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(process.refresh)
+            except Exception:  # never seen: /proc unreadable is handled by the reading itself
+                log.exception("metrics: could not read the process's /proc")
+            await asyncio.sleep(self.period)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))

@@ -109,7 +109,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _state["client"] = client
     s = maintainer.settings
     if s.metrics_port:
-        server = MetricsServer(maintainer.metrics.registry, s.metrics_address, s.metrics_port)
+        server = MetricsServer(
+            maintainer.metrics.registry, s.metrics_address, s.metrics_port, process=maintainer.metrics.process
+        )
         try:
             await server.start()
         except OSError as exc:
