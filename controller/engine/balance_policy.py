@@ -194,6 +194,11 @@ def _bids(view: View, now: float, tally: Mapping[str, int], mutants: Collection[
     return out
 
 
+def _free(view: View, mutants: Collection[str]) -> list[str]:
+    """The changefeeds no live replica holds, in name order (what the bids share out, and what a hand-over counts)."""
+    return sorted(n for n, seen in view.changefeeds.items() if not shards.live_holder(seen, mutants))
+
+
 def _bid_order(view: View, tally: Mapping[str, int], mutants: Collection[str]) -> list[str]:
     """The asking changefeeds in the order this replica bids for them. Replicas with room share the free changefeeds
     out instead of herding: the free ones (no live holder) in name order, rotated by this replica's place among the
@@ -202,7 +207,7 @@ def _bid_order(view: View, tally: Mapping[str, int], mutants: Collection[str]) -
     was taken k retry periods after the lapse (balance simulator seed 6026569: past lease duration + 5 s). Views that
     differ a little only make a collision possible again, never a bid impossible."""
     asking = sorted(view.asking)
-    free = sorted(n for n, seen in view.changefeeds.items() if not shards.live_holder(seen, mutants))
+    free = _free(view, mutants)
     ids = sorted(tally)
     if "bids-herd" in mutants or not free or view.config.identity not in ids:
         return asking
@@ -223,7 +228,7 @@ def _balance(
     if now - memory.handed_at < spacing or view.handing:
         return (), memory
     mine = [n for n in view.leading if n in view.changefeeds and n not in view.deleting]
-    free = sum(1 for seen in view.changefeeds.values() if not shards.live_holder(seen, mutants))
+    free = len(_free(view, mutants))
     give = shards.hand_over(c.identity, tally, len(view.changefeeds), mine, free, late(view, mutants), mutants)
     if not give:
         return (), memory

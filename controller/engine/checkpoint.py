@@ -84,7 +84,7 @@ def _has_hole(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> bool:
         pool = tick.span_candidates(*(tick.index.spans_by_table.get(k, ()) for k in keys))
         ops = tick.in_flight()
     for span in pool:
-        if span.state not in (None, SpanState.INVALID) and not span.deleting:
+        if span.accepted:
             ranges[(span.table_id, span.mode)].append(span.key_range)
     for op in ops:
         if op.phase is OpPhase.RUNNING and op.type in (OpType.SPLIT, OpType.MERGE):

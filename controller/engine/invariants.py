@@ -18,7 +18,7 @@ from controller.model.states import DispatcherState, Mode, OpPhase, SpanState
 def _accepted(world: World) -> dict[tuple[int, Mode], list[Span]]:
     out: dict[tuple[int, Mode], list[Span]] = defaultdict(list)
     for s in world.spans.values():
-        if s.state not in (None, SpanState.INVALID) and not s.deleting:
+        if s.accepted:
             out[(s.table_id, s.mode)].append(s)
     return out
 

@@ -20,7 +20,7 @@ from controller.model import resources as conv
 from controller.model.keys import gaps
 from controller.model.ordering import in_order
 from controller.model.records import Join, SpanOperator, Table
-from controller.model.states import TABLE_FINALIZER, Kind, Mode, OpPhase, OpSource, OpType, SpanState
+from controller.model.states import TABLE_FINALIZER, Kind, Mode, OpPhase, OpSource, OpType
 
 
 def lifecycle(tick: Tick) -> None:
@@ -160,13 +160,7 @@ def _covered(tick: Tick, table: Table) -> bool:
             pool = [s for s in found if s is not None]
         else:
             pool = list(tick.world.spans.values())
-        ranges = [
-            s.key_range
-            for s in pool
-            if (s.table_id, s.mode) == (table.table_id, mode)
-            and s.state not in (None, SpanState.INVALID)
-            and not s.deleting
-        ]
+        ranges = [s.key_range for s in pool if (s.table_id, s.mode) == (table.table_id, mode) and s.accepted]
         if gaps(table.key_range, ranges):
             return False
     return True

@@ -307,6 +307,12 @@ class Span(Record):
     created_dispatcher: str = ""
 
     @property
+    def accepted(self) -> bool:
+        """The span stands for its key range: validated (a state written, not Invalid) and not being deleted. A
+        live table's accepted spans cover its range in every mode, without gaps or overlaps (engine/invariants.py)."""
+        return self.state not in (None, SpanState.INVALID) and not self.deleting
+
+    @property
     def known_checkpoint(self) -> int:
         """The best persisted lower bound of this span's replicated-up-to ts."""
         return max(self.start_ts, self.checkpoint_ts)

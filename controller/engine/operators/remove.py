@@ -46,12 +46,7 @@ def start(tick: Tick, op: SpanOperator) -> list[Write]:
         tick, op, phase=OpPhase.RUNNING, stage=Stage.REMOVE_ORIGIN, origins=origins, started_at=tick.now
     )
     # A new or Invalid span replicates nothing: it is not marked, only deleted (or left) at the end.
-    marks = [
-        w
-        for s in spans
-        if not s.deleting and s.state not in (None, SpanState.INVALID)
-        for w in set_span(tick, s, state=SpanState.REMOVING, operator=op.name)
-    ]
+    marks = [w for s in spans if s.accepted for w in set_span(tick, s, state=SpanState.REMOVING, operator=op.name)]
     return [write, *marks, *advance(tick, new)]
 
 
