@@ -31,9 +31,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection, ItemsView, Iterable, Iterator, Mapping, ValuesView
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
@@ -189,8 +189,10 @@ class MinTracker:
 
 @dataclass(frozen=True, slots=True)
 class SpanFacts:
-    """What the index derived from one span (and the records it depends on) the last time it looked."""
+    """What the index derived from one span (and the records it depends on) the last time it looked, and the span
+    itself: the index's one home for it (``Index.spans`` reads it from here; not part of what the facts say)."""
 
+    record: Span = field(compare=False, repr=False)
     state: SpanState | None
     capture: str
     table: TableKey
@@ -213,6 +215,10 @@ class SpanFacts:
 
 @dataclass(frozen=True, slots=True)
 class DispatcherFacts:
+    """What the index derived from one dispatcher (and the spans it depends on), and the dispatcher itself (as
+    ``SpanFacts.record``)."""
+
+    record: Dispatcher = field(compare=False, repr=False)
     span: str
     capture: str
     table: TableKey
@@ -222,6 +228,63 @@ class DispatcherFacts:
     uid: str = ""
     working: bool = False  # Working (deleting or not): in the set its capture's report must cover
     failed: bool = False  # its runtime stopped it for good (Dispatcher.failure), and it is not being deleted
+    #: Its span exists and its status names it (then ``Index.dispatchers_of`` finds it through the span, and it is
+    #: not in ``loose_by_span``).
+    named: bool = False
+
+
+R = TypeVar("R", Span, Dispatcher)
+
+
+class RecordView(Mapping[str, R], Generic[R]):
+    """name -> record, read from the index's facts (each carries its record): the spans and dispatchers are held
+    once, in the map of their facts, not also in a second map by name growing in step with it (issue 37: at
+    100,000 dispatchers, the records, their facts and a third map each doubled their table in the same
+    write-through, 2,817 page faults in one event-loop callback)."""
+
+    __slots__ = ("_facts",)
+
+    def __init__(self, facts: dict[str, Any]) -> None:
+        self._facts = facts
+
+    def __getitem__(self, name: str) -> R:
+        return self._facts[name].record  # type: ignore[no-any-return]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        f = self._facts.get(name)
+        return default if f is None else f.record
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._facts
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._facts)
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def values(self) -> ValuesView[R]:
+        return _Values(self)
+
+    def items(self) -> ItemsView[str, R]:
+        return _Items(self)
+
+    def __repr__(self) -> str:
+        return f"RecordView({dict(self.items())!r})"
+
+
+class _Values(ValuesView[R]):
+    _mapping: RecordView[R]
+
+    def __iter__(self) -> Iterator[R]:
+        return (f.record for f in self._mapping._facts.values())
+
+
+class _Items(ItemsView[str, R]):
+    _mapping: RecordView[R]
+
+    def __iter__(self) -> Iterator[tuple[str, R]]:
+        return ((n, f.record) for n, f in self._mapping._facts.items())
 
 
 class Index:
@@ -231,11 +294,14 @@ class Index:
         self.name = changefeed
         self.changefeed: Changefeed | None = None
         self.tables: dict[str, Table] = {}
-        self.spans: dict[str, Span] = {}
-        self.dispatchers: dict[str, Dispatcher] = {}
+        #: name -> facts, each with its record: the one home of the changefeed's spans and dispatchers, which
+        #: ``spans`` and ``dispatchers`` read.
+        self.span_facts: dict[str, SpanFacts] = {}
+        self.dispatcher_facts: dict[str, DispatcherFacts] = {}
+        self.spans: RecordView[Span] = RecordView(self.span_facts)
+        self.dispatchers: RecordView[Dispatcher] = RecordView(self.dispatcher_facts)
         self.operators: dict[str, SpanOperator] = {}
         # -- spans
-        self.span_facts: dict[str, SpanFacts] = {}
         self.by_state: dict[SpanState | None, set[str]] = {s: set() for s in TRACKED_STATES}
         self.placing: set[str] = set()
         self.suspect: set[str] = set()
@@ -259,8 +325,10 @@ class Index:
         self.checkpoints = MinTracker()
         self.reported_checkpoints: dict[ReportKey, MinTracker] = {}
         # -- dispatchers
-        self.dispatcher_facts: dict[str, DispatcherFacts] = {}
-        self.disp_by_span = MultiMap()
+        #: span -> the dispatchers of that span (``Dispatcher.span``) it does not name: a span's own dispatcher is
+        #: found through the span (``dispatchers_of``), so this holds only the few left over, created but not
+        #: named yet, replaced or orphaned (a third map of every dispatcher was one more table of 100,000 names).
+        self.loose_by_span = MultiMap()
         self.disp_by_capture: dict[str, set[str]] = {}
         self.disp_by_table: dict[TableKey, set[str]] = {}
         self.unclaimed: set[str] = set()
@@ -363,7 +431,7 @@ class Index:
         self.changefeed = cf
         if (self.modes(), self._thresholds()) != before:
             # Every span's facts depend on the modes (stray, checkpoint) and thresholds (hot, cold).
-            for name in list(self.spans):
+            for name in list(self.span_facts):
                 self._refresh_span(name)
             self._coverage_dirty.update((tid, m) for tid in self.tables_by_id for m in Mode)
 
@@ -444,33 +512,38 @@ class Index:
 
     def _put_span(self, span: Span | None, name: str = "") -> None:
         name = span.name if span is not None else name
-        old = self.spans.get(name)
-        if span is None:
-            self.spans.pop(name, None)
-        else:
-            self.spans[name] = span
-        self._refresh_span(name)
-        # Dispatchers whose facts depend on this span: those of it (orphan, claimed), those it names (the
+        had = self.span_facts.get(name)
+        old = had.record if had is not None else None
+        # Its dispatchers (``Dispatcher.span``), as they are before this change: the loose ones, and the one its
+        # status names if that is one of them (which facts are right before the change say so: see ``named``).
+        mine = set(self.loose_by_span.get(name, ()))
+        for x in (old, span):
+            df = self.dispatcher_facts.get(x.dispatcher) if x is not None and x.dispatcher else None
+            if df is not None and df.span == name:
+                mine.add(df.record.name)
+        self._derive_span(name, span)
+        # Dispatchers whose facts depend on this span: those of it (orphan, claimed, named), those it names (the
         # claim of an orphan by a span naming it).
-        for d in list(self.disp_by_span.get(name, ())):
-            self._refresh_dispatcher(d)
-        for d in {x.dispatcher for x in (old, span) if x is not None and x.dispatcher}:
-            if d in self.dispatchers:
+        for d in sorted(mine | {x.dispatcher for x in (old, span) if x is not None and x.dispatcher}):
+            if d in self.dispatcher_facts:
                 self._refresh_dispatcher(d)
         if (old is None) != (span is None):
             # A span created or deleted: a span that adopted a dispatcher of this name's spec is suspect now
             # (or no longer).
-            for d in list(self.disp_by_span.get(name, ())):
+            for d in sorted(mine):
                 for s in list(self.spans_naming.get(d, ())):
                     if s != name:
                         self._refresh_span(s)
 
     def _span_facts(self, s: Span) -> SpanFacts:
-        d = self.dispatchers.get(s.dispatcher) if s.dispatcher else None
+        df = self.dispatcher_facts.get(s.dispatcher) if s.dispatcher else None
+        d = df.record if df is not None else None
         working = d is not None and not d.deleting and d.state is DispatcherState.WORKING
         belongs = d is not None and (
             d.span == s.name
-            or (d.span not in self.spans and (d.table_id, d.mode, d.key_range) == (s.table_id, s.mode, s.key_range))
+            or (
+                d.span not in self.span_facts and (d.table_id, d.mode, d.key_range) == (s.table_id, s.mode, s.key_range)
+            )
         )
         enabled = s.mode in self.modes()
         ours = s.table_id in self.tables_by_id
@@ -495,6 +568,7 @@ class Index:
                 checkpoint = s.known_checkpoint
         placing = is_placement(s)
         return SpanFacts(
+            record=s,
             state=s.state,
             capture=s.capture,
             table=self._pair(s.table_id, s.mode),
@@ -513,14 +587,22 @@ class Index:
         )
 
     def _refresh_span(self, name: str) -> None:
+        """Derive span ``name``'s facts afresh from the record it has (records it depends on changed)."""
+        facts = self.span_facts.get(name)
+        if facts is not None:
+            self._derive_span(name, facts.record)
+
+    def _derive_span(self, name: str, span: Span | None) -> None:
+        """Span ``name``'s record is ``span`` (None: deleted): its facts derived from it, and the indexes updated."""
         # Only what changed is touched: an entry taken out of a map keyed by name and put back is a deletion and
         # an insertion, and a dict or set of 100,000 names that churns so grows a fresh table now and then
         # (about 10 MB, first touched there) though its size never changes: 40-80 ms in one write-through at
         # 100,000 spans, several such maps resizing in the same refresh (issue 25).
         old = self.span_facts.get(name)
-        span = self.spans.get(name)
         new = self._span_facts(span) if span is not None else None
-        if old == new:
+        if old == new:  # the same facts (compared without the record)
+            if new is not None:
+                self.span_facts[name] = new  # its record may be new: replaced in place (no resize)
             return
         if old is not None:
             self._span_out(name, old, new)
@@ -629,21 +711,19 @@ class Index:
 
     def _put_dispatcher(self, d: Dispatcher | None, name: str = "") -> None:
         name = d.name if d is not None else name
-        if d is None:
-            self.dispatchers.pop(name, None)
-        else:
-            self.dispatchers[name] = d
-        self._refresh_dispatcher(name)
+        self._derive_dispatcher(name, d)
+        # The spans naming it (their facts look at it): as ``spans_naming`` has them.
         for s in list(self.spans_naming.get(name, ())):
             self._refresh_span(s)
 
     def _dispatcher_facts(self, d: Dispatcher) -> DispatcherFacts:
-        span = self.spans.get(d.span)
+        sf = self.span_facts.get(d.span)
+        span = sf.record if sf is not None else None
         if span is None:
             claimed = any(
-                self.spans[s].state is SpanState.REPLICATING
+                self.span_facts[s].record.state is SpanState.REPLICATING
                 for s in self.spans_naming.get(d.name, ())
-                if s in self.spans
+                if s in self.span_facts
             )
         else:
             claimed = (
@@ -652,6 +732,7 @@ class Index:
                 and not span.deleting
             )
         return DispatcherFacts(
+            record=d,
             span=d.span,
             capture=d.capture,
             table=self._pair(d.table_id, d.mode),
@@ -661,18 +742,33 @@ class Index:
             uid=d.uid,
             working=d.state is DispatcherState.WORKING,
             failed=d.failure is not None and not d.deleting,
+            named=span is not None and span.dispatcher == d.name,
         )
 
     def _refresh_dispatcher(self, name: str) -> None:
-        # Only what changed is touched (see ``_refresh_span``).
+        """Derive dispatcher ``name``'s facts afresh from the record it has (a span it depends on changed)."""
+        facts = self.dispatcher_facts.get(name)
+        if facts is not None:
+            self._derive_dispatcher(name, facts.record)
+
+    def _derive_dispatcher(self, name: str, d: Dispatcher | None) -> None:
+        """Dispatcher ``name``'s record is ``d`` (None: deleted): its facts, and the indexes updated. Only what
+        changed is touched (see ``_derive_span``)."""
         old = self.dispatcher_facts.get(name)
-        d = self.dispatchers.get(name)
         f = self._dispatcher_facts(d) if d is not None else None
-        if old == f:
+        if old == f:  # the same facts (compared without the record)
+            if f is not None:
+                self.dispatcher_facts[name] = f  # its record may be new: replaced in place
             return
+        # Its entry in ``loose_by_span`` (the span it is of, while that span does not name it).
+        was = old.span if old is not None and not old.named else None
+        now = f.span if f is not None and not f.named else None
+        if was != now:
+            if was is not None:
+                self.loose_by_span.discard(was, name)
+            if now is not None:
+                self.loose_by_span.add(now, name)
         if old is not None:
-            if f is None or f.span != old.span:
-                self.disp_by_span.discard(old.span, name)
             if f is None or f.capture != old.capture:
                 _discard(self.disp_by_capture, old.capture, name)  # type: ignore[arg-type]
             if f is None or f.table != old.table:
@@ -690,8 +786,6 @@ class Index:
             self.dispatcher_facts.pop(name, None)
             return
         self.dispatcher_facts[name] = f
-        if old is None or f.span != old.span:
-            self.disp_by_span.add(f.span, name)
         if old is None or f.capture != old.capture:
             _add(self.disp_by_capture, f.capture, name)  # type: ignore[arg-type]
         if old is None or f.table != old.table:
@@ -704,6 +798,17 @@ class Index:
             self.deleting_dispatchers.add(name)
         if f.failed:
             self.failed_dispatchers.add(name)
+
+    def dispatchers_of(self, span: str) -> list[str]:
+        """The dispatchers of ``span`` (``Dispatcher.span``): the one its status names, if it is one, and the loose
+        ones."""
+        out = list(self.loose_by_span.get(span, ()))
+        sf = self.span_facts.get(span)
+        named = sf.record.dispatcher if sf is not None else ""
+        df = self.dispatcher_facts.get(named) if named else None
+        if df is not None and df.named and df.span == span:
+            out.append(named)
+        return out
 
     def _working_change(self, name: str, old: DispatcherFacts | None, new: DispatcherFacts | None) -> None:
         """Keep ``working`` (and the digests' validity) current as dispatcher ``name`` goes from ``old`` to ``new``."""
@@ -815,7 +920,7 @@ class Index:
                 continue
             ranges = [
                 s.key_range
-                for s in (self.spans[n] for n in self.spans_by_table.get(key, ()))
+                for s in (self.span_facts[n].record for n in self.spans_by_table.get(key, ()))
                 if not s.deleting and s.state is not SpanState.INVALID
             ]
             if not exact_partition(KeyRange.of_table(tid), ranges):
@@ -855,7 +960,7 @@ class Index:
             "span_load",
             "replicating_by_capture",
             "dispatcher_facts",
-            "disp_by_span",
+            "loose_by_span",
             "disp_by_capture",
             "disp_by_table",
             "unclaimed",

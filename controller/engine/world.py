@@ -370,7 +370,7 @@ class Tick:
         for group in names:
             wanted.update(group)
         for span in self.spans.changed:
-            wanted.update(self.index.disp_by_span.get(span, ()))
+            wanted.update(self.index.dispatchers_of(span))
             wanted.update(self._new_by_span.get(span, ()))
             for x in (self.world.spans.get(span), self.spans.get(span)):  # the dispatcher it names
                 if x is not None and x.dispatcher:
@@ -468,7 +468,7 @@ class Tick:
 
     def dispatchers_of_span(self, span: str) -> list[Dispatcher]:
         if self.index is not None:
-            names = [*self.index.disp_by_span.get(span, ()), *self._new_by_span.get(span, ())]
+            names = [*self.index.dispatchers_of(span), *self._new_by_span.get(span, ())]
             found = [self.dispatchers.get(n) for n in names]
         else:
             if self._by_span is None:

@@ -165,7 +165,7 @@ class KindView(Mapping[str, Record]):
         self._indexes = indexes
         self._attr = attr
 
-    def _maps(self) -> list[dict[str, Record]]:
+    def _maps(self) -> list[Mapping[str, Record]]:
         return [getattr(idx, self._attr) for idx in self._indexes.values()]
 
     def __getitem__(self, name: str) -> Record:
@@ -630,7 +630,7 @@ class Store:
         idx = self.indexes.get(changefeed)
         if idx is None:
             return []
-        by_kind: dict[str, dict[str, Any]] = {
+        by_kind: dict[str, Mapping[str, Any]] = {
             Kind.TABLE.value: idx.tables,
             SPAN: idx.spans,
             DISPATCHER: idx.dispatchers,
