@@ -136,7 +136,7 @@ def _incremental(tick: Tick) -> int:
     assert index is not None
     changed = set(tick.spans.changed)
     for d in tick.dispatchers.changed:
-        changed.update(index.spans_naming.get(d, ()))
+        changed.update(index.spans_naming(d))
     reports = progress.group_reports(tick)
     values = [index.checkpoints.min_excluding(changed)]
     for key in index.reported_checkpoints:

@@ -211,6 +211,9 @@ class SpanFacts:
     #: span's value is then max(checkpoint, that report's minimum) when the report covers exactly the
     #: capture's Working dispatchers (engine/progress.py). None: nothing raises it.
     reporter: ReportKey | None = None
+    #: The dispatcher its status names exists and is of this span (``Dispatcher.span``): then ``spans_naming``
+    #: finds the span through it, and it is not in ``foreign_naming``.
+    own: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +314,10 @@ class Index:
         self.spans_by_capture: dict[str, set[str]] = {}
         self.holding: Counter[str] = Counter()
         self.spans_by_table: dict[TableKey, set[str]] = {}
-        self.spans_naming = MultiMap()
+        #: dispatcher -> the spans whose status names it though it is not theirs (``Dispatcher.span`` is another
+        #: span's, or it does not exist): a span naming its own dispatcher is found through the dispatcher
+        #: (``spans_naming``), so this holds only the few adopting or naming a dispatcher not made yet.
+        self.foreign_naming = MultiMap()
         self.state_counts: Counter[SpanState | None] = Counter()
         #: Spans per (state, capture as recorded, mode): what the metrics export (a scrape reads this, not the spans).
         self.span_tally: Counter[tuple[SpanState | None, str, Mode]] = Counter()
@@ -531,7 +537,7 @@ class Index:
             # A span created or deleted: a span that adopted a dispatcher of this name's spec is suspect now
             # (or no longer).
             for d in sorted(mine):
-                for s in list(self.spans_naming.get(d, ())):
+                for s in list(self.foreign_naming.get(d, ())):  # a span naming one of this span's is foreign
                     if s != name:
                         self._refresh_span(s)
 
@@ -584,6 +590,7 @@ class Index:
             cold=cold,
             checkpoint=checkpoint,
             reporter=reporter,
+            own=d is not None and d.span == s.name,
         )
 
     def _refresh_span(self, name: str) -> None:
@@ -611,6 +618,14 @@ class Index:
             self._span_in(name, new, old)
         else:
             del self.span_facts[name]
+        # Its entry in ``foreign_naming`` (the dispatcher it names, while that is not its own).
+        was = old.dispatcher if old is not None and not old.own else ""
+        now = new.dispatcher if new is not None and not new.own else ""
+        if was != now:
+            if was:
+                self.foreign_naming.discard(was, name)
+            if now:
+                self.foreign_naming.add(now, name)
         if (old and (old.table, old.covered, old.key_range)) != (new and (new.table, new.covered, new.key_range)):
             self._coverage_dirty.update(f.table for f in (old, new) if f is not None)
         if (old and (old.table, old.state)) != (new and (new.table, new.state)):
@@ -639,8 +654,6 @@ class Index:
                 del self.holding[f.capture]
         if keep is None or keep.table != f.table:
             _discard(self.spans_by_table, f.table, name)  # type: ignore[arg-type]
-        if f.dispatcher and (keep is None or keep.dispatcher != f.dispatcher):
-            self.spans_naming.discard(f.dispatcher, name)
         self.state_counts[f.state] -= 1
         tally = (f.state, f.capture, f.table[1])
         self.span_tally[tally] -= 1
@@ -691,8 +704,6 @@ class Index:
             self.holding[f.capture] += 1
         if had is None or had.table != f.table:
             _add(self.spans_by_table, f.table, name)  # type: ignore[arg-type]
-        if f.dispatcher and (had is None or had.dispatcher != f.dispatcher):
-            self.spans_naming.add(f.dispatcher, name)
         self.state_counts[f.state] += 1
         self.span_tally[(f.state, f.capture, f.table[1])] += 1
         self.table_counts.setdefault(f.table[0], Counter())[f.state] += 1
@@ -711,9 +722,16 @@ class Index:
 
     def _put_dispatcher(self, d: Dispatcher | None, name: str = "") -> None:
         name = d.name if d is not None else name
+        # The spans naming it (their facts look at it), as their facts say before this change: the foreign ones,
+        # and its own span (of its record before or after) if that names it.
+        naming = set(self.foreign_naming.get(name, ()))
+        old = self.dispatcher_facts.get(name)
+        for span in (old.span if old is not None else "", d.span if d is not None else ""):
+            sf = self.span_facts.get(span) if span else None
+            if sf is not None and sf.dispatcher == name:
+                naming.add(span)
         self._derive_dispatcher(name, d)
-        # The spans naming it (their facts look at it): as ``spans_naming`` has them.
-        for s in list(self.spans_naming.get(name, ())):
+        for s in sorted(naming):
             self._refresh_span(s)
 
     def _dispatcher_facts(self, d: Dispatcher) -> DispatcherFacts:
@@ -722,7 +740,7 @@ class Index:
         if span is None:
             claimed = any(
                 self.span_facts[s].record.state is SpanState.REPLICATING
-                for s in self.spans_naming.get(d.name, ())
+                for s in self.spans_naming(d.name)
                 if s in self.span_facts
             )
         else:
@@ -798,6 +816,15 @@ class Index:
             self.deleting_dispatchers.add(name)
         if f.failed:
             self.failed_dispatchers.add(name)
+
+    def spans_naming(self, dispatcher: str) -> list[str]:
+        """The spans whose status names ``dispatcher``: its own span, if that names it, and the foreign ones."""
+        out = list(self.foreign_naming.get(dispatcher, ()))
+        df = self.dispatcher_facts.get(dispatcher)
+        sf = self.span_facts.get(df.span) if df is not None else None
+        if sf is not None and sf.own and sf.dispatcher == dispatcher:
+            out.append(df.span)  # type: ignore[union-attr]
+        return out
 
     def dispatchers_of(self, span: str) -> list[str]:
         """The dispatchers of ``span`` (``Dispatcher.span``): the one its status names, if it is one, and the loose
@@ -954,7 +981,7 @@ class Index:
             "spans_by_capture",
             "holding",
             "spans_by_table",
-            "spans_naming",
+            "foreign_naming",
             "table_counts",
             "span_tally",
             "span_load",

@@ -305,7 +305,7 @@ def _claimer(tick: Tick, d: Dispatcher) -> Span | None:
     if tick.index is None:
         pool: list[Span] = list(tick.spans.values())
     else:
-        pool = tick.span_candidates(tick.index.spans_naming.get(d.name, ()))
+        pool = tick.span_candidates(tick.index.spans_naming(d.name))
     for s in in_order(pool, key=lambda s: s.name):
         if s.dispatcher == d.name and s.state is SpanState.REPLICATING:
             return s

@@ -351,7 +351,7 @@ class Tick:
         for group in names:
             wanted.update(group)
         for d in self.dispatchers.changed:  # a span's rules look at its dispatcher
-            wanted.update(self.index.spans_naming.get(d, ()))
+            wanted.update(self.index.spans_naming(d))
             x = self.dispatchers.get(d) or self.world.dispatchers.get(d)
             if x is not None:
                 wanted.add(x.span)
@@ -399,7 +399,7 @@ class Tick:
             spans.update(self.index.spans_by_capture.get(c, ()))
             for d in self.index.disp_by_capture.get(c, ()):
                 dispatchers.add(d)
-                spans.update(self.index.spans_naming.get(d, ()))
+                spans.update(self.index.spans_naming(d))
         return spans, dispatchers
 
     def coverage_changed(self) -> set[tuple[int, Mode]]:

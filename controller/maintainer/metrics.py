@@ -187,9 +187,11 @@ class ProcessReadings(Collector):
         self._source = ProcessCollector(registry=None)
         self._reading: tuple[float, list[Metric]] | None = None
 
-    def refresh(self) -> None:
-        """Read ``/proc`` now (from any thread: the reading is replaced by one assignment)."""
-        self._reading = (time.monotonic(), list(self._source.collect()))
+    def refresh(self) -> list[Metric]:
+        """Read ``/proc`` now (from any thread: the reading is replaced by one assignment); the series read."""
+        series = list(self._source.collect())
+        self._reading = (time.monotonic(), series)
+        return series
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -197,9 +199,8 @@ class ProcessReadings(Collector):
     def collect(self) -> Iterable[Metric]:
         reading = self._reading
         if reading is None or time.monotonic() - reading[0] > self.max_age:
-            self.refresh()
-            reading = self._reading
-        return reading[1] if reading is not None else []
+            return self.refresh()
+        return reading[1]
 
 
 class MetricsServer:
