@@ -167,7 +167,8 @@ def _records(rng: random.Random, now: float) -> list[object]:
                     key_range=part,
                     state=state,
                     capture=rng.choice(["", "c0", "c1"]),
-                    dispatcher=d if rng.random() < 0.8 else "",
+                    # Its own dispatcher, mostly; or the other half's (adopted, or named before it is re-made).
+                    dispatcher=rng.choice([d, d, d, f"d{tid}-{1 - i}"]) if rng.random() < 0.8 else "",
                     checkpoint_ts=rng.randint(100, 200),
                     operator=rng.choice(["", "op"]),
                     deleting=rng.random() < 0.1,
