@@ -53,6 +53,7 @@ import controller.maintainer.runner as runner  # noqa: E402
 from controller.engine import shards  # noqa: E402
 from controller.kube import heap, tenure  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
+from controller.maintainer import metrics  # noqa: E402
 from controller.maintainer.metrics import MetricsServer  # noqa: E402
 from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
 from controller.model.states import Kind  # noqa: E402
@@ -444,22 +445,24 @@ def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
 changefeeds.decide = timed_decide  # type: ignore[assignment]
 
 
-#: Seconds each /metrics request spent encoding the registry (the collector's work), in the loop: wall time, and
-#: the loop thread's CPU time (the difference is waiting, for the GIL mostly).
+#: Seconds each scrape's collection took in the loop (the only part of a scrape that runs there; the HTTP exchange
+#: and the encoding run in the server's threads): wall time, and the loop thread's CPU time (the difference is
+#: waiting, for the GIL mostly).
 SCRAPE_WORK: list[float] = []
 SCRAPE_CPU: list[float] = []
+_collect = metrics.LoopCollection._collect
 
 
-class TimedMetricsServer(MetricsServer):
-    """The maintainer's /metrics, its own work timed (what the driver's round trip adds is waiting for the loop)."""
+def timed_collect(self: metrics.LoopCollection, into: Any) -> None:
+    t, c = time.perf_counter(), time.thread_time()
+    try:
+        _collect(self, into)
+    finally:
+        SCRAPE_WORK.append(time.perf_counter() - t)
+        SCRAPE_CPU.append(time.thread_time() - c)
 
-    async def _metrics(self, request: Any) -> Any:
-        t, c = time.perf_counter(), time.thread_time()
-        try:
-            return await super()._metrics(request)
-        finally:
-            SCRAPE_WORK.append(time.perf_counter() - t)
-            SCRAPE_CPU.append(time.thread_time() - c)
+
+metrics.LoopCollection._collect = timed_collect  # type: ignore[method-assign]
 
 
 _snapshot = changefeeds.Changefeeds.snapshot
@@ -631,6 +634,7 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "pacer_yields": m.informer.pacer.yields,
         "scrape_work_ms": percentiles(SCRAPE_WORK) if SCRAPE_WORK else None,
         "scrape_cpu_ms": percentiles(SCRAPE_CPU) if SCRAPE_CPU else None,
+        "stale_scrapes": int(m.metrics.registry.get_sample_value(metrics.PREFIX + "metrics_stale_scrapes_total") or 0),
         "heap_reserve": None
         if m.heap is None
         else {
@@ -741,8 +745,10 @@ async def main(a: argparse.Namespace) -> None:
     beat = Probe(loop, a.probe == "heartbeat", a.stall_stacks)
     await m.start()
     server: MetricsServer | None = None
-    if a.scrape > 0:  # served in the loop, as the maintainer's own: the driver scrapes it (bench/run.py --scrape)
-        server = TimedMetricsServer(m.metrics.registry, "127.0.0.1", 0, process=m.metrics.process)
+    if a.scrape > 0:  # served as the maintainer's own is: the driver scrapes it (bench/run.py --scrape)
+        server = MetricsServer(
+            m.metrics.registry, "127.0.0.1", 0, process=m.metrics.process, stale=m.metrics.stale_scrapes
+        )
         await server.start()
         STATE["metrics_port"], STATE["scrape"] = server.port, a.scrape
     await reply({"ready": True, **STATE})

@@ -97,7 +97,8 @@ def worker_flags(a: argparse.Namespace) -> list[str]:
 
 class Scraper:
     """GET /metrics of a maintainer every ``period`` seconds, as Prometheus would, for as long as it lives: how long
-    each scrape took to answer (the handler runs in the maintainer's event loop, so its work is a loop stall too)."""
+    each scrape took to answer (served by the maintainer's threads; the collection, in its event loop, is a loop
+    stall too)."""
 
     def __init__(self, port: int, period: float) -> None:
         self.url = f"http://127.0.0.1:{port}/metrics"
@@ -745,6 +746,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     out["scrapes_first_maintainer"] = worker.scrapes()
     out["scrape_work_first_maintainer"] = old.get("scrape_work_ms")
     out["scrape_cpu_first_maintainer"] = old.get("scrape_cpu_ms")
+    out["stale_scrapes_first_maintainer"] = old.get("stale_scrapes")
     if system.a.stall_stacks:
         out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
@@ -803,6 +805,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     out["new_maintainer_rss_kib"] = end["rss"]
     out["scrape_work_new_maintainer"] = end.get("scrape_work_ms")
     out["scrape_cpu_new_maintainer"] = end.get("scrape_cpu_ms")
+    out["stale_scrapes_new_maintainer"] = end.get("stale_scrapes")
     out["loop_stalls_new_maintainer"] = await new.ask("stalls 0")
     out["scrapes_new_maintainer"] = new.scrapes()
     if system.a.stall_stacks:
@@ -994,7 +997,9 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
          f"{r.get('loop_stalls_new_maintainer', {}).get('longest_turn_cpu_ms', '-')}"),
         ("whole run: /metrics scrapes, n, p99 / max ms, bytes (first | new)",
          " | ".join(fmt_scrapes(r.get(k)) for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
-        ("... of it the handler's own work, p99 / max ms (first | new)",
+        ("... of them answered with the previous collection (the loop busy past 15 ms) (first | new)",
+         f"{r.get('stale_scrapes_first_maintainer', '-')} | {r.get('stale_scrapes_new_maintainer', '-')}"),
+        ("... the collection's own work in the loop, p99 / max ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('p99_ms', '-')} / {(r.get(k) or {}).get('max_ms', '-')}"
                     for k in ("scrape_work_first_maintainer", "scrape_work_new_maintainer"))),
         ("... of that the loop thread's CPU, p99 / max ms (first | new)",

@@ -16,16 +16,22 @@ Two sorts of metric live in one :class:`~prometheus_client.CollectorRegistry` pe
 The chart's alert rules and dashboard (charts/changefeed-maintainer/monitoring/) use these names only;
 tests/monitoring derives the names from this registry and fails on a query that names anything else.
 
-The scrape runs in the event loop that mutates the cache (:class:`MetricsServer` is an aiohttp server
-in the running loop, not prometheus_client's thread), so the collector reads a consistent cache
-without locks. It makes no system call there: the standard ``process_*`` series are read from ``/proc`` by a
-thread of the server once a second and served from that reading (:class:`ProcessReadings`).
+The collection runs in the event loop that mutates the cache, so the collector reads a consistent cache without
+locks; everything else of a scrape runs in the server's thread (:class:`MetricsServer`, an aiohttp server on an
+event loop of its own): the HTTP exchange and the encoding of what the loop collected. A scrape does not wait for
+the loop longer than ``FRESH_WITHIN`` (15 ms): while the loop is busy with a longer turn (a decision at 100,000
+spans, a relist), the scrape is answered with what the loop collected for the previous one, and the loop's late
+collection is kept for the next (``metrics_stale_scrapes_total`` counts them). The loop makes no system call for a
+scrape: the standard ``process_*`` series are read from ``/proc`` by a thread once a second and served from that
+reading (:class:`ProcessReadings`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable
@@ -50,6 +56,9 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.
 #: occurrence (a series that appears at 1 has no earlier sample to increase from): the normal one (a stale
 #: resourceVersion) and those the client itself reports when the API gave no usable answer.
 INITIAL_WRITE_ERROR_REASONS = ("Conflict", "ClientTimeout", "ConnectionError")
+#: How long a scrape waits for the event loop to collect before it is answered with the last collection. The
+#: loop's longest turns at 100,000 spans are 50-60 ms; a scrape that waited for them took as long (issue 37).
+FRESH_WITHIN = 0.015
 
 __all__ = [
     "CAPTURE_STATES",
@@ -84,6 +93,12 @@ class MaintainerMetrics:
         )
         for reason in INITIAL_WRITE_ERROR_REASONS:
             self.write_errors.labels(reason)
+        self.stale_scrapes = Counter(
+            PREFIX + "metrics_stale_scrapes",
+            "Scrapes answered with the previous collection of these metrics, because the event loop did not collect"
+            " within the server's wait (15 ms): it ran a longer turn.",
+            registry=self.registry,
+        )
         #: (changefeed, type) -> SpanOperators this process saw fail while leading (``operators_failed_total``).
         self.failures: Tally[tuple[str, str]] = Tally()
         self.collector = StateCollector(maintainer)
@@ -203,9 +218,68 @@ class ProcessReadings(Collector):
         return reading[1]
 
 
+class LoopCollection:
+    """What the server's thread encodes: ``registry`` collected in the event loop ``loop`` (the maintainer's).
+
+    :meth:`ask` (from the server's thread) asks the loop for a collection. One at a time is asked for: scrapes that
+    arrive while one is pending wait for that one. ``last`` is the latest collection made, served when the loop is
+    late (see :meth:`MetricsServer._metrics`)."""
+
+    def __init__(self, registry: CollectorRegistry, loop: asyncio.AbstractEventLoop) -> None:
+        self.registry = registry
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: concurrent.futures.Future[list[Metric]] | None = None
+        self.last: list[Metric] | None = None
+
+    def ask(self) -> tuple[concurrent.futures.Future[list[Metric]], list[Metric] | None]:
+        """The collection asked for (pending, or done when the loop has made it), and the latest one made."""
+        with self._lock:
+            pending = self._pending
+            if pending is None or pending.done():
+                pending = self._pending = concurrent.futures.Future()
+                self.loop.call_soon_threadsafe(self._collect, pending)
+            return pending, self.last
+
+    def _collect(self, into: concurrent.futures.Future[list[Metric]]) -> None:
+        """In the loop: collect the registry (the only part of a scrape that reads the cache)."""
+        if not into.set_running_or_notify_cancel():
+            return
+        try:
+            metrics = list(self.registry.collect())
+        except BaseException as exc:
+            into.set_exception(exc)
+            return
+        with self._lock:
+            self.last = metrics
+        into.set_result(metrics)
+
+
+class _Collected:
+    """A collection, as the encoders take a registry (what they use of one: ``collect``), restricted to ``names``
+    (the ``name[]`` query parameters) if any."""
+
+    def __init__(self, metrics: list[Metric], names: list[str]) -> None:
+        self.metrics = metrics
+        self.names = set(names)
+
+    def collect(self) -> Iterable[Metric]:
+        if not self.names:
+            yield from self.metrics
+            return
+        for metric in self.metrics:
+            restricted = metric._restricted_metric(self.names)  # type: ignore[no-untyped-call]  # prometheus_client's
+            if restricted is not None:
+                yield restricted
+
+
 class MetricsServer:
-    """``GET /metrics`` in the running event loop (aiohttp), on its own address and port; with ``process``, a
-    task that has that reading of ``/proc`` refreshed by a thread every ``period`` seconds."""
+    """``GET /metrics`` on its own address and port, served by an aiohttp server on an event loop of its own, in a
+    thread, from what the running (the maintainer's) event loop collects (:class:`LoopCollection`): a scrape waits
+    at most ``fresh_within`` seconds (None: for ever) for that loop, and is otherwise answered with the last
+    collection, which ``stale`` counts (``MaintainerMetrics.stale_scrapes``); the late collection, once made, is
+    the last one for the next scrape. With ``process``, a task has the reading of ``/proc`` refreshed by a thread
+    every ``period`` seconds."""
 
     def __init__(
         self,
@@ -214,18 +288,64 @@ class MetricsServer:
         port: int,
         process: ProcessReadings | None = None,
         period: float = 1.0,
+        fresh_within: float | None = FRESH_WITHIN,
+        stale: Counter | None = None,
     ) -> None:
         self.registry = registry
         self.address = address
         self.port = port
         self.process = process
         self.period = period
-        self._runner: web.AppRunner | None = None
+        self.fresh_within = fresh_within
+        self.stale = stale
+        #: What the server's thread encodes (set by ``start``).
+        self.collection: LoopCollection | None = None
+        self._serving: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None
         self._refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Serve, from now on; an address that cannot be bound raises (OSError) here."""
+        collection = self.collection = LoopCollection(self.registry, asyncio.get_running_loop())
+        loop = asyncio.new_event_loop()
+        opened: concurrent.futures.Future[web.AppRunner] = concurrent.futures.Future()
+        thread = threading.Thread(target=self._serve, args=(loop, collection, opened), name="metrics", daemon=True)
+        thread.start()
+        runner = await asyncio.wrap_future(opened)  # the thread's exception (a port taken) is raised here
+        self._serving = (loop, thread)
+        if not self.port:  # an ephemeral port (tests): report the one the OS chose
+            self.port = int(runner.addresses[0][1])
+        if self.process is not None:
+            self._refresher = asyncio.create_task(self._refresh(self.process), name="metrics-process-readings")
+        log.info("metrics served on http://%s:%d/metrics", self.address, self.port)
+
+    def _serve(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        collection: LoopCollection,
+        opened: concurrent.futures.Future[web.AppRunner],
+    ) -> None:
+        """The server's thread: its event loop, until ``stop``."""
+        asyncio.set_event_loop(loop)
+        try:
+            runner = loop.run_until_complete(self._open(collection))
+        except BaseException as exc:
+            loop.close()
+            opened.set_exception(exc)
+            return
+        opened.set_result(runner)
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+    async def _open(self, collection: LoopCollection) -> web.AppRunner:
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
+
+        async def metrics(request: web.Request) -> web.Response:
+            return await self._metrics(request, collection)
+
+        app.router.add_get("/metrics", metrics)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         try:
@@ -233,21 +353,33 @@ class MetricsServer:
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner = runner
-        if not self.port:  # an ephemeral port (tests): report the one the OS chose
-            self.port = int(runner.addresses[0][1])
-        if self.process is not None:
-            self._refresher = asyncio.create_task(self._refresh(self.process), name="metrics-process-readings")
-        log.info("metrics served on http://%s:%d/metrics", self.address, self.port)
+        return runner
+
+    async def _metrics(self, request: web.Request, collection: LoopCollection) -> web.Response:
+        """A scrape, in the server's thread: the maintainer's loop collects, this thread encodes."""
+        pending, last = collection.ask()
+        waiting = asyncio.wrap_future(pending)
+        try:
+            metrics = await asyncio.wait_for(asyncio.shield(waiting), None if last is None else self.fresh_within)
+        except TimeoutError:
+            assert last is not None
+            metrics = last
+            if self.stale is not None:
+                self.stale.inc()
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encoder(_Collected(metrics, request.query.getall("name[]", [])))  # type: ignore[arg-type]
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def stop(self) -> None:
         refresher, self._refresher = self._refresher, None
         if refresher is not None:
             refresher.cancel()
             await asyncio.gather(refresher, return_exceptions=True)
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            loop, thread = serving
+            loop.call_soon_threadsafe(loop.stop)  # the thread closes the server, then its loop
+            await asyncio.to_thread(thread.join, 10)
 
     async def _refresh(self, process: ProcessReadings) -> None:
         while True:
@@ -256,7 +388,3 @@ class MetricsServer:
             except Exception:  # never seen: /proc unreadable is handled by the reading itself
                 log.exception("metrics: could not read the process's /proc")
             await asyncio.sleep(self.period)
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})
