@@ -9,7 +9,7 @@ readiness endpoint (the chart's ``/readyz``: its Lease renewed within the deadli
 
 For CI the windows are shortened by flags so that a short run covers several of each: the maintainer's watches
 ask for server timeouts of ``WATCH_TIMEOUT``-2x seconds (``--watch-timeout``), its probe's window is
-``WINDOW`` (``--liveness-window``) and the idle time ``CFM_IDLE_SECONDS`` (default 75). From 600 on (the
+``WINDOW`` (``--liveness-window``) and the idle time ``CFM_IDLE_SECONDS`` (default 50). From 600 on (the
 10-minute run of the issue's done-criterion: ``CFM_IDLE_SECONDS=600``) the production defaults are used instead
 (watch timeouts of 5 to 10 minutes, a 60 s window). Against a real cluster (``CFM_TEST_KUBECONFIG``) the
 cluster's own server is used, bookmarks or not.
@@ -30,10 +30,10 @@ from controller.apiserver import start_server
 from tests.integration.conftest import Target
 from tests.integration.harness import CAPTURE_FLAGS, CRD_DIR, Api, System, Watch, all_settled
 
-IDLE = float(os.environ.get("CFM_IDLE_SECONDS", "75"))
+IDLE = float(os.environ.get("CFM_IDLE_SECONDS", "50"))
 SHORT = IDLE < 600
-WATCH_TIMEOUT = 10  # server timeouts of 10 to 20 s: several per stream in a short run
-WINDOW = 20  # the liveness window: a short run is several of them
+WATCH_TIMEOUT = 6  # server timeouts of 6 to 12 s: several per stream in a short run
+WINDOW = 15  # the liveness window: a short run is several of them
 CAPTURES = ("c0", "c1")
 
 

@@ -4,14 +4,34 @@ own view of the Leases."""
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Callable
+from typing import TypeVar
+
 import pytest
 
 from controller.engine import balance_policy, shards
 from controller.sim import balance
 
 
+def _counts(seed: int) -> tuple[int, int, int]:
+    """Kills, joins and handoffs of history ``seed``."""
+    world = balance.World(seed, ())
+    world.run()
+    return len(world.kills), len(world.replicas) - world.expected, sum(r.handoffs for r in world.replicas)
+
+
+T = TypeVar("T")
+
+
+def _on_two_cores(work: Callable[[int], T], seeds: range) -> list[T]:
+    """``work`` over ``seeds`` in two processes, as the crash simulator's sweep runs (CI has two cores)."""
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        return pool.map(work, seeds, chunksize=10)
+
+
 def test_the_seed_sweep_finds_nothing() -> None:
-    problems = [p for s in range(300) if (p := balance.run_history(s)) is not None]
+    problems = [p for p in _on_two_cores(balance.run_history, range(300)) if p is not None]
     assert problems == [], problems[0]
 
 
@@ -23,13 +43,8 @@ def test_every_mutant_is_caught(mutant: str) -> None:
 def test_histories_have_kills_joins_and_handoffs_and_the_checks_look_at_them() -> None:
     """Not a sweep of nothing: kills are judged (``led again``), replicas join and hand changefeeds over, and the
     end is judged balanced."""
-    kills = handoffs = joins = 0
-    for seed in range(60):
-        world = balance.World(seed, ())
-        world.run()
-        kills += len(world.kills)
-        joins += len(world.replicas) - world.expected
-        handoffs += sum(r.handoffs for r in world.replicas)
+    counts = _on_two_cores(_counts, range(60))
+    kills, joins, handoffs = (sum(c[i] for c in counts) for i in range(3))
     assert kills >= 20, kills
     assert joins >= 20, joins
     assert handoffs >= 20, handoffs
