@@ -95,29 +95,55 @@ def worker_flags(a: argparse.Namespace) -> list[str]:
     return [*flags, *(["--stall-stacks"] if a.stall_stacks else [])]
 
 
+def machine_busy() -> tuple[float, float] | None:
+    """(busy, total) CPU jiffies of the whole machine so far (/proc/stat), None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 class Scraper:
     """GET /metrics of a maintainer every ``period`` seconds, as Prometheus would, for as long as it lives: how long
-    each scrape took to answer (served by the maintainer's threads; the collection, in its event loop, is a loop
-    stall too)."""
+    each scrape took to answer (served by the maintainer's thread; the collection, in its event loop, is a loop
+    stall too), when (seconds since the scraper started), and how busy the machine's cores were over the second
+    before it (/proc/stat: on this 2-core VM the API server, three captures, the maintainer and this driver share
+    them)."""
 
     def __init__(self, port: int, period: float) -> None:
         self.url = f"http://127.0.0.1:{port}/metrics"
         self.period = period
         self.took: list[float] = []
+        #: (round trip s, seconds since start, share of the machine's cores busy over the second before)
+        self.samples: list[tuple[float, float, float | None]] = []
         self.bytes = 0
         self.errors = 0
+        self.started = time.monotonic()
         self.task = asyncio.create_task(self._run(), name=f"scrape-{port}")
 
     async def _run(self) -> None:
         import aiohttp
 
+        before = machine_busy()
         async with aiohttp.ClientSession() as session:
             while True:
                 began = time.monotonic()
+                now = machine_busy()
+                busy = (
+                    (now[0] - before[0]) / (now[1] - before[1])
+                    if now is not None and before is not None and now[1] > before[1]
+                    else None
+                )
+                before = now
                 try:
                     async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                         body = await resp.read()
-                    self.took.append(time.monotonic() - began)
+                    took = time.monotonic() - began
+                    self.took.append(took)
+                    self.samples.append((took, began - self.started, busy))
                     self.bytes = len(body)
                 except (aiohttp.ClientError, OSError, TimeoutError):
                     self.errors += 1
@@ -127,6 +153,19 @@ class Scraper:
         took = sorted(self.took)
         if not took:
             return {"n": 0, "errors": self.errors}
+
+        def spread(values: list[float]) -> dict[str, Any]:
+            v = sorted(values)
+            if not v:
+                return {"n": 0}
+            return {
+                "n": len(v),
+                "p50_ms": round(v[len(v) // 2] * 1000, 1),
+                "p99_ms": round(v[min(len(v) - 1, int(len(v) * 0.99))] * 1000, 1),
+                "max_ms": round(v[-1] * 1000, 1),
+            }
+
+        worst = sorted(self.samples, reverse=True)[:5]
         return {
             "n": len(took),
             "max_ms": round(took[-1] * 1000, 1),
@@ -134,6 +173,11 @@ class Scraper:
             "p50_ms": round(took[len(took) // 2] * 1000, 1),
             "bytes": self.bytes,
             "errors": self.errors,
+            "worst_ms_at_s_busy": [
+                [round(t * 1000, 1), round(at, 1), None if b is None else round(b, 2)] for t, at, b in worst
+            ],
+            "machine_busy_below_90": spread([t for t, _, b in self.samples if b is not None and b < 0.9]),
+            "machine_busy_90_or_more": spread([t for t, _, b in self.samples if b is not None and b >= 0.9]),
         }
 
     def stop(self) -> None:
@@ -957,6 +1001,12 @@ def fmt_scrapes(d: dict[str, Any] | None) -> str:
     return f"{d['n']}, {d['p99_ms']} / {d['max_ms']}, {d['bytes']}"
 
 
+def fmt_spread(d: dict[str, Any] | None) -> str:
+    if not d or not d.get("n"):
+        return "-"
+    return f"{d['n']}, {d['p99_ms']} / {d['max_ms']}"
+
+
 def fmt_reqs(d: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:g}" for k, v in sorted(d.items())) or "-"
 
@@ -997,6 +1047,15 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
          f"{r.get('loop_stalls_new_maintainer', {}).get('longest_turn_cpu_ms', '-')}"),
         ("whole run: /metrics scrapes, n, p99 / max ms, bytes (first | new)",
          " | ".join(fmt_scrapes(r.get(k)) for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
+        ("... when the machine's cores were < 90 % busy: n, p99 / max ms (first | new)",
+         " | ".join(fmt_spread((r.get(k) or {}).get("machine_busy_below_90"))
+                    for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
+        ("... when they were >= 90 % busy: n, p99 / max ms (first | new)",
+         " | ".join(fmt_spread((r.get(k) or {}).get("machine_busy_90_or_more"))
+                    for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
+        ("... the worst five: ms at s, machine busy (first)",
+         " ".join(f"{w[0]}@{w[1]}({w[2]})"
+                  for w in (r.get("scrapes_first_maintainer") or {}).get("worst_ms_at_s_busy", [])) or "-"),
         ("... of them answered with the previous collection (the loop busy past 15 ms) (first | new)",
          f"{r.get('stale_scrapes_first_maintainer', '-')} | {r.get('stale_scrapes_new_maintainer', '-')}"),
         ("... the collection's own work in the loop, p99 / max ms (first | new)",

@@ -37,7 +37,7 @@ import itertools
 from collections import Counter
 from collections.abc import Collection, ItemsView, Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
@@ -243,7 +243,7 @@ class DispatcherFacts:
 R = TypeVar("R", Span, Dispatcher)
 
 
-class RecordView(Mapping[str, R], Generic[R]):
+class RecordView(Mapping[str, R]):
     """name -> record, read from the index's facts (each carries its record): the spans and dispatchers are held
     once, in the map of their facts, not also in a second map by name growing in step with it (issue 37: at
     100,000 dispatchers, the records, their facts and a third map each doubled their table in the same
@@ -525,7 +525,7 @@ class Index:
         had = self.span_facts.get(name)
         old = had.record if had is not None else None
         # Its dispatchers (``Dispatcher.span``), as they are before this change: the loose ones, and the one its
-        # status names if that is one of them (which facts are right before the change say so: see ``named``).
+        # status names (before or after) if that dispatcher's spec names this span (``DispatcherFacts.named``).
         mine = set(self.loose_by_span.get(name, ()))
         for x in (old, span):
             df = self.dispatcher_facts.get(x.dispatcher) if x is not None and x.dispatcher else None
