@@ -237,8 +237,9 @@ class LoopCollection:
         with self._lock:
             pending = self._pending
             if pending is None or pending.done():
-                pending = self._pending = concurrent.futures.Future()
-                self.loop.call_soon_threadsafe(self._collect, pending)
+                pending = concurrent.futures.Future()
+                self.loop.call_soon_threadsafe(self._collect, pending)  # raises if that loop is closed
+                self._pending = pending  # only a collection the loop will make is waited for by the next scrapes
             return pending, self.last
 
     def _collect(self, into: concurrent.futures.Future[list[Metric]]) -> None:
