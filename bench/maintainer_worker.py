@@ -445,24 +445,26 @@ def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
 changefeeds.decide = timed_decide  # type: ignore[assignment]
 
 
-#: Seconds each scrape's collection took in the loop (the only part of a scrape that runs there; the HTTP exchange
-#: and the encoding run in the server's threads): wall time, and the loop thread's CPU time (the difference is
-#: waiting, for the GIL mostly).
+#: Seconds each scrape's collection took in the loop (the only part of a scrape that runs in this process: the
+#: collection and its pickling; the HTTP exchange and the encoding run in the relay's process): wall time, and the
+#: loop thread's CPU time (the difference is waiting, for the GIL mostly).
 SCRAPE_WORK: list[float] = []
+#: The metrics server, when the driver scrapes (its relay's memory is reported).
+SERVER: MetricsServer | None = None
 SCRAPE_CPU: list[float] = []
-_collect = metrics.LoopCollection._collect
+_collection = metrics.MetricsServer._collection
 
 
-def timed_collect(self: metrics.LoopCollection, into: Any) -> None:
+def timed_collection(self: metrics.MetricsServer) -> bytes:
     t, c = time.perf_counter(), time.thread_time()
     try:
-        _collect(self, into)
+        return _collection(self)
     finally:
         SCRAPE_WORK.append(time.perf_counter() - t)
         SCRAPE_CPU.append(time.thread_time() - c)
 
 
-metrics.LoopCollection._collect = timed_collect  # type: ignore[method-assign]
+metrics.MetricsServer._collection = timed_collection  # type: ignore[method-assign]
 
 
 _snapshot = changefeeds.Changefeeds.snapshot
@@ -509,10 +511,10 @@ def decisions(arg: str) -> dict[str, Any]:
     }
 
 
-def rss_kib() -> dict[str, int]:
-    out = {"ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+def rss_kib(pid: str = "self") -> dict[str, int]:
+    out = {"ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} if pid == "self" else {}
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith(("VmHWM:", "VmRSS:")):
                     out[line.split(":")[0]] = int(line.split()[1])
@@ -621,6 +623,7 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "epochs": m.stats.epochs,
         "executor_errors": dict(m.executor.errors),
         "rss": rss_kib(),
+        "relay_rss": None if SERVER is None or SERVER.relay is None else rss_kib(str(SERVER.relay.pid)),
         "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
         "stall_count": len(STALLS),
         "gc_full": dict(GC_FULL),
@@ -738,7 +741,7 @@ async def main(a: argparse.Namespace) -> None:
     )
     m = TimedMaintainer(client, settings)
     STATE["t_start"] = time.monotonic()
-    global OUT
+    global OUT, SERVER
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout)
     OUT = asyncio.StreamWriter(transport, protocol, None, loop)
@@ -751,6 +754,7 @@ async def main(a: argparse.Namespace) -> None:
         )
         await server.start()
         STATE["metrics_port"], STATE["scrape"] = server.port, a.scrape
+        SERVER = server
     await reply({"ready": True, **STATE})
     reader = asyncio.StreamReader(limit=2**20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

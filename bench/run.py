@@ -786,6 +786,7 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
         log(f"phase 3: only {st['ops']} held in RemoveOrigin; killing anyway")
     old = await worker.ask("stats")
     out["maintainer_rss_kib_before_kill"] = old["rss"]
+    out["relay_rss_kib"] = old.get("relay_rss")
     out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
     out["scrapes_first_maintainer"] = worker.scrapes()
     out["scrape_work_first_maintainer"] = old.get("scrape_work_ms")
@@ -1161,6 +1162,9 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
     kill = r.get("maintainer_rss_kib_before_kill") or {}
     out.append(("4 ... at the kill, after the bench's own spans reply (KiB per span)",
                 f"{kill.get('VmHWM', 0) / n:.1f}" if kill else "-"))  # fmt: skip
+    relay = r.get("relay_rss_kib") or {}
+    out.append(("4 metrics relay peak RSS MiB (its own process, --scrape)",
+                f"{relay.get('VmHWM', 0) / 1024:.0f}" if relay else "-"))  # fmt: skip
     rss2 = r.get("new_maintainer_rss_kib") or {}
     out.append(("4 new maintainer peak RSS MiB", f"{rss2.get('VmHWM', 0) / 1024:.0f}" if rss2 else "-"))
     out.append(("4 new maintainer peak RSS KiB per span", f"{rss2.get('VmHWM', 0) / n:.1f}" if rss2 else "-"))

@@ -17,32 +17,33 @@ The chart's alert rules and dashboard (charts/changefeed-maintainer/monitoring/)
 tests/monitoring derives the names from this registry and fails on a query that names anything else.
 
 The collection runs in the event loop that mutates the cache, so the collector reads a consistent cache without
-locks; everything else of a scrape runs in the server's thread (:class:`MetricsServer`, an aiohttp server on an
-event loop of its own): the HTTP exchange and the encoding of what the loop collected. A scrape does not wait for
-the loop longer than ``FRESH_WITHIN`` (15 ms): while the loop is busy with a longer turn (a decision at 100,000
-spans, a relist), the scrape is answered with what the loop collected for the previous one, and the loop's late
-collection is kept for the next (``metrics_stale_scrapes_total`` counts them). The loop makes no system call for a
-scrape: the standard ``process_*`` series are read from ``/proc`` by a thread once a second and served from that
-reading (:class:`ProcessReadings`).
+locks; everything else of a scrape runs in a process of its own, the relay (:class:`MetricsServer`,
+``metrics_relay.py``): the HTTP exchange and the encoding of what the loop collected, which the loop sends it
+pickled. No scrape takes this process's GIL but for the collection. A scrape does not wait for the loop longer
+than ``FRESH_WITHIN`` (15 ms): while the loop is busy with a longer turn (a decision at 100,000 spans, a relist),
+the relay answers with what the loop collected for the previous one, and the loop's late collection is kept for
+the next (``metrics_stale_scrapes_total`` counts them). The loop makes no system call for a scrape but its
+channel's: the standard ``process_*`` series are read from ``/proc`` by a thread once a second and served from
+that reading (:class:`ProcessReadings`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import threading
+import pickle
+import socket
+import sys
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE
+from controller.maintainer import metrics_relay
 from controller.maintainer.collector import CAPTURE_STATES, PREFIX, Maintainer, StateCollector
 from controller.model.progress import HeadCurve
 from controller.model.records import Capture, SpanOperator
@@ -59,6 +60,8 @@ INITIAL_WRITE_ERROR_REASONS = ("Conflict", "ClientTimeout", "ConnectionError")
 #: How long a scrape waits for the event loop to collect before it is answered with the last collection. The
 #: loop's longest turns at 100,000 spans are 50-60 ms; a scrape that waited for them took as long (issue 37).
 FRESH_WITHIN = 0.015
+#: How long ``MetricsServer.start`` waits for the relay to serve (an interpreter and prometheus_client to import).
+RELAY_START = 30.0
 
 __all__ = [
     "CAPTURE_STATES",
@@ -218,69 +221,40 @@ class ProcessReadings(Collector):
         return reading[1]
 
 
-class LoopCollection:
-    """What the server's thread encodes: ``registry`` collected in the event loop ``loop`` (the maintainer's).
+class RelayFailed(RuntimeError):
+    """The metrics relay did not start (it exited, or did not say it serves within ``RELAY_START`` seconds)."""
 
-    :meth:`ask` (from the server's thread) asks the loop for a collection. One at a time is asked for: scrapes that
-    arrive while one is pending wait for that one. ``last`` is the latest collection made, served when the loop is
-    late (see :meth:`MetricsServer._metrics`)."""
 
-    def __init__(self, registry: CollectorRegistry, loop: asyncio.AbstractEventLoop) -> None:
-        self.registry = registry
-        self.loop = loop
-        self._lock = threading.Lock()
-        self._pending: concurrent.futures.Future[list[Metric]] | None = None
-        self.last: list[Metric] | None = None
+class Relay:
+    """A running relay: its process, and the maintainer's end of the channel to it."""
 
-    def ask(self) -> tuple[concurrent.futures.Future[list[Metric]], list[Metric] | None]:
-        """The collection asked for (pending, or done when the loop has made it), and the latest one made."""
-        with self._lock:
-            pending = self._pending
-            if pending is None or pending.done():
-                pending = concurrent.futures.Future()
-                self.loop.call_soon_threadsafe(self._collect, pending)  # raises if that loop is closed
-                self._pending = pending  # only a collection the loop will make is waited for by the next scrapes
-            return pending, self.last
+    def __init__(self, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.proc = proc
+        self.pid = proc.pid
+        self.reader = reader
+        self.writer = writer
 
-    def _collect(self, into: concurrent.futures.Future[list[Metric]]) -> None:
-        """In the loop: collect the registry (the only part of a scrape that reads the cache)."""
-        if not into.set_running_or_notify_cancel():
-            return
+    async def stop(self) -> None:
+        """Close the channel (the relay exits on its end), and wait for the process (killed after 10 s)."""
+        self.writer.close()
         try:
-            metrics = list(self.registry.collect())
-        except BaseException as exc:
-            into.set_exception(exc)
-            return
-        with self._lock:
-            self.last = metrics
-        into.set_result(metrics)
-
-
-class _Collected:
-    """A collection, as the encoders take a registry (what they use of one: ``collect``), restricted to ``names``
-    (the ``name[]`` query parameters) if any."""
-
-    def __init__(self, metrics: list[Metric], names: list[str]) -> None:
-        self.metrics = metrics
-        self.names = set(names)
-
-    def collect(self) -> Iterable[Metric]:
-        if not self.names:
-            yield from self.metrics
-            return
-        for metric in self.metrics:
-            restricted = metric._restricted_metric(self.names)  # type: ignore[no-untyped-call]  # prometheus_client's
-            if restricted is not None:
-                yield restricted
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
 
 
 class MetricsServer:
-    """``GET /metrics`` on its own address and port, served by an aiohttp server on an event loop of its own, in a
-    thread, from what the running (the maintainer's) event loop collects (:class:`LoopCollection`): a scrape waits
-    at most ``fresh_within`` seconds (None: for ever) for that loop, and is otherwise answered with the last
-    collection, which ``stale`` counts (``MaintainerMetrics.stale_scrapes``); the late collection, once made, is
-    the last one for the next scrape. With ``process``, a task has the reading of ``/proc`` refreshed by a thread
-    every ``period`` seconds."""
+    """``GET /metrics`` on its own address and port, answered by a process of its own (the relay,
+    :mod:`controller.maintainer.metrics_relay`) from collections of ``registry`` that the running (the maintainer's)
+    event loop makes when the relay asks for one.
+
+    ``start`` binds the port here (an address that cannot be bound raises OSError there) and hands the listening
+    socket to the relay, which it starts and waits for (:class:`RelayFailed` if it does not start). A relay that
+    exits while serving is started again, on the same socket, after a pause that doubles up to a minute. The relay
+    waits at most ``fresh_within`` seconds for a collection and otherwise answers with the last one and says so;
+    ``stale`` counts those (``MaintainerMetrics.stale_scrapes``). With
+    ``process``, a task has the reading of ``/proc`` refreshed by a thread every ``period`` seconds."""
 
     def __init__(
         self,
@@ -289,7 +263,7 @@ class MetricsServer:
         port: int,
         process: ProcessReadings | None = None,
         period: float = 1.0,
-        fresh_within: float | None = FRESH_WITHIN,
+        fresh_within: float = FRESH_WITHIN,
         stale: Counter | None = None,
     ) -> None:
         self.registry = registry
@@ -299,88 +273,130 @@ class MetricsServer:
         self.period = period
         self.fresh_within = fresh_within
         self.stale = stale
-        #: What the server's thread encodes (set by ``start``).
-        self.collection: LoopCollection | None = None
-        self._serving: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None
+        #: Collections made for the relay so far (tests wait on it).
+        self.collections = 0
+        #: The relay serving now, if any.
+        self.relay: Relay | None = None
+        self._listener: socket.socket | None = None
+        self._keeper: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Serve, from now on; an address that cannot be bound raises (OSError) here."""
-        collection = self.collection = LoopCollection(self.registry, asyncio.get_running_loop())
-        loop = asyncio.new_event_loop()
-        opened: concurrent.futures.Future[web.AppRunner] = concurrent.futures.Future()
-        thread = threading.Thread(target=self._serve, args=(loop, collection, opened), name="metrics", daemon=True)
-        thread.start()
-        runner = await asyncio.wrap_future(opened)  # the thread's exception (a port taken) is raised here
-        self._serving = (loop, thread)
+        """Serve, from now on; an address that cannot be bound raises (OSError) here, a relay that cannot start
+        :class:`RelayFailed`."""
+        listener = socket.create_server((self.address, self.port))
+        try:
+            self.relay = await self._spawn(listener)
+        except BaseException:
+            listener.close()
+            raise
+        self._listener = listener
         if not self.port:  # an ephemeral port (tests): report the one the OS chose
-            self.port = int(runner.addresses[0][1])
+            self.port = int(listener.getsockname()[1])
+        self._keeper = asyncio.create_task(self._keep(listener), name="metrics-relay")
         if self.process is not None:
             self._refresher = asyncio.create_task(self._refresh(self.process), name="metrics-process-readings")
-        log.info("metrics served on http://%s:%d/metrics", self.address, self.port)
+        log.info("metrics served on http://%s:%d/metrics (relay pid %d)", self.address, self.port, self.relay.pid)
 
-    def _serve(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        collection: LoopCollection,
-        opened: concurrent.futures.Future[web.AppRunner],
-    ) -> None:
-        """The server's thread: its event loop, until ``stop``."""
-        asyncio.set_event_loop(loop)
+    async def _spawn(self, listener: socket.socket) -> Relay:
+        """Start a relay on ``listener`` and wait until it serves."""
+        ours, theirs = socket.socketpair()
         try:
-            runner = loop.run_until_complete(self._open(collection))
-        except BaseException as exc:
-            loop.close()
-            opened.set_exception(exc)
-            return
-        opened.set_result(runner)
-        try:
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-    async def _open(self, collection: LoopCollection) -> web.AppRunner:
-        app = web.Application()
-
-        async def metrics(request: web.Request) -> web.Response:
-            return await self._metrics(request, collection)
-
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.address, self.port).start()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                metrics_relay.__name__,
+                "--listen-fd",
+                str(listener.fileno()),
+                "--channel-fd",
+                str(theirs.fileno()),
+                "--fresh-within",
+                repr(self.fresh_within),
+                pass_fds=(listener.fileno(), theirs.fileno()),
+                stdin=asyncio.subprocess.DEVNULL,
+            )
         except BaseException:
-            await runner.cleanup()
+            ours.close()
             raise
-        return runner
-
-    async def _metrics(self, request: web.Request, collection: LoopCollection) -> web.Response:
-        """A scrape, in the server's thread: the maintainer's loop collects, this thread encodes."""
-        pending, last = collection.ask()
-        waiting = asyncio.wrap_future(pending)
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        relay = Relay(proc, reader, writer)
         try:
-            metrics = await asyncio.wait_for(asyncio.shield(waiting), None if last is None else self.fresh_within)
-        except TimeoutError:
-            assert last is not None
-            metrics = last
-            if self.stale is not None:
-                self.stale.inc()
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        body = encoder(_Collected(metrics, request.query.getall("name[]", [])))  # type: ignore[arg-type]
-        return web.Response(body=body, headers={"Content-Type": content_type})
+            await asyncio.wait_for(reader.readexactly(len(metrics_relay.READY)), RELAY_START)
+        except (asyncio.IncompleteReadError, TimeoutError) as exc:
+            await relay.stop()
+            raise RelayFailed(f"the metrics relay did not start (exit status {proc.returncode})") from exc
+        except BaseException:  # cancelled: no relay is left behind
+            await relay.stop()
+            raise
+        return relay
+
+    async def _keep(self, listener: socket.socket) -> None:
+        """Answer the relay's asks; start another when it exits."""
+        pause = 1.0
+        while True:
+            relay = self.relay
+            if relay is not None:
+                began = time.monotonic()
+                await self._answer(relay)
+                await relay.stop()
+                if time.monotonic() - began > 60:
+                    pause = 1.0
+                log.error(
+                    "metrics: the relay (pid %d) exited with status %s; another starts in %.0f s",
+                    relay.pid,
+                    relay.proc.returncode,
+                    pause,
+                )
+                self.relay = None
+                await asyncio.sleep(pause)
+                pause = min(60.0, pause * 2)
+            try:
+                self.relay = await self._spawn(listener)
+            except (OSError, RelayFailed) as exc:
+                log.error("metrics: could not start the relay: %s; trying again in %.0f s", exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(60.0, pause * 2)
+
+    async def _answer(self, relay: Relay) -> None:
+        """Until the relay's channel closes: answer each ask with a collection, and count its stale answers."""
+        reported = 0
+        try:
+            while True:
+                message = await relay.reader.readexactly(metrics_relay.MESSAGE.size)
+                kind, stale = metrics_relay.MESSAGE.unpack(message)
+                if self.stale is not None and stale > reported:
+                    self.stale.inc(stale - reported)
+                reported = max(reported, stale)
+                if kind == metrics_relay.ASK:
+                    relay.writer.write(self._collection())
+                    await relay.writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+
+    def _collection(self) -> bytes:
+        """In the loop: collect the registry (the only part of a scrape that reads the cache), as a frame."""
+        self.collections += 1
+        try:
+            kind, payload = metrics_relay.COLLECTED, pickle.dumps(list(self.registry.collect()), protocol=5)
+        except Exception as exc:
+            log.exception("metrics: the collection failed")
+            kind, payload = metrics_relay.FAILED, repr(exc).encode()
+        return metrics_relay.FRAME.pack(kind, len(payload)) + payload
 
     async def stop(self) -> None:
-        refresher, self._refresher = self._refresher, None
-        if refresher is not None:
-            refresher.cancel()
-            await asyncio.gather(refresher, return_exceptions=True)
-        serving, self._serving = self._serving, None
-        if serving is not None:
-            loop, thread = serving
-            loop.call_soon_threadsafe(loop.stop)  # the thread closes the server, then its loop
-            await asyncio.to_thread(thread.join, 10)
+        for task in (self._refresher, self._keeper):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._refresher = self._keeper = None
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            await relay.stop()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
 
     async def _refresh(self, process: ProcessReadings) -> None:
         while True:

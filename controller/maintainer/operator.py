@@ -36,7 +36,7 @@ import kopf
 from controller import logs
 from controller.kube.client import Client, Config
 from controller.kube.probes import ProbeServer
-from controller.maintainer.metrics import MetricsServer
+from controller.maintainer.metrics import MetricsServer, RelayFailed
 from controller.maintainer.runner import Maintainer, Settings
 
 log = logging.getLogger("controller.maintainer")
@@ -119,7 +119,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         )
         try:
             await server.start()
-        except OSError as exc:
+        except (OSError, RelayFailed) as exc:
             await client.close()
             _state.pop("client", None)
             why = f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {exc}"

@@ -1,0 +1,219 @@
+"""The process that answers /metrics for a maintainer (controller.maintainer.metrics_relay), and its keeping by
+``MetricsServer``: started with the maintainer, started again if it exits, gone when the maintainer is, however the
+maintainer ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterable, Iterator
+
+import pytest
+import urllib3
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from controller.maintainer import metrics_relay
+from controller.maintainer.metrics import MetricsServer, RelayFailed
+
+
+def _get(port: int, path: str = "/metrics") -> tuple[int, str]:
+    r = urllib3.request("GET", f"http://127.0.0.1:{port}{path}", timeout=urllib3.Timeout(5, 40), retries=False)
+    return r.status, r.data.decode()
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` has exited: it is no more, or a zombie its parent (init, for an orphan) has not reaped
+    yet."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return any(line.split()[:2] == ["State:", "Z"] for line in status)
+    except FileNotFoundError:
+        return True
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process ``pid`` has exited within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not _exited(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+class Flaky(Collector):
+    """A collector that raises while ``broken``."""
+
+    def __init__(self) -> None:
+        self.broken = True
+
+    def collect(self) -> Iterable[Metric]:
+        if self.broken:
+            raise ValueError("the cache is not readable")
+        return []
+
+
+def test_a_failed_collection_is_a_500_with_its_reason_and_the_next_scrape_is_served() -> None:
+    registry = CollectorRegistry()
+    Counter("things", "Things.", registry=registry).inc()
+    flaky = Flaky()
+    registry.register(flaky)
+
+    async def scrape() -> tuple[tuple[int, str], tuple[int, str]]:
+        server = MetricsServer(registry, "127.0.0.1", 0)
+        await server.start()
+        try:
+            failed = await asyncio.to_thread(_get, server.port)
+            flaky.broken = False
+            served = await asyncio.to_thread(_get, server.port)
+            return failed, served
+        finally:
+            await server.stop()
+
+    (status, text), (status2, text2) = asyncio.run(scrape())
+    assert status == 500
+    assert "the cache is not readable" in text
+    assert status2 == 200
+    assert "things_total 1.0" in text2
+
+
+def test_a_relay_that_exits_is_started_again_on_the_same_port(caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    Counter("things", "Things.", registry=registry).inc()
+
+    async def run() -> tuple[int, int | None, int, str]:
+        server = MetricsServer(registry, "127.0.0.1", 0)
+        await server.start()
+        try:
+            assert server.relay is not None
+            first = server.relay.pid
+            assert (await asyncio.to_thread(_get, server.port))[0] == 200
+            os.kill(first, signal.SIGKILL)
+            for _ in range(200):  # 1 s of pause, then a new relay
+                await asyncio.sleep(0.05)
+                if server.relay is not None and server.relay.pid != first:
+                    break
+            second = None if server.relay is None else server.relay.pid
+            status, text = await asyncio.to_thread(_get, server.port)
+            return first, second, status, text
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.ERROR, logger="controller.maintainer.metrics"):
+        first, second, status, text = asyncio.run(run())
+    assert second is not None
+    assert second != first
+    assert _gone(first)
+    assert status == 200
+    assert "things_total 1.0" in text
+    assert any(f"relay (pid {first}) exited" in r.getMessage() for r in caplog.records)
+    assert _gone(second)  # and stopped with the server
+
+
+PARENT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from prometheus_client import CollectorRegistry, Counter
+    from controller.maintainer.metrics import MetricsServer
+
+    async def main():
+        registry = CollectorRegistry()
+        Counter("things", "Things.", registry=registry).inc()
+        server = MetricsServer(registry, "127.0.0.1", 0)
+        await server.start()
+        print(server.port, server.relay.pid, flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.fixture
+def maintainer() -> Iterator[subprocess.Popen[str]]:
+    """A process that serves metrics as the maintainer does (with a relay), stopped after the test."""
+    with subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            yield proc
+        finally:
+            proc.kill()
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_the_relay_ends_with_its_maintainer(maintainer: subprocess.Popen[str], how: signal.Signals) -> None:
+    """However the maintainer ends (killed, or stopped without stopping the server), its relay does not outlive
+    it: the kernel closes the maintainer's end of the channel, and the relay exits on its own."""
+    assert maintainer.stdout is not None
+    port, relay = map(int, maintainer.stdout.readline().split())
+    assert _get(port)[0] == 200
+    maintainer.send_signal(how)
+    maintainer.wait(10)
+    try:
+        assert _gone(relay)
+    finally:
+        if not _exited(relay):
+            os.kill(relay, signal.SIGKILL)
+    assert _closed(port)
+
+
+def test_a_relay_whose_maintainer_never_answers_says_so() -> None:
+    """The first scrape has no earlier collection to fall back on: past ``--first-within`` it is a 503, not a hang;
+    and the relay exits when its channel closes."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        ours, theirs = socket.socketpair()
+        port = listener.getsockname()[1]
+        relay = subprocess.Popen(
+            [sys.executable, "-m", metrics_relay.__name__, "--listen-fd", str(listener.fileno()), "--channel-fd",
+             str(theirs.fileno()), "--fresh-within", "0.01", "--first-within", "0.5"],
+            pass_fds=(listener.fileno(), theirs.fileno()),
+        )  # fmt: skip
+        theirs.close()
+        try:
+            assert ours.recv(1) == metrics_relay.READY
+            status, text = _get(port)
+            assert status == 503
+            assert "has not collected yet" in text
+            kind, stale = metrics_relay.MESSAGE.unpack(ours.recv(metrics_relay.MESSAGE.size))
+            assert (kind, stale) == (metrics_relay.ASK, 0)
+            ours.close()
+            assert relay.wait(10) == 0
+        finally:
+            ours.close()
+            relay.kill()
+            relay.wait()
+
+
+def test_a_relay_that_cannot_start_fails_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics_relay, "__name__", "controller.maintainer.no_such_relay")
+
+    async def start() -> None:
+        server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0)
+        await server.start()
+
+    with pytest.raises(RelayFailed, match="did not start"):
+        asyncio.run(start())
+
+
+def test_the_relay_makes_nothing_but_metrics_from_what_it_receives() -> None:
+    """The relay unpickles only prometheus_client's classes: a frame that names any other is refused."""
+    metric = Metric("things", "Things.", "counter")
+    metric.add_sample("things_total", {}, 1.0)
+    assert metrics_relay.decode(pickle.dumps([metric])) == [metric]
+    for other in ([os.getcwd], [MetricsServer], {"a": 1}):
+        with pytest.raises(pickle.UnpicklingError):
+            metrics_relay.decode(pickle.dumps(other))
