@@ -31,6 +31,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -119,6 +120,9 @@ class Scraper:
         self.took: list[float] = []
         #: (round trip s, seconds since start, share of the machine's cores busy over the second before)
         self.samples: list[tuple[float, float, float | None]] = []
+        #: The relay's own time per scrape (s, its Server-Timing header) and how it had the collection.
+        self.relay: list[float] = []
+        self.how: Counter[str] = Counter()
         self.bytes = 0
         self.errors = 0
         self.started = time.monotonic()
@@ -142,6 +146,10 @@ class Scraper:
                     async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                         body = await resp.read()
                     took = time.monotonic() - began
+                    timing = re.match(r'relay;dur=([0-9.]+);desc="(\w+)"', resp.headers.get("Server-Timing", ""))
+                    if timing:
+                        self.relay.append(float(timing[1]) / 1000)
+                        self.how[timing[2]] += 1
                     self.took.append(took)
                     self.samples.append((took, began - self.started, busy))
                     self.bytes = len(body)
@@ -176,6 +184,8 @@ class Scraper:
             "worst_ms_at_s_busy": [
                 [round(t * 1000, 1), round(at, 1), None if b is None else round(b, 2)] for t, at, b in worst
             ],
+            "relay": spread(self.relay),
+            "relay_answers": dict(self.how),
             "machine_busy_below_90": spread([t for t, _, b in self.samples if b is not None and b < 0.9]),
             "machine_busy_90_or_more": spread([t for t, _, b in self.samples if b is not None and b >= 0.9]),
         }
@@ -1057,7 +1067,13 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("... the worst five: ms at s, machine busy (first)",
          " ".join(f"{w[0]}@{w[1]}({w[2]})"
                   for w in (r.get("scrapes_first_maintainer") or {}).get("worst_ms_at_s_busy", [])) or "-"),
-        ("... of them answered with the previous collection (the loop busy past 15 ms) (first | new)",
+        ("... of that the relay's own time (Server-Timing): n, p99 / max ms (first | new)",
+         " | ".join(fmt_spread((r.get(k) or {}).get("relay"))
+                    for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
+        ("... answered with a collection made ahead / asked for / stale (first | new)",
+         " | ".join("{cached} / {fresh} / {stale}".format_map(Counter((r.get(k) or {}).get("relay_answers") or {}))
+                    for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
+        ("... stale as the maintainer counted them (first | new)",
          f"{r.get('stale_scrapes_first_maintainer', '-')} | {r.get('stale_scrapes_new_maintainer', '-')}"),
         ("... the collection's own work in the loop, p99 / max ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('p99_ms', '-')} / {(r.get(k) or {}).get('max_ms', '-')}"

@@ -19,17 +19,18 @@ tests/monitoring derives the names from this registry and fails on a query that 
 The collection runs in the event loop that mutates the cache, so the collector reads a consistent cache without
 locks; everything else of a scrape runs in a process of its own, the relay (:class:`MetricsServer`,
 ``metrics_relay.py``): the HTTP exchange and the encoding of what the loop collected, which the loop sends it
-pickled. No scrape takes this process's GIL but for the collection. A scrape does not wait for the loop longer
-than ``FRESH_WITHIN`` (15 ms): while the loop is busy with a longer turn (a decision at 100,000 spans, a relist),
-the relay answers with what the loop collected for the previous one, and the loop's late collection is kept for
-the next (``metrics_stale_scrapes_total`` counts them). The loop makes no system call for a scrape but its
-channel's: the standard ``process_*`` series are read from ``/proc`` by a thread once a second and served from
-that reading (:class:`ProcessReadings`).
+pickled. No scrape takes this process's GIL. While scrapes come, the relay has the loop collect every ``REFRESH``
+seconds (1 s) and answers each scrape at once with the latest collection; one older than twice that (the first
+scrape, the first after a pause of 10 minutes, a loop that was late) is asked for and waited for at most
+``FRESH_WITHIN`` (15 ms), else answered with anyway (``metrics_stale_scrapes_total`` counts those). The loop makes
+no system call for a scrape but its channel's: the standard ``process_*`` series are read from ``/proc`` by a
+thread once a second and served from that reading (:class:`ProcessReadings`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import pickle
 import socket
@@ -57,9 +58,13 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.
 #: occurrence (a series that appears at 1 has no earlier sample to increase from): the normal one (a stale
 #: resourceVersion) and those the client itself reports when the API gave no usable answer.
 INITIAL_WRITE_ERROR_REASONS = ("Conflict", "ClientTimeout", "ConnectionError")
-#: How long a scrape waits for the event loop to collect before it is answered with the last collection. The
-#: loop's longest turns at 100,000 spans are 50-60 ms; a scrape that waited for them took as long (issue 37).
+#: How long a scrape the relay has no recent collection for waits for the event loop to collect before it is
+#: answered with the latest. The loop's longest turns at 100,000 spans are 50-60 ms; a scrape that waited for them
+#: took as long (issue 37).
 FRESH_WITHIN = 0.015
+#: While scrapes come, the relay asks for a collection this often (seconds), and answers a scrape at once with the
+#: latest if it is at most twice as old: a collection a second at 100,000 spans costs the loop about 1-3 ms.
+REFRESH = 1.0
 #: How long ``MetricsServer.start`` waits for the relay to serve (an interpreter and prometheus_client to import).
 RELAY_START = 30.0
 
@@ -98,8 +103,8 @@ class MaintainerMetrics:
             self.write_errors.labels(reason)
         self.stale_scrapes = Counter(
             PREFIX + "metrics_stale_scrapes",
-            "Scrapes answered with the previous collection of these metrics, because the event loop did not collect"
-            " within the server's wait (15 ms): it ran a longer turn.",
+            "Scrapes answered with a collection of these metrics older than the relay answers at once with (2 s),"
+            " because the event loop did not collect within the relay's wait (15 ms): it was late (longer turns).",
             registry=self.registry,
         )
         #: (changefeed, type) -> SpanOperators this process saw fail while leading (``operators_failed_total``).
@@ -237,6 +242,8 @@ class Relay:
     async def stop(self) -> None:
         """Close the channel (the relay exits on its end), and wait for the process (killed after 10 s)."""
         self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
         try:
             await asyncio.wait_for(self.proc.wait(), 10)
         except TimeoutError:
@@ -251,9 +258,10 @@ class MetricsServer:
 
     ``start`` binds the port here (an address that cannot be bound raises OSError there) and hands the listening
     socket to the relay, which it starts and waits for (:class:`RelayFailed` if it does not start). A relay that
-    exits while serving is started again, on the same socket, after a pause that doubles up to a minute. The relay
-    waits at most ``fresh_within`` seconds for a collection and otherwise answers with the last one and says so;
-    ``stale`` counts those (``MaintainerMetrics.stale_scrapes``). With
+    exits while serving is started again, on the same socket, after a pause that doubles up to a minute. While
+    scrapes come the relay asks for a collection every ``refresh`` seconds and answers with the latest at once if
+    it is at most twice that old; otherwise it asks, waits at most ``fresh_within`` seconds, and answers with the
+    latest and says so; ``stale`` counts those (``MaintainerMetrics.stale_scrapes``). With
     ``process``, a task has the reading of ``/proc`` refreshed by a thread every ``period`` seconds."""
 
     def __init__(
@@ -265,6 +273,7 @@ class MetricsServer:
         period: float = 1.0,
         fresh_within: float = FRESH_WITHIN,
         stale: Counter | None = None,
+        refresh: float = REFRESH,
     ) -> None:
         self.registry = registry
         self.address = address
@@ -273,6 +282,7 @@ class MetricsServer:
         self.period = period
         self.fresh_within = fresh_within
         self.stale = stale
+        self.refresh = refresh
         #: Collections made for the relay so far (tests wait on it).
         self.collections = 0
         #: The relay serving now, if any.
@@ -284,7 +294,8 @@ class MetricsServer:
     async def start(self) -> None:
         """Serve, from now on; an address that cannot be bound raises (OSError) here, a relay that cannot start
         :class:`RelayFailed`."""
-        listener = socket.create_server((self.address, self.port))
+        family = (await asyncio.get_running_loop().getaddrinfo(self.address, self.port, flags=socket.AI_PASSIVE))[0][0]
+        listener = socket.create_server((self.address, self.port), family=family)
         try:
             self.relay = await self._spawn(listener)
         except BaseException:
@@ -312,6 +323,8 @@ class MetricsServer:
                 str(theirs.fileno()),
                 "--fresh-within",
                 repr(self.fresh_within),
+                "--refresh",
+                repr(self.refresh),
                 pass_fds=(listener.fileno(), theirs.fileno()),
                 stdin=asyncio.subprocess.DEVNULL,
             )

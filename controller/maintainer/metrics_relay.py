@@ -26,11 +26,9 @@ prometheus_client, about 25 MB resident, whatever the number of spans.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.server
 import io
 import pickle
-import select
 import signal
 import socket
 import struct
@@ -40,7 +38,7 @@ import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.metrics_core import Metric
 
 #: Relay -> maintainer: the kind (``ASK`` for a collection, ``STALE`` when a scrape was answered with the last one)
@@ -55,6 +53,9 @@ COLLECTED, FAILED = 0, 1
 READY = b"R"
 #: How long the first scrape waits for a collection (there is no earlier one to answer with).
 FIRST_WITHIN = 30.0
+#: How long after the last scrape collections are still asked for ahead of the next (Prometheus scrapes every 15 s
+#: to 5 min; past this the next scrape asks for its own).
+KEEP_FOR = 600.0
 
 
 class Unavailable(Exception):
@@ -81,85 +82,6 @@ def decode(payload: bytes) -> list[Metric]:
     return metrics
 
 
-class Channel:
-    """The relay's end of the socket pair: asks for collections and receives them (:meth:`collection`)."""
-
-    def __init__(self, sock: socket.socket, fresh_within: float, first_within: float = FIRST_WITHIN) -> None:
-        sock.setblocking(False)
-        self.sock = sock
-        self.fresh_within = fresh_within
-        self.first_within = first_within
-        self.lock = threading.Lock()
-        self._buffer = bytearray()
-        #: Collections received, and the latest of them (what a scrape the maintainer is late for is answered with).
-        self.received = 0
-        self.last: list[Metric] | None = None
-        self.stale = 0
-        self._asked = False
-        self.closed = False
-
-    def collection(self) -> tuple[list[Metric], bool]:
-        """A collection to answer a scrape with, and whether it is the last one rather than one made for it."""
-        with self.lock:
-            if self.closed:
-                raise Unavailable("the maintainer is gone")
-            received = self.received
-            if not self._asked:
-                self.sock.sendall(MESSAGE.pack(ASK, self.stale))  # a few bytes: the socket's buffer is never full
-                self._asked = True
-            wait = self.fresh_within if self.last is not None else self.first_within
-            self._receive(time.monotonic() + wait, received)
-            if self.received > received:
-                assert self.last is not None
-                return self.last, False
-            if self.closed or self.last is None:
-                raise Unavailable("the maintainer is gone" if self.closed else "the maintainer has not collected yet")
-            self.stale += 1
-            self.sock.sendall(MESSAGE.pack(STALE, self.stale))
-            return self.last, True
-
-    def poll(self) -> None:
-        """Take what has arrived without waiting (a late collection; the end of the channel)."""
-        with self.lock:
-            self._receive(time.monotonic(), self.received)
-
-    def _receive(self, deadline: float, received: int) -> None:
-        """Read until a collection beyond ``received`` has arrived, the channel closed or ``deadline`` passed."""
-        while not self.closed:
-            self._frames()
-            if self.received > received:
-                return
-            left = deadline - time.monotonic()
-            readable, _, _ = select.select([self.sock], [], [], max(0.0, left))
-            if not readable:
-                return
-            try:
-                chunk = self.sock.recv(1 << 20)
-            except BlockingIOError:
-                continue
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.closed = True
-                return
-            self._buffer += chunk
-
-    def _frames(self) -> None:
-        """Take every whole frame in the buffer: the maintainer answers each ask with one."""
-        while len(self._buffer) >= FRAME.size:
-            kind, size = FRAME.unpack_from(self._buffer)
-            if len(self._buffer) < FRAME.size + size:
-                return
-            payload = bytes(self._buffer[FRAME.size : FRAME.size + size])
-            del self._buffer[: FRAME.size + size]
-            self._asked = False
-            if kind == COLLECTED:
-                self.last = decode(payload)
-                self.received += 1
-            else:  # the maintainer's collection failed: the scrape that waits for it fails with its reason
-                raise CollectionFailed(payload.decode(errors="replace"))
-
-
 class Restricted:
     """A collection, as the encoders take a registry (what they use of one: ``collect``), restricted to ``names``
     (the ``name[]`` query parameters) if any."""
@@ -178,6 +100,151 @@ class Restricted:
                 yield restricted
 
 
+class Collection:
+    """A collection received from the maintainer: its metrics, when it arrived (monotonic), and its text encoding
+    (the default answer, made once, when it arrives)."""
+
+    def __init__(self, metrics: list[Metric], at: float) -> None:
+        self.metrics = metrics
+        self.at = at
+        self.text = generate_latest(Restricted(metrics, []))  # type: ignore[arg-type]
+
+
+class Channel:
+    """The relay's end of the socket pair: asks for collections (:meth:`answer` for a scrape, :meth:`refresh` ahead
+    of them) and receives them (:meth:`receive`, the reader thread).
+
+    A scrape is answered at once with the latest collection if it is at most ``max_age`` seconds old, which the
+    refresher keeps it while scrapes come: it asks for one every ``refresh`` seconds until ``keep_for`` seconds
+    after the last scrape. Otherwise (the first scrape, the first after a pause, or a maintainer whose loop is late)
+    the scrape asks for one and waits up to ``fresh_within`` seconds (``first_within`` if there is none yet), then
+    is answered with the latest (counted stale) or, if there is none, fails. One collection is asked for at a
+    time."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        fresh_within: float,
+        refresh: float,
+        first_within: float = FIRST_WITHIN,
+        keep_for: float = KEEP_FOR,
+    ) -> None:
+        self.sock = sock
+        self.fresh_within = fresh_within
+        self.first_within = first_within
+        self.refresh = refresh
+        self.max_age = 2 * refresh
+        self.keep_for = keep_for
+        self._changed = threading.Condition()
+        # All below under ``_changed``.
+        self.last: Collection | None = None
+        #: Answers received: collections, and failures (the text of the latest).
+        self.received = 0
+        self.failures = 0
+        self.failure = ""
+        self.stale = 0
+        self.closed = False
+        self.scraped_at: float | None = None
+        self._asked = False
+        self._out = bytearray()
+
+    def answer(self) -> tuple[Collection, str]:
+        """The collection to answer a scrape with, and how it was had: ``cached`` (made ahead of it), ``fresh``
+        (asked for by it) or ``stale`` (the latest, older than ``max_age``: the maintainer did not answer in
+        time)."""
+        with self._changed:
+            now = time.monotonic()
+            self.scraped_at = now
+            if self.closed:
+                raise Unavailable("the maintainer is gone")
+            if self.last is not None and now - self.last.at <= self.max_age:
+                return self.last, "cached"
+            received, failures = self.received, self.failures
+            self._ask()
+            wait = self.fresh_within if self.last is not None else self.first_within
+            self._changed.wait_for(
+                lambda: self.closed or self.received > received or self.failures > failures, timeout=wait
+            )
+            if self.failures > failures:
+                raise CollectionFailed(self.failure)
+            if self.received > received:
+                assert self.last is not None
+                return self.last, "fresh"
+            if self.closed or self.last is None:
+                raise Unavailable("the maintainer is gone" if self.closed else "the maintainer has not collected yet")
+            self.stale += 1
+            self._send(STALE)
+            return self.last, "stale"
+
+    def refresh_loop(self) -> None:
+        """The refresher's thread: while scrapes come, ask for a collection every ``refresh`` seconds."""
+        with self._changed:
+            due = time.monotonic()
+            while not self.closed:
+                now = time.monotonic()
+                if now >= due:
+                    if self.scraped_at is not None and now - self.scraped_at <= self.keep_for:
+                        self._ask()
+                    due = now + self.refresh
+                self._changed.wait(due - now)  # woken early by each answer and at the end: wait again until due
+
+    def receive(self) -> None:
+        """The reader's thread: take each answer as it arrives, until the channel closes."""
+        buffer = bytearray()
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buffer += chunk
+            while len(buffer) >= FRAME.size:
+                kind, size = FRAME.unpack_from(buffer)
+                if len(buffer) < FRAME.size + size:
+                    break
+                payload = bytes(buffer[FRAME.size : FRAME.size + size])
+                del buffer[: FRAME.size + size]
+                self._take(kind, payload)
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+    def _take(self, kind: int, payload: bytes) -> None:
+        collection = Collection(decode(payload), time.monotonic()) if kind == COLLECTED else None
+        with self._changed:
+            self._asked = False
+            if collection is not None:
+                self.last = collection
+                self.received += 1
+            else:  # the maintainer's collection failed: the scrape that waits for it fails with its reason
+                self.failure = payload.decode(errors="replace")
+                self.failures += 1
+            self._changed.notify_all()
+
+    def _ask(self) -> None:
+        if not self._asked:
+            self._asked = True
+            self._send(ASK)
+
+    def _send(self, kind: int) -> None:
+        """Send a message (with the count of stale answers so far), without waiting: what the socket does not take
+        now (its buffer full: a maintainer whose loop has not read for long) goes before the next message, so that
+        no message is sent in part."""
+        self._out += MESSAGE.pack(kind, self.stale)
+        while self._out and not self.closed:
+            try:
+                sent = self.sock.send(self._out, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.closed = True
+                self._changed.notify_all()
+                return
+            del self._out[:sent]
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     """``GET /metrics`` (404 elsewhere); no access log."""
 
@@ -186,24 +253,35 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
+        began = time.monotonic()
         url = urllib.parse.urlsplit(self.path)
         if url.path != "/metrics":
             self.send_error(404)
             return
         try:
-            metrics, _ = self.server.channel.collection()
+            collection, how = self.server.channel.answer()
         except Unavailable as exc:
             self.send_error(503, explain=str(exc))
             return
         except CollectionFailed as exc:
             self.send_error(500, explain=f"the maintainer's collection failed: {exc}")
             return
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        accept = self.headers.get("Accept", "")
         names = urllib.parse.parse_qs(url.query).get("name[]", [])
-        body = encoder(Restricted(metrics, names))  # type: ignore[arg-type]
+        encoder, content_type = choose_encoder(accept)
+        if names or encoder is not generate_latest:
+            body = encoder(Restricted(collection.metrics, names))  # type: ignore[arg-type]
+        else:
+            body = collection.text
+        done = time.monotonic()
         self.send_response(200)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        # How long the relay took and how old the collection is (ms), for whoever measures (bench/run.py).
+        self.send_header(
+            "Server-Timing",
+            f'relay;dur={(done - began) * 1000:.1f};desc="{how}", age;dur={(done - collection.at) * 1000:.0f}',
+        )
         self.end_headers()
         self.wfile.write(body)
 
@@ -221,17 +299,16 @@ class Server(http.server.ThreadingHTTPServer):
         self.channel = channel
 
 
-def serve(listener: socket.socket, channel_sock: socket.socket, fresh_within: float, first_within: float) -> None:
+def serve(listener: socket.socket, channel: Channel) -> None:
     """Serve until the channel closes."""
-    channel = Channel(channel_sock, fresh_within, first_within)
     server = Server(listener, channel)
-    server.timeout = 0.5  # how often the channel is looked at while no scrape comes
-    channel_sock.sendall(READY)
+    server.timeout = 0.5  # how often the main thread looks whether the channel closed while no scrape comes
+    for target, name in ((channel.receive, "receive"), (channel.refresh_loop, "refresh")):
+        threading.Thread(target=target, name=name, daemon=True).start()
+    channel.sock.sendall(READY)
     try:
         while not channel.closed:
             server.handle_request()  # one connection accepted (its thread serves it), or none within the timeout
-            with contextlib.suppress(CollectionFailed):  # a failed collection nobody waited for any more
-                channel.poll()
     finally:
         server.server_close()
 
@@ -244,11 +321,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--first-within", type=float, default=FIRST_WITHIN, help="seconds the first scrape waits (there is no last)"
     )
+    parser.add_argument("--refresh", type=float, required=True, help="seconds between collections while scraped")
     a = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the maintainer stops, and this relay with it
     listener = socket.socket(fileno=a.listen_fd)
-    channel = socket.socket(fileno=a.channel_fd)
-    serve(listener, channel, a.fresh_within, a.first_within)
+    channel = Channel(
+        socket.socket(fileno=a.channel_fd), fresh_within=a.fresh_within, refresh=a.refresh, first_within=a.first_within
+    )
+    serve(listener, channel)
 
 
 if __name__ == "__main__":

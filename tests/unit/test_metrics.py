@@ -646,7 +646,7 @@ def test_a_scrape_is_answered_while_the_event_loop_is_busy() -> None:
     line = 'changefeed_maintainer_spans{capture="c1",changefeed="cf",mode="default",state="Replicating"} 1.0'
     moved = 'changefeed_maintainer_spans{capture="c2",changefeed="cf",mode="default",state="Replicating"} 1.0'
     looper = LoopThread()
-    server = MetricsServer(h.registry, "127.0.0.1", 0, fresh_within=0.05, stale=h.m.metrics.stale_scrapes)
+    server = MetricsServer(h.registry, "127.0.0.1", 0, fresh_within=0.05, stale=h.m.metrics.stale_scrapes, refresh=0.05)
     try:
         looper.run(server.start())
         status, first = _get(server.port)  # the loop is free: collected now
@@ -656,6 +656,7 @@ def test_a_scrape_is_answered_while_the_event_loop_is_busy() -> None:
 
         looper.hold()
         h.offer(span("a", SpanState.REPLICATING, "c2"))  # the span moves while the loop is held
+        time.sleep(0.3)  # the latest collection is older than the relay answers at once with (0.1 s)
         status, during = _get(server.port)  # answered while the loop is still held
         assert status == 200
         assert line in during
@@ -667,11 +668,42 @@ def test_a_scrape_is_answered_while_the_event_loop_is_busy() -> None:
                 break
             time.sleep(0.01)
         assert h.value("metrics_stale_scrapes_total") == 1.0
-        assert server.collections == 2
         status, after = _get(server.port)
         assert status == 200
         assert moved in after
         assert line not in after
+    finally:
+        looper.release()
+        looper.run(server.stop())
+        looper.close()
+
+
+def test_a_scrape_is_answered_from_the_collection_made_ahead_of_it() -> None:
+    """While scrapes come, the relay has the loop collect every ``refresh`` seconds, and answers a scrape at once with
+    that collection: a scrape neither waits for the loop nor gets one older than twice ``refresh``."""
+    h = Harness()
+    h.offer(span("a", SpanState.REPLICATING, "c1"))
+    moved = 'changefeed_maintainer_spans{capture="c2",changefeed="cf",mode="default",state="Replicating"} 1.0'
+    looper = LoopThread()
+    server = MetricsServer(h.registry, "127.0.0.1", 0, fresh_within=5.0, refresh=0.2)
+    try:
+        looper.run(server.start())
+        assert _get(server.port)[0] == 200
+        h.offer(span("a", SpanState.REPLICATING, "c2"))
+        made = server.collections
+        for _ in range(1000):  # the refresher has the loop collect again, after the move
+            if server.collections > made:
+                break
+            time.sleep(0.01)
+        assert server.collections > made
+        looper.hold()  # a scrape that waited for the loop would wait 5 s and get the collection from before the move
+        began = time.monotonic()
+        r = urllib3.request("GET", f"http://127.0.0.1:{server.port}/metrics", timeout=10, retries=False)
+        took = time.monotonic() - began
+        assert r.status == 200
+        assert moved in r.data.decode()
+        assert 'desc="cached"' in r.headers["Server-Timing"]
+        assert took < 4.0
     finally:
         looper.release()
         looper.run(server.stop())

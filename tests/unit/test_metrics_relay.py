@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterable, Iterator
 
@@ -179,7 +180,7 @@ def test_a_relay_whose_maintainer_never_answers_says_so() -> None:
         port = listener.getsockname()[1]
         relay = subprocess.Popen(
             [sys.executable, "-m", metrics_relay.__name__, "--listen-fd", str(listener.fileno()), "--channel-fd",
-             str(theirs.fileno()), "--fresh-within", "0.01", "--first-within", "0.5"],
+             str(theirs.fileno()), "--fresh-within", "0.01", "--first-within", "0.5", "--refresh", "0.2"],
             pass_fds=(listener.fileno(), theirs.fileno()),
         )  # fmt: skip
         theirs.close()
@@ -217,3 +218,70 @@ def test_the_relay_makes_nothing_but_metrics_from_what_it_receives() -> None:
     for other in ([os.getcwd], [MetricsServer], {"a": 1}):
         with pytest.raises(pickle.UnpicklingError):
             metrics_relay.decode(pickle.dumps(other))
+
+
+class PlayedMaintainer:
+    """The maintainer's end of a channel, played by a thread: it answers every ask with a collection of one counter
+    at the number of asks so far, and records when each message came."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.asks: list[float] = []
+        self.stale: list[int] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                message = self.sock.recv(metrics_relay.MESSAGE.size, socket.MSG_WAITALL)
+            except OSError:  # closed by the test
+                return
+            if len(message) < metrics_relay.MESSAGE.size:
+                return
+            kind, stale = metrics_relay.MESSAGE.unpack(message)
+            self.stale.append(stale)
+            if kind != metrics_relay.ASK:
+                continue
+            self.asks.append(time.monotonic())
+            metric = Metric("asks", "Asks.", "counter")
+            metric.add_sample("asks_total", {}, float(len(self.asks)))
+            payload = pickle.dumps([metric])
+            try:
+                self.sock.sendall(metrics_relay.FRAME.pack(metrics_relay.COLLECTED, len(payload)) + payload)
+            except OSError:
+                return
+
+
+def test_collections_are_asked_for_ahead_of_scrapes_only_while_scrapes_come() -> None:
+    ours, theirs = socket.socketpair()
+    channel = metrics_relay.Channel(theirs, fresh_within=0.01, refresh=0.05, keep_for=0.3)
+    maintainer = PlayedMaintainer(ours)
+    threads = [threading.Thread(target=t, daemon=True) for t in (channel.receive, channel.refresh_loop)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.3)
+        assert maintainer.asks == []  # never scraped: nothing asked for
+        collection, how = channel.answer()  # the first scrape asks and waits
+        assert how == "fresh"
+        time.sleep(0.2)  # scraped: asked for every 0.05 s
+        assert len(maintainer.asks) >= 3
+        collection, how = channel.answer()
+        assert how == "cached"  # made ahead of the scrape, at most 0.1 s old
+        assert time.monotonic() - collection.at <= 0.1
+        time.sleep(0.5)  # 0.3 s after the last scrape the refresher stops asking
+        quiet = len(maintainer.asks)
+        time.sleep(0.3)
+        assert len(maintainer.asks) == quiet
+        collection, how = channel.answer()  # the first after the pause: its own
+        assert how == "fresh"
+        assert b"asks_total %d.0" % (quiet + 1) in collection.text
+    finally:
+        ours.shutdown(socket.SHUT_RDWR)  # wakes both ends' readers
+        ours.close()
+        for t in threads:
+            t.join(5)
+        maintainer.thread.join(5)
+        theirs.close()
+    assert channel.closed
