@@ -511,6 +511,16 @@ def decisions(arg: str) -> dict[str, Any]:
     }
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User and system CPU seconds of process ``pid`` so far (/proc/PID/stat), None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: str = "self") -> dict[str, int]:
     out = {"ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} if pid == "self" else {}
     try:
@@ -624,6 +634,7 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "executor_errors": dict(m.executor.errors),
         "rss": rss_kib(),
         "relay_rss": None if SERVER is None or SERVER.relay is None else rss_kib(str(SERVER.relay.pid)),
+        "relay_cpu_s": None if SERVER is None or SERVER.relay is None else process_cpu_s(SERVER.relay.pid),
         "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
         "stall_count": len(STALLS),
         "gc_full": dict(GC_FULL),

@@ -797,6 +797,8 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     old = await worker.ask("stats")
     out["maintainer_rss_kib_before_kill"] = old["rss"]
     out["relay_rss_kib"] = old.get("relay_rss")
+    out["relay_cpu_s"] = old.get("relay_cpu_s")
+    out["maintainer_cpu_s_before_kill"] = old.get("cpu_s")
     out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
     out["scrapes_first_maintainer"] = worker.scrapes()
     out["scrape_work_first_maintainer"] = old.get("scrape_work_ms")
@@ -1181,6 +1183,8 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
     relay = r.get("relay_rss_kib") or {}
     out.append(("4 metrics relay peak RSS MiB (its own process, --scrape)",
                 f"{relay.get('VmHWM', 0) / 1024:.0f}" if relay else "-"))  # fmt: skip
+    out.append(("4 metrics relay CPU s, and the maintainer's, until the kill",
+                f"{r.get('relay_cpu_s', '-')}, {r.get('maintainer_cpu_s_before_kill', '-')}"))  # fmt: skip
     rss2 = r.get("new_maintainer_rss_kib") or {}
     out.append(("4 new maintainer peak RSS MiB", f"{rss2.get('VmHWM', 0) / 1024:.0f}" if rss2 else "-"))
     out.append(("4 new maintainer peak RSS KiB per span", f"{rss2.get('VmHWM', 0) / n:.1f}" if rss2 else "-"))

@@ -5,6 +5,7 @@ maintainer ends."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import pickle
@@ -285,3 +286,29 @@ def test_collections_are_asked_for_ahead_of_scrapes_only_while_scrapes_come() ->
         maintainer.thread.join(5)
         theirs.close()
     assert channel.closed
+
+
+def test_a_frame_the_relay_cannot_read_fails_the_scrape_waiting_for_it_and_not_the_next() -> None:
+    ours, theirs = socket.socketpair()
+    channel = metrics_relay.Channel(theirs, fresh_within=5.0, refresh=60.0, first_within=5.0)
+    reader = threading.Thread(target=channel.receive, daemon=True)
+    reader.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answers = []
+            for payload in (pickle.dumps([os.getcwd]), pickle.dumps([Metric("things", "Things.", "gauge")])):
+                answer = pool.submit(channel.answer)  # a scrape: it asks, then waits
+                kind, _ = metrics_relay.MESSAGE.unpack(ours.recv(metrics_relay.MESSAGE.size, socket.MSG_WAITALL))
+                assert kind == metrics_relay.ASK
+                ours.sendall(metrics_relay.FRAME.pack(metrics_relay.COLLECTED, len(payload)) + payload)
+                answers.append(answer)
+            with pytest.raises(metrics_relay.CollectionFailed, match="could not read the collection"):
+                answers[0].result(10)
+            collection, how = answers[1].result(10)
+        assert how == "fresh"
+        assert [m.name for m in collection.metrics] == ["things"]
+    finally:
+        ours.shutdown(socket.SHUT_RDWR)
+        ours.close()
+        reader.join(5)
+        theirs.close()
