@@ -330,7 +330,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--refresh", type=float, required=True, help="seconds between collections while scraped")
     a = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the maintainer stops, and this relay with it
+    # A signal to the whole process group (a terminal's ^C, a supervisor's SIGTERM) is for the maintainer: it stops
+    # (releasing its Leases may take seconds, while this relay still answers), and this relay ends with it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     listener = socket.socket(fileno=a.listen_fd)
     channel = Channel(
         socket.socket(fileno=a.channel_fd), fresh_within=a.fresh_within, refresh=a.refresh, first_within=a.first_within

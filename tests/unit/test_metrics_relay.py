@@ -312,3 +312,46 @@ def test_a_frame_the_relay_cannot_read_fails_the_scrape_waiting_for_it_and_not_t
         ours.close()
         reader.join(5)
         theirs.close()
+
+
+def test_a_signal_to_the_process_group_leaves_the_relay_to_end_with_its_maintainer(
+    maintainer: subprocess.Popen[str],
+) -> None:
+    """SIGTERM or SIGINT sent to every process (a supervisor stopping a group, ^C in a terminal) is the maintainer's
+    to act on: the relay keeps answering while the maintainer is still there, and ends with it."""
+    assert maintainer.stdout is not None
+    port, relay = map(int, maintainer.stdout.readline().split())
+    for how in (signal.SIGTERM, signal.SIGINT):
+        os.kill(relay, how)
+    time.sleep(0.5)
+    assert not _exited(relay)
+    assert _get(port)[0] == 200
+    maintainer.kill()
+    maintainer.wait(10)
+    assert _gone(relay)
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6")
+def test_the_endpoint_listens_on_an_ipv6_address() -> None:
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            pass
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    registry = CollectorRegistry()
+    Counter("things", "Things.", registry=registry).inc()
+
+    async def scrape() -> tuple[int, str]:
+        server = MetricsServer(registry, "::1", 0)
+        await server.start()
+        try:
+            r = await asyncio.to_thread(
+                urllib3.request, "GET", f"http://[::1]:{server.port}/metrics", timeout=10, retries=False
+            )
+            return r.status, r.data.decode()
+        finally:
+            await server.stop()
+
+    status, text = asyncio.run(scrape())
+    assert status == 200
+    assert "things_total 1.0" in text
