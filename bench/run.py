@@ -109,8 +109,8 @@ def machine_busy() -> tuple[float, float] | None:
 
 class Scraper:
     """GET /metrics of a maintainer every ``period`` seconds, as Prometheus would, for as long as it lives: how long
-    each scrape took to answer (served by the maintainer's thread; the collection, in its event loop, is a loop
-    stall too), when (seconds since the scraper started), and how busy the machine's cores were over the second
+    each scrape took to answer (served by the maintainer's metrics relay, a process of its own, from collections its
+    event loop makes once a second; the relay's own time and how it answered come in its Server-Timing header), when (seconds since the scraper started), and how busy the machine's cores were over the second
     before it (/proc/stat: on this 2-core VM the API server, three captures, the maintainer and this driver share
     them)."""
 

@@ -235,9 +235,12 @@ class Relay:
 
     def __init__(self, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.proc = proc
-        self.pid = proc.pid
         self.reader = reader
         self.writer = writer
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     async def stop(self) -> None:
         """Close the channel (the relay exits on its end), and wait for the process (killed after 10 s)."""

@@ -113,8 +113,8 @@ class Collection:
 
 
 class Channel:
-    """The relay's end of the socket pair: asks for collections (:meth:`answer` for a scrape, :meth:`refresh` ahead
-    of them) and receives them (:meth:`receive`, the reader thread).
+    """The relay's end of the socket pair: asks for collections (:meth:`answer` for a scrape, :meth:`refresh_loop`
+    ahead of them) and receives them (:meth:`receive`, the reader thread).
 
     A scrape is answered at once with the latest collection if it is at most ``max_age`` seconds old, which the
     refresher keeps it while scrapes come: it asks for one every ``refresh`` seconds until ``keep_for`` seconds
