@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 T = TypeVar("T")
 GROUP = "cdc.maintainer.dev"
@@ -26,6 +28,21 @@ class Kube:
             raise AssertionError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
         return out.stdout
 
+    @contextmanager
+    def background(self, *args: str) -> Iterator[Background]:
+        """kubectl ``args`` in the background while the block runs (e.g. ``rollout status``, to sample the cluster
+        while it waits); killed on leaving the block if it still runs."""
+        cmd = ["kubectl", "--context", self.context, "--namespace", self.namespace, *args]
+        with (
+            tempfile.TemporaryFile(mode="w+") as out,
+            subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, text=True) as proc,
+        ):
+            try:
+                yield Background(proc, out)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+
     def items(self, resource: str, selector: str = "") -> list[dict[str, Any]]:
         args = ["get", f"{resource}.{GROUP}" if resource in KINDS else resource, "-o", "json"]
         if selector:
@@ -41,6 +58,24 @@ class Kube:
 
     def annotate(self, resource: str, name: str, key: str, value: str | None) -> None:
         self.run("annotate", "--overwrite", resource, name, f"{key}-" if value is None else f"{key}={value}")
+
+
+@dataclass(frozen=True)
+class Background:
+    """A command running in the background (``Kube.background``); its output (stdout and stderr) goes to a
+    temporary file, not to a pipe that could fill up."""
+
+    proc: subprocess.Popen[str]
+    out: IO[str]
+
+    def poll(self) -> int | None:
+        """Its exit code, or None while it runs."""
+        return self.proc.poll()
+
+    def output(self) -> str:
+        self.out.flush()
+        self.out.seek(0)
+        return self.out.read()
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 180, every: float = 1.0) -> T:
