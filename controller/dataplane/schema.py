@@ -6,10 +6,16 @@ One PostgreSQL schema per changefeed (``cfm_<changefeed>``, ``-`` made ``_``) ho
   ``key bytea PRIMARY KEY, value bytea, revision bigint NOT NULL, deleted boolean NOT NULL``. ``revision`` is the
   etcd ``mod_revision`` of the change the row holds; a delete keeps the row as a tombstone (``deleted``, value
   NULL) with the delete's revision (for a key an initial scan no longer finds, the scan's: ``sweep``), so that an
-  older put replayed after a failover cannot resurrect the key;
+  older put replayed after a failover cannot resurrect the key; a partial index on ``revision WHERE deleted``
+  finds the tombstones;
 - ``checkpoints``: per dispatcher, the revision up to which every change of its span has been applied
   (``dispatcher text PRIMARY KEY, table_id bigint, mode text, span_start bytea, span_end bytea, revision bigint,
-  updated_at timestamptz``), written in the same transaction as the rows it covers.
+  updated_at timestamptz``), written in the same transaction as the rows it covers;
+- ``horizons``: per table and mode, the tombstone collection horizon H (``table_id bigint, mode text, revision
+  bigint``, primary key (table_id, mode)): every change of the table with revision <= H is committed in the sink,
+  and the tombstones at or below H are collected (deleted). Every transaction that writes a table reads its
+  horizon first (``FOR SHARE``) and drops the changes at or below it, so a put older than a collected tombstone
+  is never applied: tombstones only outlive H until a collection (``controller.dataplane.horizon``).
 
 A change is applied only if it is newer than what the row holds (``APPLY``: ``ON CONFLICT ... WHERE
 row.revision < new.revision``): replays are idempotent and never move a row backwards (TiCDC's safe mode,
@@ -50,12 +56,19 @@ def checkpoints(changefeed: str) -> str:
     return f"{_q(schema_name(changefeed))}.{_q('checkpoints')}"
 
 
+def horizons(changefeed: str) -> str:
+    return f"{_q(schema_name(changefeed))}.{_q('horizons')}"
+
+
 def create_schema(changefeed: str) -> str:
     return (
         f"CREATE SCHEMA IF NOT EXISTS {_q(schema_name(changefeed))};\n"
         f"CREATE TABLE IF NOT EXISTS {checkpoints(changefeed)} ("
         "dispatcher text PRIMARY KEY, table_id bigint NOT NULL, mode text NOT NULL, span_start bytea NOT NULL, "
-        "span_end bytea NOT NULL, revision bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
+        "span_end bytea NOT NULL, revision bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());\n"
+        f"CREATE TABLE IF NOT EXISTS {horizons(changefeed)} ("
+        "table_id bigint NOT NULL, mode text NOT NULL, revision bigint NOT NULL DEFAULT 0, "
+        "PRIMARY KEY (table_id, mode))"
     )
 
 
@@ -63,6 +76,20 @@ def create_table(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> s
     return (
         f"CREATE TABLE IF NOT EXISTS {qualified(changefeed, table_id, mode)} "
         "(key bytea PRIMARY KEY, value bytea, revision bigint NOT NULL, deleted boolean NOT NULL DEFAULT false)"
+    )
+
+
+def create_tombstone_index(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> str:
+    """The partial index through which tombstones are counted and collected without reading live rows."""
+    index = _q(f"{table_name(table_id, mode)}_tombstones")
+    return f"CREATE INDEX IF NOT EXISTS {index} ON {qualified(changefeed, table_id, mode)} (revision) WHERE deleted"
+
+
+def create_horizon(changefeed: str) -> str:
+    """A table's horizon row at 0, if it has none (placeholders: table_id, mode)."""
+    return (
+        f"INSERT INTO {horizons(changefeed)} (table_id, mode, revision) VALUES (%s, %s, 0) "
+        "ON CONFLICT (table_id, mode) DO NOTHING"
     )
 
 
@@ -92,12 +119,15 @@ def sweep(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> str:
 
 
 def save_checkpoint(changefeed: str) -> str:
-    """A dispatcher's checkpoint (dispatcher, table_id, mode, span_start, span_end, revision); never backwards."""
+    """A dispatcher's checkpoint (dispatcher, table_id, mode, span_start, span_end, revision); never backwards.
+    The row's span moves with its revision, so that the row always says what it covers (a tombstone collection
+    reads the rows as "every change of the span up to the revision is committed": ``horizon.frontier``)."""
     c = checkpoints(changefeed)
     return (
         f"INSERT INTO {c} AS cp (dispatcher, table_id, mode, span_start, span_end, revision) "
         "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (dispatcher) DO UPDATE SET revision = EXCLUDED.revision, "
-        "updated_at = now() WHERE cp.revision < EXCLUDED.revision"
+        "table_id = EXCLUDED.table_id, mode = EXCLUDED.mode, span_start = EXCLUDED.span_start, "
+        "span_end = EXCLUDED.span_end, updated_at = now() WHERE cp.revision < EXCLUDED.revision"
     )
 
 

@@ -1,0 +1,216 @@
+"""Tombstone collection in the sink: the horizon, the fence every writing transaction passes, and the collection.
+
+The argument is in docs/architecture.md, "Tombstone collection"; in short:
+
+- Each table and mode has a horizon H (``schema.horizons``): every change of it with revision <= H is committed in
+  the sink. It only moves up. Tombstones at or below it may be deleted (:func:`collect`).
+- Every transaction that writes a table first reads its horizon with ``FOR SHARE`` (:func:`fence`) and applies only
+  the changes above it (:func:`above`); a scan's sweep at or below it is skipped. A put older than a collected
+  tombstone is at or below H, so it is dropped, however late it comes and whoever sends it (a successor started
+  below the tombstone, a transaction of a closed or fenced dispatcher, an initial scan replayed).
+- The collection moves H with an ``UPDATE`` (the row's exclusive lock: it waits for every transaction holding
+  the share lock, and those that come after read the new H), commits, and only then deletes the tombstones at or
+  below the horizon it reads back.
+- H = min(C, F): C the changefeed's published checkpoint (so verify, at a revision >= H <= C, stays exact), F the
+  sink's committed frontier of the table from its ``checkpoints`` rows (:func:`frontier`; 0 while any part of the
+  table's range is covered by none, e.g. a new table not scanned yet, whose scan's rows must not be dropped).
+
+Every statement runs in READ COMMITTED (PostgreSQL's default): a ``FOR SHARE`` that waited for the collection's
+``UPDATE`` returns the updated row. (Under REPEATABLE READ it fails with a serialization error instead, and the
+writer retries the transaction: never a stale horizon.)
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from controller.dataplane import schema
+from controller.model.keys import KeyRange
+from controller.model.states import Mode
+
+#: How long a collection waits for a lock (the horizon row behind an open writing transaction, a tombstone a
+#: writer is updating) before it gives up until its next turn: a capture stopped with a transaction open must not
+#: hold the writer that collects.
+LOCK_TIMEOUT = "2s"
+#: Tombstones deleted per transaction, and transactions per collection (what is left waits for the next one).
+DELETE_BATCH = 5_000
+DELETE_BATCHES = 10
+#: Live rows are counted exactly below this table size (bytes); above it, estimated (:func:`figures`).
+EXACT_COUNT_BYTES = 16 * 1024 * 1024
+
+Table = tuple[int, Mode]
+
+
+def frontier(key_range: KeyRange, spans: Iterable[tuple[bytes, bytes, int]]) -> int:
+    """The sink's committed frontier of ``key_range`` from checkpoint rows (span start, span end, revision), each
+    saying "every change of [start, end) up to revision is committed": for every point of the range the highest
+    revision of the rows covering it, and the lowest of those over the range. 0 if any part of the range is covered
+    by no row."""
+    lo, hi = key_range.start, key_range.end
+    clipped = sorted((max(s, lo), min(e, hi), r) for s, e, r in spans if s < hi and e > lo and s < e)
+    points = sorted({lo, hi, *(s for s, _, _ in clipped), *(e for _, e, _ in clipped)})
+    covering: list[tuple[int, bytes]] = []  # (-revision, end): the highest revision on top
+    low: int | None = None
+    i = 0
+    for point in points[:-1]:  # each elementary piece [point, next point)
+        while i < len(clipped) and clipped[i][0] <= point:
+            heapq.heappush(covering, (-clipped[i][2], clipped[i][1]))
+            i += 1
+        while covering and covering[0][1] <= point:
+            heapq.heappop(covering)  # the highest ends before this piece; the next highest may cover it
+        if not covering:
+            return 0
+        best = -covering[0][0]
+        low = best if low is None else min(low, best)
+    return max(low or 0, 0)
+
+
+def above(rows: Iterable[Any], horizon: int) -> list[Any]:
+    """The changes (key, value, revision, deleted) with revision above ``horizon``: those at or below it are
+    committed already or superseded, and one of them older than a collected tombstone would resurrect its key."""
+    return [row for row in rows if row[2] > horizon]
+
+
+async def ensure(conn: psycopg.AsyncConnection[Any], changefeed: str, table_id: int, mode: Mode) -> None:
+    """The table's tombstone index and its horizon row (at 0 if new), in the caller's transaction, after the table
+    was created (``schema.create_schema`` creates the ``horizons`` table)."""
+    await conn.execute(schema.create_tombstone_index(changefeed, table_id, mode))
+    await conn.execute(schema.create_horizon(changefeed), (table_id, mode.value))
+
+
+async def fence(cur: psycopg.AsyncCursor[Any], changefeed: str, tables: Collection[Table]) -> dict[Table, int]:
+    """The horizons of ``tables``, share-locked until the caller's transaction ends: the first statement of every
+    transaction that writes them. A table with no horizon row reads 0 (no collection can have deleted anything of
+    it: a collection deletes only up to the horizon it reads back)."""
+    out = dict.fromkeys(tables, 0)
+    if not out:
+        return out
+    values = ", ".join(["(%s::bigint, %s::text)"] * len(out))
+    await cur.execute(
+        f"SELECT h.table_id, h.mode, h.revision FROM {schema.horizons(changefeed)} AS h "
+        f"WHERE (h.table_id, h.mode) IN (VALUES {values}) ORDER BY h.table_id, h.mode FOR SHARE OF h",
+        [v for table_id, mode in out for v in (table_id, mode.value)],
+    )
+    for table_id, mode, revision in await cur.fetchall():
+        out[(int(table_id), Mode(mode))] = int(revision)
+    return out
+
+
+async def read(conn: psycopg.AsyncConnection[Any], changefeed: str) -> dict[Table, int]:
+    """Every horizon of the changefeed's sink, in the caller's transaction (verify: its snapshot), no lock; empty if
+    the sink has no ``horizons`` table (written by a version before tombstone collection)."""
+    cur = await conn.execute("SELECT to_regclass(%s)", (schema.horizons(changefeed),))
+    found = await cur.fetchone()
+    if found is None or found[0] is None:
+        return {}
+    cur = await conn.execute(f"SELECT table_id, mode, revision FROM {schema.horizons(changefeed)}")
+    return {(int(t), Mode(m)): int(r) for t, m, r in await cur.fetchall()}
+
+
+@dataclass(frozen=True)
+class Collected:
+    """One collection of a table: its horizon after it, the tombstones it deleted, and whether some at or below the
+    horizon are left for the next one (more than ``DELETE_BATCH * DELETE_BATCHES``)."""
+
+    table_id: int
+    mode: Mode
+    horizon: int
+    deleted: int
+    more: bool = False
+    #: The horizon this collection computed: min(checkpoint, frontier).
+    target: int = 0
+
+
+async def collect(
+    conn: psycopg.AsyncConnection[Any],
+    changefeed: str,
+    table_id: int,
+    mode: Mode,
+    checkpoint: int,
+    *,
+    batch: int = DELETE_BATCH,
+    batches: int = DELETE_BATCHES,
+) -> Collected:
+    """Move the table's horizon up to min(``checkpoint``, its committed frontier) and delete the tombstones at or
+    below it. ``checkpoint``: the changefeed's published checkpoint. Transactions of its own on ``conn`` (which
+    must have none open); a lock waited for past ``LOCK_TIMEOUT`` raises (``psycopg.errors.LockNotAvailable``)."""
+    horizons = schema.horizons(changefeed)
+    key = (table_id, mode.value)
+    async with conn.transaction():
+        await conn.execute("SELECT set_config('lock_timeout', %s, true)", (LOCK_TIMEOUT,))
+        cur = await conn.execute(
+            f"SELECT span_start, span_end, revision FROM {schema.checkpoints(changefeed)} "
+            "WHERE table_id = %s AND mode = %s",
+            key,
+        )
+        spans = [(bytes(s), bytes(e), int(r)) for s, e, r in await cur.fetchall()]
+        target = min(checkpoint, frontier(KeyRange.of_table(table_id), spans))
+        if target > 0:
+            await conn.execute(
+                f"UPDATE {horizons} SET revision = %s WHERE table_id = %s AND mode = %s AND revision < %s",
+                (target, *key, target),
+            )
+    # Committed: every transaction that begins now reads it, and every one that read a lower horizon has ended (the
+    # UPDATE waited for its share lock). So the tombstones at or below the horizon may go, in transactions of their
+    # own: the horizon row is not held meanwhile. The horizon read back bounds them (another capture's may be higher;
+    # no row: 0, nothing goes).
+    async with conn.transaction():
+        cur = await conn.execute(f"SELECT revision FROM {horizons} WHERE table_id = %s AND mode = %s", key)
+        found = await cur.fetchone()
+    horizon = int(found[0]) if found is not None else 0
+    t = schema.qualified(changefeed, table_id, mode)
+    deleted = 0
+    more = False
+    if horizon > 0:
+        for n in range(batches):
+            async with conn.transaction():
+                await conn.execute("SELECT set_config('lock_timeout', %s, true)", (LOCK_TIMEOUT,))
+                # The condition again on the row itself: one a writer made newer meanwhile (a put after the delete)
+                # is re-checked when its lock is granted, and stays.
+                cur = await conn.execute(
+                    f"DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE deleted AND revision <= %s LIMIT %s) "
+                    "AND deleted AND revision <= %s",
+                    (horizon, batch, horizon),
+                )
+                gone = max(cur.rowcount, 0)
+            deleted += gone
+            if gone < batch:
+                break
+            more = n == batches - 1
+    return Collected(table_id, mode, horizon, deleted, more, target)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A table's size after a collection: tombstones held (exact, through the partial index) and live rows (exact
+    while the table is under ``EXACT_COUNT_BYTES``, else PostgreSQL's ``reltuples`` estimate less the tombstones,
+    as fresh as its last VACUUM or ANALYZE; None before the table was ever analyzed)."""
+
+    tombstones: int
+    live_rows: int | None
+    live_rows_exact: bool
+
+
+async def figures(conn: psycopg.AsyncConnection[Any], changefeed: str, table_id: int, mode: Mode) -> Figures:
+    """:class:`Figures` of a table, in a transaction of its own (cheap: neither reads the live rows of a large
+    table)."""
+    t = schema.qualified(changefeed, table_id, mode)
+    async with conn.transaction():
+        cur = await conn.execute(
+            f"SELECT (SELECT count(*) FROM {t} WHERE deleted), pg_relation_size(%s::regclass), "
+            "(SELECT reltuples FROM pg_class WHERE oid = %s::regclass)",
+            (t, t),
+        )
+        found = await cur.fetchone()
+        assert found is not None
+        tombstones, size, reltuples = int(found[0]), int(found[1]), float(found[2])
+        if size < EXACT_COUNT_BYTES:
+            cur = await conn.execute(f"SELECT count(*) FROM {t} WHERE NOT deleted")
+            live = await cur.fetchone()
+            return Figures(tombstones, int(live[0]) if live is not None else 0, True)
+    return Figures(tombstones, max(int(reltuples) - tombstones, 0) if reltuples >= 0 else None, False)
