@@ -201,7 +201,9 @@ class _Feed:
             batch_interval=runtime.batch_interval,
             batch_rows=runtime.batch_rows,
             drained=self.drained,
+            gc_interval=runtime.gc_interval,
         )
+        self.sink.tombstones.publish(runtime.published_checkpoint(changefeed))
         #: (head revision, wall time first seen), increasing in both.
         self.heads: list[tuple[int, float]] = []
 
@@ -327,14 +329,23 @@ class DataplaneRuntime:
     the changefeed's Secrets) says where a changefeed reads and writes. Must be created and used inside the
     agent's running event loop (each dispatcher's watch and each changefeed's writer are tasks of it).
     ``batch_interval``: seconds between group commits at most; ``batch_rows``: commit sooner once this many
-    rows wait. ``clock``: wall time (lag)."""
+    rows wait. ``clock``: wall time (lag). ``gc_interval``: seconds between tombstone collections of a changefeed's
+    sink (``collector.Collector``; none before :meth:`published` gave its checkpoint)."""
 
     def __init__(
-        self, *, batch_interval: float = 0.05, batch_rows: int = 2_000, clock: Callable[[], float] = time.time
+        self,
+        *,
+        batch_interval: float = 0.05,
+        batch_rows: int = 2_000,
+        clock: Callable[[], float] = time.time,
+        gc_interval: float = 60.0,
     ) -> None:
         self.batch_interval = batch_interval
         self.batch_rows = batch_rows
         self.clock = clock
+        self.gc_interval = gc_interval
+        #: Each changefeed's published checkpoint, the highest seen (``published``).
+        self._published: dict[str, int] = {}
         self._feeds: dict[str, _Feed] = {}
         self._runs: dict[str, _Disp] = {}
 
@@ -432,6 +443,28 @@ class DataplaneRuntime:
         """(transactions committed, rows applied) by this capture for ``changefeed``."""
         feed = self._feeds.get(changefeed)
         return (feed.sink.commits, feed.sink.committed_rows) if feed is not None else (0, 0)
+
+    def published(self, changefeed: str, checkpoint_ts: int) -> None:
+        """The changefeed's published checkpoint (its ``status.checkpointTs``: every span's capture reported it
+        committed), as the capture last read it: the bound of its tombstone collection (docs/architecture.md,
+        "Tombstone collection"). Only ever raised: a lower value (an older read) changes nothing."""
+        value = max(self._published.get(changefeed, 0), checkpoint_ts)
+        self._published[changefeed] = value
+        feed = self._feeds.get(changefeed)
+        if feed is not None:
+            feed.sink.tombstones.publish(value)
+
+    def published_checkpoint(self, changefeed: str) -> int:
+        return self._published.get(changefeed, 0)
+
+    def tombstone_stats(self, changefeed: str) -> dict[str, Any]:
+        """The tombstone collection of ``changefeed`` on this capture (``collector.Collector.stats``): tombstones
+        collected in total, and each table's horizon, tombstones held and live rows after its last collection."""
+        feed = self._feeds.get(changefeed)
+        if feed is None:
+            return {"checkpoint": self._published.get(changefeed, 0), "collections": 0, "collected": 0,
+                    "dropped": 0, "tombstones": 0, "live_rows": 0, "error": "", "tables": []}  # fmt: skip
+        return feed.sink.tombstones.stats()
 
     async def aclose(self) -> None:
         """Stop every watch and writer and close the connections (the agent, when it exits)."""

@@ -9,6 +9,10 @@ A failed transaction is rolled back, its rows go back in front of what arrived m
 back-off (``error`` says why meanwhile): the checkpoint stays where it was and nothing is lost. When no dispatcher of
 a batch has a row waiting (idle spans whose checkpoints only moved with progress notifications), there is no
 transaction at all: every row each received up to its resolved revision is already committed.
+
+Tombstone collection (``collector.Collector``, ``controller.dataplane.horizon``): every transaction first reads the
+horizons of the tables it writes (``FOR SHARE``) and applies only the changes above them, so a put older than a
+collected tombstone never lands; and between its transactions the writer collects the tombstones below them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Protocol
 
 import psycopg
 
+from controller.capture.collector import Collector
 from controller.capture.logs import fields
 from controller.dataplane import schema
 from controller.model.records import Dispatcher
@@ -80,6 +85,7 @@ class Sink:
         batch_interval: float,
         batch_rows: int,
         drained: Callable[[Any], None],
+        gc_interval: float = 60.0,
     ) -> None:
         self.changefeed = changefeed
         self.dsn = dsn
@@ -103,6 +109,8 @@ class Sink:
         self.error = ""
         self.commits = 0
         self.committed_rows = 0
+        #: The tombstone collection, every ``gc_interval`` seconds between transactions (and the fence's horizons).
+        self.tombstones = Collector(self, gc_interval)
 
     def start(self) -> None:
         if self.task is None or self.task.done():
@@ -141,7 +149,7 @@ class Sink:
     async def _write_loop(self) -> None:
         backoff = BACKOFF[0]
         while True:
-            await self.wake.wait()
+            await self.tombstones.wait(self.wake)  # and a tombstone collection when one is due
             if self.pending_rows < self.batch_rows:  # gather a group, unless a full batch waits
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.full.wait(), self.batch_interval)
@@ -240,17 +248,22 @@ class Sink:
                 if old is None or old[2] < row[2]:
                     latest[row[0]] = row
         async with conn.transaction(), conn.cursor() as cur:
+            # First the fence: the horizons of the tables written, share-locked. Changes at or below one are committed
+            # already (or superseded), and one older than a tombstone collected would resurrect its key: dropped. A
+            # scan at or below it has nothing left to sweep.
+            horizons = await self.tombstones.fence(cur, per_table)
             for d in batch:  # before the rows: what the scan found is not swept, whatever this batch holds of it
                 scan = scans.get(d.name)
-                if scan is not None:
+                if scan is not None and scan.at > horizons[(d.dispatcher.table_id, d.dispatcher.mode)]:
                     r = d.dispatcher.key_range
                     await cur.execute(
                         schema.sweep(cf, d.dispatcher.table_id, d.dispatcher.mode),
                         {"lo": r.start, "hi": r.end, "at": scan.at, "keys": scan.keys},
                     )
             for (table_id, mode), rows in per_table.items():
-                if rows:
-                    await cur.executemany(schema.apply(cf, table_id, mode), list(rows.values()))
+                fresh = self.tombstones.above(rows.values(), horizons[(table_id, mode)])
+                if fresh:
+                    await cur.executemany(schema.apply(cf, table_id, mode), fresh)
             await cur.executemany(
                 schema.save_checkpoint(cf),
                 [
@@ -283,6 +296,7 @@ class Sink:
                     for statement in schema.create_schema(self.changefeed).split(";\n"):
                         await conn.execute(statement)
                     await conn.execute(schema.create_table(self.changefeed, table_id, mode))
+                    await self.tombstones.ensure(conn, table_id, mode)
                 break
             except psycopg.errors.UniqueViolation:  # another capture created it at the same moment
                 if attempt == 2:

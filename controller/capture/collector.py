@@ -1,0 +1,199 @@
+"""A changefeed's tombstone collection on a capture: when its sink writer collects, what, and the figures.
+
+The writer (``sink.Sink``) waits for work through :meth:`Collector.wait`, which runs a collection between its
+transactions every ``interval`` seconds, on the writer's connection, once the changefeed's published checkpoint is
+known (:meth:`Collector.publish`, from ``DataplaneRuntime.published``). A collection (``horizon.collect``, the
+argument in docs/architecture.md, "Tombstone collection") first saves this capture's dispatchers' committed
+checkpoints (an idle span's moved with no transaction: the table's frontier follows it), then moves each table's
+horizon and deletes the tombstones below it, for every (table, mode) the writer has ensured and one of this
+capture's dispatchers replicates (a table whose dispatchers all left is collected by the captures that hold them
+now, not by every capture that ever wrote it). One that fails is logged and tried again at the next interval: it
+never fails the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import psycopg
+
+from controller.capture.logs import fields
+from controller.dataplane import horizon, schema
+from controller.dataplane.horizon import Table
+from controller.model.states import Mode
+
+log = logging.getLogger("controller.capture.dataplane")
+
+#: One change as the writer holds it (``sink.Row``): key, value, revision, deleted.
+Row = tuple[bytes, bytes | None, int, bool]
+
+
+class Writer(Protocol):
+    """What the collector reads of the sink's writer (``sink.Sink``)."""
+
+    changefeed: str
+    conn: psycopg.AsyncConnection[Any] | None
+    ensured: set[tuple[int, Mode]]
+    #: The feed's dispatchers by name (``sink.Pending``: ``dispatcher`` and ``durable`` are read).
+    dispatchers: dict[str, Any]
+
+
+@dataclass
+class TableFigures:
+    """A table's figures after its last collection on this capture."""
+
+    table_id: int
+    mode: str
+    horizon: int = 0
+    tombstones: int = 0
+    live_rows: int | None = None
+    live_rows_exact: bool = True
+    #: Tombstones this capture collected from it, in total.
+    collected: int = 0
+
+
+class Collector:
+    def __init__(self, writer: Writer, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.writer = writer
+        self.interval = interval
+        self.clock = clock
+        #: The changefeed's published checkpoint (0: not known yet: nothing is collected).
+        self.published = 0
+        self.next_at = clock() + interval
+        #: Tombstones collected by this capture, collections done, and changes the fence dropped at or below a
+        #: horizon (counted in every transaction tried: one retried counts them again).
+        self.collected = 0
+        self.collections = 0
+        self.dropped = 0
+        #: The last collection's failure ("" once one succeeds).
+        self.error = ""
+        self.tables: dict[tuple[int, Mode], TableFigures] = {}
+
+    def publish(self, checkpoint: int) -> None:
+        self.published = max(self.published, checkpoint)
+
+    # -- the writer's hooks: the table's horizon made with it, the fence in each of its transactions ----------------
+
+    async def ensure(self, conn: psycopg.AsyncConnection[Any], table_id: int, mode: Mode) -> None:
+        await horizon.ensure(conn, self.writer.changefeed, table_id, mode)
+
+    async def fence(self, cur: psycopg.AsyncCursor[Any], tables: Collection[tuple[int, Mode]]) -> dict[Table, int]:
+        return await horizon.fence(cur, self.writer.changefeed, tables)
+
+    def above(self, rows: Iterable[Row], at: int) -> list[Row]:
+        """The changes above the horizon ``at`` (``horizon.above``); those dropped are counted."""
+        every = list(rows)
+        fresh: list[Row] = horizon.above(every, at)
+        self.dropped += len(every) - len(fresh)
+        return fresh
+
+    def _due(self) -> bool:
+        if self.clock() < self.next_at:
+            return False
+        if self.published <= 0:  # nothing may be collected before the checkpoint is known: look again later
+            self.next_at = self.clock() + self.interval
+            return False
+        return True
+
+    async def wait(self, wake: asyncio.Event) -> None:
+        """Until ``wake`` is set (what the writer waited for before), running a collection whenever one is due."""
+        while True:
+            if self._due():
+                await self.collect()
+            if wake.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), max(self.next_at - self.clock(), 0.0))
+
+    def tables_to_collect(self) -> list[tuple[int, Mode]]:
+        held = {(d.dispatcher.table_id, d.dispatcher.mode) for d in self.writer.dispatchers.values()}
+        return sorted(held & self.writer.ensured, key=lambda t: (t[0], t[1].value))
+
+    async def collect(self) -> None:
+        """One collection on the writer's connection (none open: nothing to collect until the writer connects)."""
+        self.next_at = self.clock() + self.interval
+        conn = self.writer.conn
+        tables = self.tables_to_collect()
+        if conn is None or conn.closed or not tables or self.published <= 0:
+            return
+        cf = self.writer.changefeed
+        try:
+            await self._save_checkpoints(conn, set(tables))
+            more = False
+            for table_id, mode in tables:
+                done = await horizon.collect(conn, cf, table_id, mode, self.published)
+                seen = await horizon.figures(conn, cf, table_id, mode)
+                f = self.tables.setdefault((table_id, mode), TableFigures(table_id, mode.value))
+                moved = done.horizon != f.horizon
+                f.horizon, f.tombstones = done.horizon, seen.tombstones
+                f.live_rows, f.live_rows_exact = seen.live_rows, seen.live_rows_exact
+                f.collected += done.deleted
+                self.collected += done.deleted
+                more = more or done.more
+                log.log(
+                    logging.INFO if done.deleted or moved else logging.DEBUG,
+                    "tombstones collected",
+                    extra=fields(
+                        changefeed=cf,
+                        table=table_id,
+                        mode=mode.value,
+                        horizon=done.horizon,
+                        deleted=done.deleted,
+                        tombstones=seen.tombstones,
+                    ),
+                )
+            self.collections += 1
+            self.error = ""
+            if more:  # more than a collection deletes at once: the rest at the next wake, between transactions
+                self.next_at = self.clock()
+        except (psycopg.Error, OSError) as exc:
+            self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.warning(
+                "tombstone collection failed; tried again at the next interval",
+                extra=fields(changefeed=cf, error=self.error),
+            )
+            if conn.broken:  # the writer connects again (``Sink._connection``: a closed connection is replaced)
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    async def _save_checkpoints(self, conn: psycopg.AsyncConnection[Any], tables: set[tuple[int, Mode]]) -> None:
+        """This capture's dispatchers' committed checkpoints (``durable``: every change of the span up to it is
+        committed), saved as a transaction with rows saves them (never backwards). The writer is between
+        transactions here: none of its own is in flight."""
+        rows = [
+            (
+                d.dispatcher.name,
+                d.dispatcher.table_id,
+                d.dispatcher.mode.value,
+                d.dispatcher.key_range.start,
+                d.dispatcher.key_range.end,
+                d.durable,
+            )
+            for d in self.writer.dispatchers.values()
+            if (d.dispatcher.table_id, d.dispatcher.mode) in tables and d.durable > 0
+        ]
+        if rows:
+            async with conn.transaction(), conn.cursor() as cur:
+                await cur.executemany(schema.save_checkpoint(self.writer.changefeed), rows)
+
+    def stats(self) -> dict[str, Any]:
+        """Tombstones collected by this capture in total, and each table's horizon, tombstones held and live rows
+        after its last collection here (``horizon.Figures``: live rows exact while a table is under 16 MB, else
+        estimated), with their sums."""
+        tables = [asdict(f) for _, f in sorted(self.tables.items(), key=lambda kv: (kv[0][0], kv[0][1].value))]
+        return {
+            "checkpoint": self.published,
+            "collections": self.collections,
+            "collected": self.collected,
+            "dropped": self.dropped,
+            "tombstones": sum(f["tombstones"] for f in tables),
+            "live_rows": sum(f["live_rows"] or 0 for f in tables),
+            "error": self.error,
+            "tables": tables,
+        }
