@@ -30,6 +30,15 @@ Only the changefeed's spans are read: rows and keys outside every span, and tabl
 names, are ignored. Spans that are not Replicating are compared all the same: once the checkpoint has
 passed R, their data up to R must be there.
 
+Collected tombstones (``controller.dataplane.horizon``). A table's tombstones at or below its horizon H are
+deleted, and H never exceeds a published checkpoint. The snapshot reads every horizon with the rows; a tombstone
+missing from it was deleted after a horizon at or above its revision d had committed, so d <= the H the snapshot
+shows. With R >= H, etcd at R holds no such key either, unless it was put again after d and at or before R, and
+that put is committed in the sink (R <= a checkpoint): the key has a row. No "missing" is false. So R must be at
+or above every horizon of the spans' tables: :func:`verify` refuses a lower one, or (``raise_to_horizon``, for a
+default R) raises it to the highest horizon, which is at most a checkpoint published before the snapshot (the
+capture wrote it after reading that checkpoint), so every change up to it is in the snapshot.
+
 The comparison (:func:`compare`, :func:`needs_point_read`) is pure, over :class:`Row` and :class:`KV`;
 :class:`EtcdReader` and :func:`read_rows` are the I/O (aetcd's KV stub with ``revision=``, psycopg 3).
 """
@@ -43,7 +52,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.dataplane import etcd, schema
+from controller.dataplane import etcd, horizon, schema
 from controller.model.keys import KeyRange
 from controller.model.states import Mode
 
@@ -329,6 +338,9 @@ class TableResult:
     spans: list[SpanResult] = field(default_factory=list)
     #: The sink has no table for it (no dispatcher created it): every key etcd holds is missing.
     absent_downstream: bool = False
+    #: The revision compared at (the one asked for, or raised to the highest horizon), and this table's horizon.
+    revision: int = 0
+    horizon: int = 0
 
     @property
     def keys(self) -> int:
@@ -349,13 +361,15 @@ class TableResult:
 
 async def read_rows(
     dsn: str, changefeed: str, spans: Sequence[SpanToVerify]
-) -> tuple[dict[SpanToVerify, list[Row]], set[tuple[int, Mode]]]:
+) -> tuple[dict[SpanToVerify, list[Row]], set[tuple[int, Mode]], dict[tuple[int, Mode], int]]:
     """Every span's downstream rows, in one REPEATABLE READ, read-only transaction (one snapshot of the
-    sink); and the (table, mode) pairs the sink has no table for."""
+    sink); the (table, mode) pairs the sink has no table for; and the tombstone horizons of the sink's tables,
+    read in the same snapshot."""
     import psycopg
 
     out: dict[SpanToVerify, list[Row]] = {}
     absent: set[tuple[int, Mode]] = set()
+    horizons: dict[tuple[int, Mode], int] = {}
     try:
         conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=10)
     except psycopg.Error as exc:
@@ -366,6 +380,7 @@ async def read_rows(
             await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
             await conn.set_read_only(True)
             async with conn.transaction():
+                horizons = await horizon.read(conn, changefeed)  # the snapshot's first read: rows and horizons in it
                 for span in spans:
                     if (span.table_id, span.mode) in absent:
                         out[span] = []
@@ -385,7 +400,7 @@ async def read_rows(
                                  for k, v, r, d in await cur.fetchall()]  # fmt: skip
     except psycopg.Error as exc:
         raise VerifyError(f"reading PostgreSQL: {_pg_message(exc)}") from None
-    return out, absent
+    return out, absent, horizons
 
 
 def _pg_message(exc: BaseException) -> str:
@@ -396,19 +411,41 @@ def _pg_message(exc: BaseException) -> str:
 
 
 async def verify(
-    etcd: EtcdReader, dsn: str, changefeed: str, revision: int, spans: Sequence[SpanToVerify]
+    etcd: EtcdReader,
+    dsn: str,
+    changefeed: str,
+    revision: int,
+    spans: Sequence[SpanToVerify],
+    *,
+    raise_to_horizon: bool = False,
 ) -> list[TableResult]:
-    """Compare every span at ``revision`` (etcd already entered); results per (table, mode), in order."""
+    """Compare every span at ``revision`` (etcd already entered); results per (table, mode), in order. A
+    ``revision`` below a tombstone horizon of the spans' tables is refused, or with ``raise_to_horizon`` raised to
+    the highest (each result's ``revision`` says which was compared)."""
     if await etcd.compacted_below(revision):
         raise VerifyError(f"revision {revision} is compacted in etcd: choose a newer one (--revision)", refused=True)
-    rows, absent = await read_rows(dsn, changefeed, spans)
+    rows, absent, horizons = await read_rows(dsn, changefeed, spans)
+    tables = {(s.table_id, s.mode) for s in spans}
+    top = max(((h, t) for t, h in horizons.items() if t in tables), default=(0, (0, Mode.DEFAULT)), key=lambda x: x[0])
+    if top[0] > revision:
+        if not raise_to_horizon:
+            (table_id, mode) = top[1]
+            raise VerifyError(
+                f"revision {revision} is below the tombstone horizon {top[0]} of table {table_id} ({mode.value}): "
+                f"the sink no longer holds the tombstones of its deletes at or below {top[0]}, so it cannot be "
+                f"compared at {revision}: choose {top[0]} or above (--revision)",
+                refused=True,
+            )
+        revision = top[0]
     results: dict[tuple[int, Mode], TableResult] = {}
     for span in sorted(spans, key=lambda s: (s.table_id, s.mode.value, s.key_range)):
         at_r = [kv async for kv in etcd.range_at(span.key_range, revision)]
         span_rows = rows[span]
         ahead = [(r.key, r.revision) for r in span_rows if needs_point_read(r, revision)]
         reads = await etcd.points(ahead)
-        table = results.setdefault((span.table_id, span.mode), TableResult(span.table_id, span.mode))
+        key = (span.table_id, span.mode)
+        table = results.setdefault(key, TableResult(span.table_id, span.mode, revision=revision))
+        table.horizon = horizons.get(key, 0)
         table.absent_downstream = (span.table_id, span.mode) in absent
         table.spans.append(compare(span.key_range, revision, span_rows, at_r, reads))
     return list(results.values())
