@@ -31,6 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from controller.capture.dataplane import DataplaneRuntime
 from controller.capture.drainer import Drainer
 from controller.capture.epochs import Epochs
 from controller.capture.lease_keeper import API_ERRORS, LeaseKeeper
@@ -44,6 +45,7 @@ from controller.capture.runs import Run, Runs
 from controller.capture.runtime import DispatcherRuntime, LogicalClockRuntime
 from controller.capture.sources import Sources
 from controller.capture.traffic import TableRates
+from controller.capture.troubles import Troubles
 from controller.kube import tenure
 from controller.kube.client import RESOURCES, Client
 from controller.kube.lease import LeaseLost
@@ -135,8 +137,10 @@ class Agent:
             )
         #: Dispatchers of a changefeed with a source and a sink run in the real data plane, configured from its
         #: Secrets before the first starts (``sources.Sources``); the others in ``runtime``.
-        self.routed = RoutedRuntime(runtime)
-        self.reporter = Reporter(self.runs, self.routed, self.incarnation)
+        self.troubles = Troubles()
+        self.routed = RoutedRuntime(runtime, DataplaneRuntime(troubles=self.troubles))
+        self.reporter = Reporter(self.runs, self.routed, self.incarnation, self.troubles)
+        self.sources = Sources(client, s.namespace, self.routed, self.troubles)
         self.keeper = LeaseKeeper(
             client,
             s.namespace,
@@ -179,7 +183,7 @@ class Agent:
             lease=self.keeper,
             epochs=self.epochs,
             rates=self.rates,
-            sources=Sources(client, s.namespace, self.routed, notes),
+            sources=self.sources,
             capture=self.capture,
             dispatchers=self.dispatchers,
             captures=self.captures,
@@ -242,6 +246,7 @@ class Agent:
             asyncio.create_task(self.keeper.renew_loop(), name="renew-lease"),
             asyncio.create_task(self.keeper.watchdog(), name="watchdog"),
             asyncio.create_task(self.reconciler.run(self.wake, self.keeper.took_over_foreign), name="main-loop"),
+            asyncio.create_task(self.sources.run(self.stop), name="reload-secrets"),
         }
         if self.tenure is not None:
             tasks.add(asyncio.create_task(self.tenure.run(), name="gc-tenure"))

@@ -56,15 +56,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aetcd.rpc
+import psycopg
 
-from controller.capture.etcdwatch import BACKOFF, TRANSPORT, WatchStream, rpc
+from controller.capture.etcdwatch import BACKOFF, TRANSPORT, ChannelClosed, WatchStream, rpc
 from controller.capture.logs import fields
 from controller.capture.sink import MAX_PENDING_ROWS, Row, Scan, Sink
+from controller.capture.troubles import CONNECTION, Troubles
+from controller.dataplane import diagnosis
 from controller.dataplane.etcd import Connection, Tls, describe
+from controller.model.progress import SINK, SOURCE
 from controller.model.records import Dispatcher
 
 log = logging.getLogger("controller.capture.dataplane")
@@ -192,8 +196,7 @@ class _Feed:
         self.client: Connection | None = None
         self._client_lock = asyncio.Lock()
         self._endpoint_index = 0
-        self.stream = WatchStream(self.etcd, self.reset_etcd)
-        self.stream.on_head = self.saw_head
+        self.stream = WatchStream(self.etcd, self.reset_etcd, on_head=self.saw_head, on_error=self.source_failed)
         self.sink = Sink(
             changefeed,
             endpoints.dsn,
@@ -201,6 +204,7 @@ class _Feed:
             batch_interval=runtime.batch_interval,
             batch_rows=runtime.batch_rows,
             drained=self.drained,
+            troubles=runtime.troubles,
             gc_interval=runtime.gc_interval,
         )
         self.sink.tombstones.publish(runtime.published_checkpoint(changefeed))
@@ -236,7 +240,102 @@ class _Feed:
             with contextlib.suppress(Exception):
                 await client.close()
 
+    def source_failed(self, exc: BaseException) -> None:
+        """A call to the source failed: the changefeed's source trouble while it is retried (a connection closed
+        under a call by another task's error is that task's to report)."""
+        if not isinstance(exc, ChannelClosed):
+            transient, message = diagnosis.source_trouble(exc)
+            self.runtime.troubles.set(self.changefeed, SOURCE, CONNECTION, transient, message)
+
+    # -- new values from the Secrets ------------------------------------------------------------------------
+
+    async def reconfigure(self, new: Endpoints) -> dict[str, str]:
+        """Use ``new`` (a changed source or sink Secret) where it works: per side, the new values are tried first (a
+        connection made, a read or a round trip answered); a side whose new values work uses them from now on (the
+        source: its watch stream started again from each dispatcher's position; the sink: from its next
+        transaction), a side whose new values do not keeps the connection it has, unless that one fails too. Returns,
+        per side, why the new values were not taken (nothing lost either way)."""
+        problems: dict[str, str] = {}
+        old = self.endpoints
+        if (new.etcd, new.username, new.password, new.tls) != (old.etcd, old.username, old.password, old.tls):
+            client, problem = await self._try_source(new)
+            failing = self.runtime.troubles.has(self.changefeed, SOURCE, CONNECTION)
+            if client is not None or failing:
+                await self._use_source(new, client)
+            if problem:
+                problems[SOURCE] = f"the source Secret's new values do not work: {problem}" + (
+                    "" if failing else "; still reading with the values read before"
+                )
+        if new.dsn != old.dsn:
+            conn, problem = await self._try_sink(new.dsn)
+            failing = self.runtime.troubles.has(self.changefeed, SINK, CONNECTION)
+            if conn is not None or failing:
+                self.sink.use(new.dsn, conn)
+                self.endpoints = replace(self.endpoints, dsn=new.dsn)
+                self.sink.wake.set()
+            if problem:
+                problems[SINK] = f"the sink Secret's new dsn does not work: {problem}" + (
+                    "" if failing else "; still writing with the dsn read before"
+                )
+        if self.endpoints != old:
+            log.info("changefeed uses its Secrets' new values", extra=fields(changefeed=self.changefeed))
+        return problems
+
+    async def _try_source(self, new: Endpoints) -> tuple[Connection | None, str]:
+        """A connection to one of ``new``'s endpoints that answered a read of one key of a span held here, or why
+        none did."""
+        probe = min((d.key for d in self.dispatchers.values()), default=b"\x00")
+        problem = ""
+        for endpoint in new.etcd:
+            conn = None
+            try:
+                conn = await rpc(
+                    Connection.open(
+                        endpoint, username=new.username, password=new.password, tls=new.tls, auth_timeout=10
+                    )
+                )
+                await rpc(
+                    conn.kvstub.Range(
+                        aetcd.rpc.RangeRequest(key=probe, limit=1, keys_only=True), timeout=10, metadata=conn.metadata
+                    )
+                )
+                return conn, ""
+            except TRANSPORT as exc:
+                problem = diagnosis.source_trouble(exc)[1]
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+        return None, problem
+
+    async def _use_source(self, new: Endpoints, client: Connection | None) -> None:
+        """Read with ``new`` from now on, on ``client`` if given: the connection in use is closed, which breaks the
+        watch stream, and every watcher is created again on the new one from its dispatcher's position."""
+        async with self._client_lock:
+            old, self.client = self.client, client
+            self.endpoints = replace(new, dsn=self.endpoints.dsn)
+            self._endpoint_index = 0
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+
+    @staticmethod
+    async def _try_sink(dsn: str) -> tuple[psycopg.AsyncConnection[Any] | None, str]:
+        """A connection made with ``dsn`` that answered a round trip, or why none could be made."""
+        conn = None
+        try:
+            conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=5)
+            await conn.execute("SELECT 1")
+            await conn.rollback()
+            return conn, ""
+        except (psycopg.Error, OSError) as exc:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            return None, diagnosis.sink_trouble(exc)[1]
+
     def saw_head(self, revision: int) -> None:
+        """The source answered (any response carries its head revision): it works."""
+        self.runtime.troubles.clear(self.changefeed, SOURCE, CONNECTION)
         if not self.heads or revision > self.heads[-1][0]:
             self.heads.append((revision, self.runtime.clock()))
             if len(self.heads) > 4096:  # keep it bounded: drop every other old entry (lag gets coarser, never lower)
@@ -277,7 +376,8 @@ class _Feed:
                 self.rewatch(d)
                 return
             except TRANSPORT as exc:
-                log.warning("etcd scan failed; retrying", extra=fields(dispatcher=d.name, error=describe(exc)))
+                log.debug("etcd scan failed; retrying", extra=fields(dispatcher=d.name, error=describe(exc)))
+                self.source_failed(exc)
                 await self.reset_etcd(conn)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])
@@ -338,8 +438,11 @@ class DataplaneRuntime:
         batch_interval: float = 0.05,
         batch_rows: int = 2_000,
         clock: Callable[[], float] = time.time,
+        troubles: Troubles | None = None,
         gc_interval: float = 60.0,
     ) -> None:
+        #: What keeps each changefeed's data from flowing, as its sources and sinks tell (the progress report's).
+        self.troubles = troubles if troubles is not None else Troubles()
         self.batch_interval = batch_interval
         self.batch_rows = batch_rows
         self.clock = clock
@@ -350,8 +453,8 @@ class DataplaneRuntime:
         self._runs: dict[str, _Disp] = {}
 
     def configure(self, changefeed: str, endpoints: Endpoints) -> None:
-        """Where ``changefeed`` reads and writes from now on (its running dispatchers keep their connections
-        until they close; a changed value takes effect for dispatchers started after every one closed)."""
+        """Where ``changefeed`` reads and writes from now on, if none of its dispatchers runs here (else nothing
+        changes: ``reconfigure`` tries new values before it uses them)."""
         feed = self._feeds.get(changefeed)
         if feed is not None and (feed.endpoints == endpoints or feed.dispatchers):
             return
@@ -361,6 +464,17 @@ class DataplaneRuntime:
 
     def configured(self, changefeed: str) -> bool:
         return changefeed in self._feeds
+
+    async def reconfigure(self, changefeed: str, endpoints: Endpoints) -> dict[str, str]:
+        """New values for a configured changefeed, used where they work (``_Feed.reconfigure``): per side, why they
+        were not."""
+        feed = self._feeds.get(changefeed)
+        if feed is None:
+            return {}
+        if not feed.dispatchers:
+            self.configure(changefeed, endpoints)
+            return {}
+        return await feed.reconfigure(endpoints)
 
     def runs(self, name: str) -> bool:
         return name in self._runs
@@ -382,10 +496,6 @@ class DataplaneRuntime:
     def failed(self, name: str) -> str | None:
         """Why the dispatcher stopped for good (its source compacted past its position...), None if it did not."""
         return self._runs[name].failed
-
-    def sink_error(self, name: str) -> str:
-        """The last error of the sink of this dispatcher's changefeed while it retries ("" when it writes)."""
-        return self._runs[name].feed.sink.error
 
     def checkpoint_time(self, name: str) -> float:
         """The wall time this dispatcher's checkpoint stands for (``_Feed.checkpoint_time``): its lag in seconds

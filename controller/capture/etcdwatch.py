@@ -95,7 +95,12 @@ class Watcher(Protocol):
 
 class WatchStream:
     def __init__(
-        self, client: Callable[[], Awaitable[Connection]], reset: Callable[[Connection | None], Awaitable[None]]
+        self,
+        client: Callable[[], Awaitable[Connection]],
+        reset: Callable[[Connection | None], Awaitable[None]],
+        *,
+        on_head: Callable[[int], None],
+        on_error: Callable[[BaseException], None],
     ) -> None:
         #: The feed's etcd client (connected on first use) and how to drop it after a transport error (the
         #: connection the stream used: one another task already replaced is left alone).
@@ -111,8 +116,10 @@ class WatchStream:
         self._wanted: dict[str, Watcher] = {}
         self._requests: asyncio.Queue[Any] | None = None
         self._task: asyncio.Task[None] | None = None
-        #: Head revisions seen in any response (the feed's lag clock).
-        self.on_head: Callable[[int], None] = lambda revision: None
+        #: Head revisions seen in any response (the feed's lag clock; a response also says the source works), and
+        #: what broke the stream (the feed's trouble while it is retried).
+        self.on_head = on_head
+        self.on_error = on_error
         self.streams = 0  # streams opened (the first and every reconnection)
 
     def watching(self) -> int:
@@ -172,10 +179,11 @@ class WatchStream:
             except asyncio.CancelledError:
                 raise
             except TRANSPORT as exc:
-                log.warning(
+                log.debug(
                     "etcd watch stream broke; watching again from each dispatcher's position",
                     extra=fields(error=describe(exc), watchers=len(self._wanted)),
                 )
+                self.on_error(exc)
                 await self._reset(self._conn)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])

@@ -173,6 +173,7 @@ class Reconciler:
             self.retry.clear()
             self.active = {n for n, r in self.runs.items() if not r.settled}
             self.notes.keep(live)
+            self.sources.keep({(obj.get("spec") or {}).get("changefeed") or "" for obj in live.values()})
             self.broken = {n: b for n, b in self.broken.items() if n in live}
             finished = (set(self.closing) | self.rejected | set(self.disowned)) - set(live)
             return set(live), set(self.runs) - set(live), finished

@@ -1,7 +1,8 @@
 """The progress report each Lease renewal carries (``controller.model.progress``): per (changefeed, mode), the lowest
 checkpoint of the Working dispatchers whose Working status has been written, how many they are and a digest of
 their uids, the slowest, and this process's ``incarnation``; with what the real data plane knows of each entry (the
-wall time its checkpoint stands for, the sink's error while its transactions fail).
+wall time its checkpoint stands for); and, per changefeed, what keeps its data from flowing here (``troubles``: the
+source or the sink unusable), whether or not any of its dispatchers is Working.
 
 At rest its cost does not grow with the dispatchers held: the groups (names, digest) are recomputed only when a run
 starts, stops or changes state (``Runs.version``), and the runtime gives each group's minimum at once when it can
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from controller.capture.runs import Runs
 from controller.capture.runtime import DispatcherRuntime
+from controller.capture.troubles import Troubles
 from controller.model import progress as prog
 from controller.model.resources import round_time
 from controller.model.states import Mode
@@ -32,8 +34,10 @@ class Group:
 
 
 class Reporter:
-    def __init__(self, runs: Runs, runtime: DispatcherRuntime, incarnation: str) -> None:
+    def __init__(self, runs: Runs, runtime: DispatcherRuntime, incarnation: str, troubles: Troubles) -> None:
         self.runs = runs
+        #: What keeps each changefeed's data from flowing here, whatever its dispatchers' states.
+        self.troubles = troubles
         self.runtime = runtime
         #: This process: a report of another incarnation is about dispatchers this process does not run.
         self.incarnation = incarnation
@@ -75,23 +79,19 @@ class Reporter:
             entries.extend(prog.build(running, self.incarnation, 0.0).entries)
         rt.flush()
         return prog.Progress(
-            incarnation=self.incarnation, at=round_time(time.time()), entries=tuple(self._annotated(entries))
+            incarnation=self.incarnation,
+            at=round_time(time.time()),
+            entries=tuple(self._annotated(entries)),
+            troubles=self.troubles.report(),
         )
 
     def _annotated(self, entries: list[prog.ProgressEntry]) -> Iterator[prog.ProgressEntry]:
-        """Each entry with what the real runtime knows of it: the wall time its checkpoint stands for (where it counts
-        in source revisions: ``checkpoint_time`` of the slowest dispatcher; a TSO's is its own physical part), and
-        the sink's error while its transactions fail (``sink_error``)."""
+        """Each entry with the wall time its checkpoint stands for, where the runtime counts in source revisions
+        (``checkpoint_time`` of the slowest dispatcher; a TSO's is its own physical part)."""
         when = getattr(self.runtime, "checkpoint_time", None)
-        sink = getattr(self.runtime, "sink_error", None)
         for e in entries:
-            t, error = None, ""
-            if e.slowest:
+            t = None
+            if e.slowest and when is not None:
                 with contextlib.suppress(KeyError):
-                    t = when(e.slowest) if when is not None else None
-                    error = sink(e.slowest) if sink is not None else ""
-            if t is not None:
-                e = replace(e, checkpoint_time=round(t, 3))
-            if error:
-                e = replace(e, sink_error=error[: prog.SINK_ERROR_LIMIT])
-            yield e
+                    t = when(e.slowest)
+            yield e if t is None else replace(e, checkpoint_time=round(t, 3))

@@ -26,6 +26,15 @@ class RoutedRuntime:
     def configured(self, changefeed: str) -> bool:
         return self.data.configured(changefeed)
 
+    async def reconfigure(self, changefeed: str, endpoints: Endpoints) -> dict[str, str]:
+        """New values from the changefeed's Secrets, tried before they are used (``DataplaneRuntime.reconfigure``):
+        per side, why they were not."""
+        return await self.data.reconfigure(changefeed, endpoints)
+
+    def published(self, changefeed: str, checkpoint_ts: int) -> None:
+        """The changefeed's published checkpoint, as its Changefeed says (``DataplaneRuntime.published``)."""
+        self.data.published(changefeed, checkpoint_ts)
+
     def _rt(self, name: str) -> DispatcherRuntime:
         return self.data if name in self._real else self.default
 
@@ -66,10 +75,6 @@ class RoutedRuntime:
     def checkpoint_time(self, name: str) -> float | None:
         """The wall time a real dispatcher's checkpoint stands for; None for the logical clock (a TSO)."""
         return self.data.checkpoint_time(name) if name in self._real else None
-
-    def sink_error(self, name: str) -> str:
-        """The sink's last error while a real dispatcher's transactions are retried ("" while it writes)."""
-        return self.data.sink_error(name) if name in self._real else ""
 
     def failed(self, name: str) -> str | None:
         """Why a real dispatcher stopped for good (None: it did not, or it is not a real one)."""

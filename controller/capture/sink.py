@@ -6,9 +6,11 @@ key, applies it with ``schema.apply`` (only if newer than the row; deletes as to
 dispatcher's resolved revision with ``schema.save_checkpoint``, all in one transaction. Only after the commit does a
 dispatcher's checkpoint (``durable``) move: a checkpoint is never claimed before the rows it covers are committed.
 A failed transaction is rolled back, its rows go back in front of what arrived meanwhile, and it is retried with
-back-off (``error`` says why meanwhile): the checkpoint stays where it was and nothing is lost. When no dispatcher of
-a batch has a row waiting (idle spans whose checkpoints only moved with progress notifications), there is no
-transaction at all: every row each received up to its resolved revision is already committed.
+back-off (``error`` says why meanwhile, and the capture's ``troubles`` report it: ``diagnosis.sink_trouble``): the
+checkpoint stays where it was and nothing is lost. A changed DSN (``use``) is taken between two transactions.
+When no dispatcher of a batch has a row waiting (idle spans whose checkpoints only moved with progress
+notifications), there is no transaction at all: every row each received up to its resolved revision is already
+committed.
 
 Tombstone collection (``collector.Collector``, ``controller.dataplane.horizon``): every transaction first reads the
 horizons of the tables it writes (``FOR SHARE``) and applies only the changes above them, so a put older than a
@@ -28,7 +30,9 @@ import psycopg
 
 from controller.capture.collector import Collector
 from controller.capture.logs import fields
-from controller.dataplane import schema
+from controller.capture.troubles import CONNECTION, Troubles
+from controller.dataplane import diagnosis, schema
+from controller.model.progress import SINK
 from controller.model.records import Dispatcher
 from controller.model.states import Mode
 
@@ -85,9 +89,12 @@ class Sink:
         batch_interval: float,
         batch_rows: int,
         drained: Callable[[Any], None],
+        troubles: Troubles,
         gc_interval: float = 60.0,
     ) -> None:
         self.changefeed = changefeed
+        #: Where a failing transaction says why (``diagnosis.sink_trouble``), cleared by the next commit.
+        self.troubles = troubles
         self.dsn = dsn
         #: The feed's dispatchers by name (the sink reads it; the feed adds and removes).
         self.dispatchers = dispatchers
@@ -103,6 +110,9 @@ class Sink:
         self.wake = asyncio.Event()
         self.full = asyncio.Event()
         self.conn: psycopg.AsyncConnection[Any] | None = None
+        #: A changed DSN (``use``): the connection to take at the next transaction, and whether to.
+        self._replacement: psycopg.AsyncConnection[Any] | None = None
+        self._reconnect = False
         self.ensured: set[tuple[int, Mode]] = set()
         self.task: asyncio.Task[None] | None = None
         #: The last failure while transactions are retried ("" while they commit).
@@ -140,7 +150,22 @@ class Sink:
             with contextlib.suppress(Exception):
                 await self.conn.close()
 
+    def use(self, dsn: str, conn: psycopg.AsyncConnection[Any] | None) -> None:
+        """Write with ``dsn`` from the next transaction on (a changed sink Secret), on ``conn`` (already made with
+        it and found working) or on a new connection: the one in use is closed between two transactions, never
+        under one."""
+        self.dsn = dsn
+        self._replacement = conn
+        self._reconnect = True
+
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._reconnect:
+            self._reconnect = False
+            old, self.conn, self._replacement = self.conn, self._replacement, None
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await old.close()
+            self.ensured.clear()  # the new DSN may name another database
         if self.conn is None or self.conn.closed:
             self.conn = await psycopg.AsyncConnection.connect(self.dsn, connect_timeout=5)
             self.ensured.clear()
@@ -172,8 +197,9 @@ class Sink:
                 continue
             except (psycopg.Error, OSError) as exc:
                 self._put_back(batch, taken, scans)
-                self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                log.warning(
+                transient, self.error = diagnosis.sink_trouble(exc)
+                self.troubles.set(self.changefeed, SINK, CONNECTION, transient, self.error)
+                log.debug(
                     "sink transaction failed; retrying", extra=fields(changefeed=self.changefeed, error=self.error)
                 )
                 if self.conn is not None and (self.conn.closed or self.conn.broken):
@@ -186,6 +212,7 @@ class Sink:
                 continue
             backoff = BACKOFF[0]
             self.error = ""
+            self.troubles.clear(self.changefeed, SINK, CONNECTION)
             for d in batch:
                 d.durable = max(d.durable, taken[d.name][1])
                 if len(d.rows) < MAX_PENDING_ROWS:

@@ -1,8 +1,22 @@
-"""Where a changefeed's data comes from and goes to: before the first dispatcher of a changefeed starts in this
-process, its Changefeed is read (strongly) and, if it names a source and a sink, their Secrets too, and the data
-plane is configured with them (``RoutedRuntime.configure``: its dispatchers then replicate etcd into PostgreSQL;
-the others run the logical clock). A Secret missing or incomplete is a warning, and the dispatcher waits (a later
-pass tries again). Credentials and the DSN are never logged: only the Secrets' names."""
+"""Where a changefeed's data comes from and goes to, read from its Changefeed and the Secrets it names.
+
+Before the first dispatcher of a changefeed starts in this process, its Changefeed is read (strongly) and, if it
+names a source and a sink, their Secrets too, and the data plane is configured with them
+(``RoutedRuntime.configure``: its dispatchers then replicate etcd into PostgreSQL; the others run the logical
+clock). What cannot be used (a Secret missing or unreadable, a key missing, an endpoint or a DSN malformed) is a
+trouble of that side (``troubles.Troubles``, origin ``SECRETS``: the Changefeed's SourceUnavailable or
+SinkUnavailable, reason ConfigurationError), and the dispatcher waits: the next look comes within ``RETRY``.
+
+Secrets are read again. Every ``RELOAD`` seconds, for each changefeed configured here, the Changefeed and its
+Secrets are read again (``get`` by name: the captures may not list or watch Secrets). New values are handed to the
+data plane (``DataplaneRuntime.reconfigure``), which tries them before it uses them: what works replaces the old
+connections (positions kept: nothing lost, nothing skipped); what does not is a trouble, and the connections made
+with the old values are kept. A Secret that disappeared or became malformed is a trouble too, and the old values
+stay in use. So a rotated password or client certificate is in use within ``RELOAD`` plus one connection, without
+a restart. Each look also hands the data plane the Changefeed's published checkpoint (``published``).
+
+Credentials and the DSN are never logged nor put in a message: only the Secrets' names.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +25,29 @@ import base64
 import contextlib
 import logging
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import psycopg.conninfo
 
 from controller.capture.dataplane import Endpoints
-from controller.capture.logs import Notes, fields
+from controller.capture.logs import fields
 from controller.capture.routed import RoutedRuntime
+from controller.capture.troubles import SECRETS, Troubles
 from controller.dataplane import etcd
-from controller.kube.client import JSON, RESOURCES, SECRETS, ApiError, Client
+from controller.kube.client import JSON, RESOURCES, ApiError, Client
+from controller.kube.client import SECRETS as SECRET_RESOURCE
+from controller.model.progress import SINK, SOURCE, Side
 from controller.model.resources import InvalidResource, changefeed_from_resource
 from controller.model.states import Kind
 
 log = logging.getLogger("controller.capture")
 CHANGEFEEDS = RESOURCES[Kind.CHANGEFEED]
 #: Seconds before a source that could not be used is looked at again: first, then doubling up to the cap.
-RETRY = (2.0, 30.0)
+RETRY = (2.0, 15.0)
+#: Seconds between two reads of a configured changefeed's Changefeed and Secrets (a rotation is used within this
+#: plus one connection).
+RELOAD = 10.0
 
 
 def secret_data(secret: JSON) -> dict[str, str]:
@@ -35,13 +59,25 @@ def secret_data(secret: JSON) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class _Problem:
+    """Why a changefeed's Secrets cannot be used as they are: the side and what to say."""
+
+    side: Side
+    message: str
+
+
+#: A changefeed that names no source and no sink: it runs the logical clock.
+_NO_DATAPLANE = object()
+
+
 class Sources:
-    def __init__(self, client: Client, namespace: str, routed: RoutedRuntime, notes: Notes) -> None:
+    def __init__(self, client: Client, namespace: str, routed: RoutedRuntime, troubles: Troubles) -> None:
         self.client = client
         self.namespace = namespace
         self.routed = routed
-        self.notes = notes
-        #: Changefeeds whose source was looked up (its Secrets read, or found to have none).
+        self.troubles = troubles
+        #: Changefeeds whose source was looked up (configured, or found to name none).
         self.read: set[str] = set()
         #: Changefeeds whose source could not be used: name -> (monotonic time of the next look, back-off). A fixed
         #: Secret is picked up within the back-off (``RETRY``), not at the next full pass; a broken one costs its
@@ -63,13 +99,43 @@ class Sources:
         async with self._locks.setdefault(changefeed, asyncio.Lock()):
             return await self._ready(changefeed)
 
+    def keep(self, changefeeds: Collection[str]) -> None:
+        """Forget what was read of changefeeds this capture holds no dispatcher of any more (their troubles too)."""
+        for cf in (self.read | set(self.waiting)) - set(changefeeds):
+            self.read.discard(cf)
+            self.waiting.pop(cf, None)
+            self._locks.pop(cf, None)
+            self.troubles.forget(cf)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Read the configured changefeeds' Changefeeds and Secrets again every ``RELOAD`` seconds, until ``stop``."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), RELOAD)
+            for cf in sorted(self.read):
+                if stop.is_set() or not self.routed.configured(cf):
+                    continue
+                try:
+                    async with self._locks.setdefault(cf, asyncio.Lock()):
+                        await self._reload(cf)
+                except ApiError as exc:  # the API unreachable or refusing: the values in use stay; next time
+                    log.debug("cannot read the changefeed again", extra=fields(changefeed=cf, error=str(exc)))
+                except Exception:  # never the end of the task: the values in use stay; next time
+                    log.exception("reading the changefeed's Secrets again failed", extra=fields(changefeed=cf))
+
+    # -- looks ----------------------------------------------------------------------------------------------
+
     async def _ready(self, changefeed: str) -> bool:
         if changefeed in self.read:
             return True
         waiting = self.waiting.get(changefeed)
         if waiting is not None and time.monotonic() < waiting[0]:
             return False
-        if await self._look(changefeed):
+        found = await self._look(changefeed)
+        if isinstance(found, Endpoints):
+            self.routed.configure(changefeed, found)
+            log.info("changefeed replicates etcd to PostgreSQL", extra=fields(changefeed=changefeed))
+        if isinstance(found, Endpoints) or found is _NO_DATAPLANE:
             self.waiting.pop(changefeed, None)
             self.read.add(changefeed)
             return True
@@ -77,40 +143,80 @@ class Sources:
         self.waiting[changefeed] = (time.monotonic() + delay, delay)
         return False
 
-    async def _look(self, changefeed: str) -> bool:
-        note = self.notes.say
+    async def _reload(self, changefeed: str) -> None:
+        found = await self._look(changefeed, again=True)
+        if isinstance(found, Endpoints):
+            problems = await self.routed.reconfigure(changefeed, found)
+            for side in (SOURCE, SINK):
+                if side in problems:
+                    self.troubles.set(changefeed, side, SECRETS, False, problems[side])
+                else:
+                    self.troubles.clear(changefeed, side, SECRETS)
+
+    async def _look(self, changefeed: str, again: bool = False) -> Endpoints | object | None:
+        """The changefeed's Endpoints, ``_NO_DATAPLANE`` if it names no source and no sink, or None if what it
+        names cannot be used (said as a trouble of that side; the other side's Secrets trouble cleared)."""
         try:
-            cf = changefeed_from_resource(await self.client.get(CHANGEFEEDS, self.namespace, changefeed))
+            raw = await self.client.get(CHANGEFEEDS, self.namespace, changefeed)
+            cf = changefeed_from_resource(raw)
         except InvalidResource as exc:
-            note(changefeed, "bad-changefeed", logging.WARNING, "unreadable changefeed", error=str(exc))
-            return False
-        if bool(cf.source_secret) != bool(cf.sink_secret):
-            note(changefeed, "half-dataplane", logging.WARNING,
-                 "the changefeed names a source without a sink or a sink without a source; waiting")  # fmt: skip
-            return False
-        if cf.source_secret:
-            try:
-                source = secret_data(await self.client.get(SECRETS, self.namespace, cf.source_secret))
-                sink = secret_data(await self.client.get(SECRETS, self.namespace, cf.sink_secret))
-            except ApiError as exc:
-                if exc.status not in (403, 404):
-                    raise
-                note(changefeed, "no-secret", logging.WARNING, "cannot read the changefeed's Secrets; waiting",
-                     source=cf.source_secret, sink=cf.sink_secret, status=exc.status)  # fmt: skip
-                return False
-            endpoints = tuple(e.strip() for e in source.get("endpoints", "").split(",") if e.strip())
-            if not endpoints or not sink.get("dsn"):
-                note(changefeed, "bad-secret", logging.WARNING,
-                     "the source Secret needs endpoints and the sink Secret dsn; waiting",
-                     source=cf.source_secret, sink=cf.sink_secret)  # fmt: skip
-                return False
-            tls = etcd.tls_of(source)
-            problem = etcd.problem(endpoints, tls)
-            if problem:
-                note(changefeed, "unsupported-source", logging.WARNING, f"{problem}; waiting", source=cf.source_secret)
-                return False
-            username, password = source.get("username") or None, source.get("password") or None
-            self.routed.configure(changefeed, Endpoints(endpoints, sink["dsn"], username, password, tls))
-            log.info("changefeed replicates etcd to PostgreSQL",
-                     extra=fields(changefeed=changefeed, source=cf.source_secret, sink=cf.sink_secret))  # fmt: skip
-        return True
+            log.warning("unreadable changefeed", extra=fields(changefeed=changefeed, error=str(exc)))
+            return None
+        if cf.checkpoint_ts:
+            self.routed.published(changefeed, cf.checkpoint_ts)
+        kept = "; still using the values read before" if again else ""
+        found = await self._endpoints(cf.source_secret, cf.sink_secret)
+        if isinstance(found, _Problem):
+            other = SINK if found.side == SOURCE else SOURCE
+            self.troubles.clear(changefeed, other, SECRETS)
+            self.troubles.set(changefeed, found.side, SECRETS, False, found.message + kept)
+            return None
+        self.troubles.clear(changefeed, SOURCE, SECRETS)
+        self.troubles.clear(changefeed, SINK, SECRETS)
+        return found
+
+    async def _endpoints(self, source_secret: str, sink_secret: str) -> Endpoints | _Problem | object:
+        if not source_secret and not sink_secret:
+            return _NO_DATAPLANE
+        if not sink_secret:
+            return _Problem(SINK, "the changefeed names a source but no sink (spec.sink.postgres.secretRef)")
+        if not source_secret:
+            return _Problem(SOURCE, "the changefeed names a sink but no source (spec.source.etcd.secretRef)")
+        source = await self._secret(SOURCE, source_secret)
+        if isinstance(source, _Problem):
+            return source
+        sink = await self._secret(SINK, sink_secret)
+        if isinstance(sink, _Problem):
+            return sink
+        where = f"the source Secret {self.namespace}/{source_secret}"
+        endpoints = tuple(e.strip() for e in source.get("endpoints", "").split(",") if e.strip())
+        if not endpoints:
+            return _Problem(SOURCE, f"{where} has no key endpoints (comma-separated etcd endpoints)")
+        tls = etcd.tls_of(source)
+        problem = etcd.problem(endpoints, tls)
+        if problem:
+            return _Problem(SOURCE, f"{where}: {problem}")
+        dsn = sink.get("dsn", "")
+        where = f"the sink Secret {self.namespace}/{sink_secret}"
+        if not dsn.strip():
+            return _Problem(SINK, f"{where} has no key dsn (a libpq connection string or postgresql:// URI)")
+        try:
+            psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.Error:  # its words may quote the DSN: not repeated
+            return _Problem(SINK, f"{where}: dsn is not a libpq connection string (key=value ...) nor a URI")
+        username, password = source.get("username") or None, source.get("password") or None
+        return Endpoints(endpoints, dsn, username, password, tls)
+
+    async def _secret(self, side: Side, name: str) -> dict[str, str] | _Problem:
+        try:
+            return secret_data(await self.client.get(SECRET_RESOURCE, self.namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return _Problem(side, f"the {side} Secret {self.namespace}/{name} does not exist")
+            if exc.status == 403:
+                return _Problem(
+                    side,
+                    f"this capture may not read the {side} Secret {self.namespace}/{name} ({exc.message}): its Role "
+                    "needs get on Secrets",
+                )
+            raise

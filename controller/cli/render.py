@@ -12,9 +12,10 @@ from typing import Any
 import yaml
 
 from controller.cli.snapshot import Snapshot, span_states
+from controller.engine.maintainer import SINK_UNAVAILABLE, SOURCE_UNAVAILABLE
 from controller.model import resources as conv
 from controller.model.progress import entry_lag, source_checkpoint_time
-from controller.model.records import SpanOperator
+from controller.model.records import Condition, SpanOperator
 from controller.model.states import Mode, OpPhase
 from controller.model.tso import physical_seconds
 
@@ -225,6 +226,15 @@ def scheduler_line(status: Mapping[str, Any], now: float) -> str | None:
     return text
 
 
+def data_path_line(cond: Condition | None, now: float) -> str:
+    """One side of a changefeed's data path as its condition says: in use, or why not, since when and whether a
+    person must act (the reason)."""
+    if cond is None or cond.status != "True":
+        return "in use" if cond is not None else "in use (no capture reported a trouble)"
+    since = f" for {age(now - cond.last_transition)}" if cond.last_transition else ""
+    return f"UNAVAILABLE{since} ({cond.reason}): {cond.message}"
+
+
 def _indent(text: str, by: str = "  ") -> str:
     return "\n".join(by + line if line else line for line in text.splitlines())
 
@@ -251,6 +261,8 @@ def render_status(snap: Snapshot, changefeed: str) -> str:
              if e.changefeed == changefeed),
         )  # fmt: skip
         field("Checkpoint", revision_checkpoint(cf.checkpoint_ts, wall, snap.now))
+        for label, kind in (("Source", SOURCE_UNAVAILABLE), ("Sink", SINK_UNAVAILABLE)):
+            field(label, data_path_line(cf.condition(kind), snap.now))
     else:
         field("Checkpoint", checkpoint(cf.checkpoint_ts, snap.now))
     states = span_states(spans)

@@ -24,6 +24,7 @@ from controller.cli.errors import EXIT_FAILED, EXIT_OK, Failed, NotFound, Refuse
 from controller.cli.kube import Session
 from controller.dataplane import etcd
 from controller.dataplane import verify as check
+from controller.engine.maintainer import REPLICATION_FAILED, SINK_UNAVAILABLE, SOURCE_UNAVAILABLE
 from controller.kube.client import RESOURCES, ApiError
 from controller.model import resources as conv
 from controller.model.states import Kind
@@ -128,9 +129,17 @@ def totals(results: Sequence[check.TableResult], revision: int, now: float) -> V
     )
 
 
-def choose_revision(checkpoint: int, wanted: int | None, changefeed: str) -> int:
+#: The conditions that say why a changefeed's checkpoint does not move.
+STUCK = (SOURCE_UNAVAILABLE, SINK_UNAVAILABLE, REPLICATION_FAILED)
+
+
+def choose_revision(checkpoint: int, wanted: int | None, changefeed: str, why: str = "") -> int:
+    """The revision to compare at. ``why``: what the Changefeed's conditions say keeps its checkpoint from moving."""
     if checkpoint <= 0:
-        raise Refused(f"changefeed {changefeed!r} has no checkpoint yet (status.checkpointTs): nothing to verify")
+        because = why or "no capture reports a trouble: its dispatchers may still be scanning"
+        raise Refused(
+            f"changefeed {changefeed!r} has no checkpoint yet (status.checkpointTs): nothing to verify ({because})"
+        )
     if wanted is None:
         return checkpoint
     if wanted <= 0:
@@ -220,7 +229,8 @@ async def verify(session: Session, args: argparse.Namespace) -> int:
         cf = conv.changefeed_from_resource(raw)
     except conv.InvalidResource as exc:
         raise Failed(str(exc)) from None
-    revision = choose_revision(cf.checkpoint_ts, args.revision, name)
+    why = "; ".join(f"{c.type}: {c.message}" for c in cf.conditions if c.type in STUCK and c.status == "True")
+    revision = choose_revision(cf.checkpoint_ts, args.revision, name, why)
     endpoints, username, password, tls, dsn = await _connection(session, args, raw, name)
     snap = await session.snapshot((CHANGEFEEDS, SPANS))
     for w in snap.warnings:

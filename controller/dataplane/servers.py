@@ -427,7 +427,9 @@ class EtcdServer(_Server):
 
     ``tls``: clients speak TLS (``https://``) to a certificate made at start for 127.0.0.1, its own CA
     (:attr:`ca_pem`); ``client_cert_auth`` also asks each client for a certificate signed by that CA
-    (:attr:`client_cert_pem` / :attr:`client_key_pem`, one made at start). Needs ``cryptography`` (the test extra).
+    (:attr:`client_cert_pem` / :attr:`client_key_pem`, one made at start), and trusts the self-signed client
+    certificates of ``trusted_clients`` too (:attr:`trusted_clients`, read again at each restart: a test rotating a
+    client certificate drops the old one). Needs ``cryptography`` (the test extra).
     """
 
     kind = "etcd"
@@ -443,20 +445,23 @@ class EtcdServer(_Server):
         extra_args: Sequence[str] = (),
         tls: bool = False,
         client_cert_auth: bool = False,
+        trusted_clients: Sequence[bytes] = (),
         start_timeout: float = 30.0,
         attempts: int = 3,
     ) -> None:
         super().__init__(start_timeout=start_timeout, attempts=attempts)
         self.binary = etcd_binary(binary)
-        self.tls = tls or client_cert_auth
-        self.client_cert_auth = client_cert_auth
+        self.client_cert_auth = client_cert_auth or bool(trusted_clients)
+        self.tls = tls or self.client_cert_auth
+        #: Self-signed client certificates (PEM) trusted besides its own; read again at each (re)start.
+        self.trusted_clients = list(trusted_clients)
         self.ca_pem = self.client_cert_pem = self.client_key_pem = b""
         if self.tls:
             from controller.apiserver.tls import self_signed
 
             server = self_signed(LOOPBACK)
             self.ca_pem, self._server_key_pem = server.cert_pem, server.key_pem
-            if client_cert_auth:
+            if self.client_cert_auth:
                 # Its own CA too: etcd trusts both certificates (``--trusted-ca-file`` holds the two).
                 client = self_signed(LOOPBACK)
                 self.client_cert_pem, self.client_key_pem = client.cert_pem, client.key_pem
@@ -514,7 +519,8 @@ class EtcdServer(_Server):
             argv += ["--key-file", str(self._pem("server.key", self._server_key_pem))]
             if self.client_cert_auth:
                 argv += ["--client-cert-auth", "--trusted-ca-file",
-                         str(self._pem("trusted.crt", self.ca_pem + self.client_cert_pem))]  # fmt: skip
+                         str(self._pem("trusted.crt", b"".join([self.ca_pem, self.client_cert_pem,
+                                                                *self.trusted_clients])))]  # fmt: skip
         return argv + self.extra_args
 
     def _pem(self, name: str, data: bytes) -> Path:
@@ -581,7 +587,8 @@ def _reachable_by_others(path: Path) -> bool:
 
 class PostgresServer(_Server):
     """A PostgreSQL cluster on loopback: ``initdb`` into a temporary directory, ``postgres -k <dir> -h
-    127.0.0.1 -p <port>``, superuser :attr:`user` (trust authentication, loopback only), database
+    127.0.0.1 -p <port>``, superuser :attr:`user` (trust authentication, loopback only; with ``passwords`` the
+    other roles log in with a password), database
     :attr:`database` created; :attr:`dsn` is its connection string. ``fsync`` (default: off, a throwaway
     server) also governs ``synchronous_commit`` and ``full_page_writes``; ``settings`` adds ``-c`` options.
     """
@@ -600,11 +607,14 @@ class PostgresServer(_Server):
         fsync: bool = False,
         settings: Mapping[str, str] | None = None,
         run_as: str | None = None,
+        passwords: bool = False,
         start_timeout: float = 60.0,
         attempts: int = 3,
     ) -> None:
         super().__init__(start_timeout=start_timeout, attempts=attempts)
         self.bin_dir = postgres_bin_dir(bin_dir)
+        #: Roles other than :attr:`user` log in over TCP with a password (scram-sha-256); :attr:`user` keeps trust.
+        self.passwords = passwords
         self.database = database
         self.user = user
         self.fsync = fsync
@@ -663,6 +673,12 @@ class PostgresServer(_Server):
             raise ServerError(f"initdb did not finish within {self.start_timeout:g} s", self.log_path) from None
         if result.returncode != 0:
             raise ServerError(f"initdb failed with {_describe(result.returncode)}", self.log_path)
+        if self.passwords:
+            (self.data_dir / "pg_hba.conf").write_text(
+                "local all all trust\n"
+                f"host all {self.user} 127.0.0.1/32 trust\n"
+                "host all all 127.0.0.1/32 scram-sha-256\n"
+            )
 
     def _copy_installation(self) -> Path:
         """Copy the installation where :attr:`_account` can read it; the binaries' relative library path

@@ -46,6 +46,7 @@ from controller.engine import balance, checkpoint, controller, repair, scheduler
 from controller.engine.index import span_counts
 from controller.engine.intents import Chain, WriteStatus
 from controller.engine.world import Options, Tick, World
+from controller.model import progress as prog
 from controller.model.records import Changefeed, Condition, SchedulerStatus, SpanCounts
 from controller.model.states import OpSource, SchedulerState, SpanState
 
@@ -71,12 +72,22 @@ REFUSED_EVENT = "WriteRefused"
 REPLICATION_FAILED = "ReplicationFailed"
 #: The Event when that condition turns True or its message changes.
 FAILED_EVENT = "DispatcherFailed"
-#: Condition: True while a live capture's progress report says its sink transactions for this changefeed fail
-#: and are retried (``ProgressEntry.sink_error``: the sink down, refusing connections or writes): their
-#: dispatchers' checkpoints, and so the changefeed's, hold; nothing is lost. False once no live capture says so.
+#: Conditions: True while a live capture's progress report names a trouble of this changefeed on that side
+#: (``progress.Trouble``: a Secret missing or malformed, a server refusing connections, an authentication or TLS
+#: failure, a statement the sink refuses): its data does not flow there, the checkpoint holds, nothing is lost.
+#: False once no live capture reports one (for a changefeed that had the condition).
+SOURCE_UNAVAILABLE = "SourceUnavailable"
 SINK_UNAVAILABLE = "SinkUnavailable"
-#: The Event when that condition turns True (not on every change of the sink's words: they may vary per retry).
+#: Their reasons: a person must change something (a trouble that is not ``transient``), or the captures retry
+#: and it is expected to pass by itself.
+CONFIGURATION_ERROR = "ConfigurationError"
+RETRYING = "Retrying"
+#: The Events when such a condition turns True or its reason changes (not on every change of the servers' words:
+#: they may vary per retry).
+SOURCE_EVENT = "SourceUnavailable"
 SINK_EVENT = "SinkUnavailable"
+#: Condition and Event per side.
+UNAVAILABLE = {prog.SOURCE: (SOURCE_UNAVAILABLE, SOURCE_EVENT), prog.SINK: (SINK_UNAVAILABLE, SINK_EVENT)}
 
 
 @dataclass(frozen=True)
@@ -412,35 +423,39 @@ def _failed_condition(tick: Tick) -> Condition | None:
     return _condition(cf, REPLICATION_FAILED, False, "Replicating", "no dispatcher is stopped", tick.now)
 
 
-def sink_errors(world: World, now: float) -> list[tuple[str, str]]:
-    """(capture, the sink's error) for every live capture whose report says its sink transactions for the
-    changefeed fail, by capture name (a lost capture's last report says nothing about now). The condition
-    SinkUnavailable and the metric sink_unavailable_captures."""
+def troubles(world: World, now: float, side: prog.Side) -> list[tuple[str, prog.Trouble]]:
+    """(capture, its trouble) for every live capture whose report names a trouble of the changefeed on ``side``
+    (``progress.SOURCE`` or ``SINK``), by capture name (a lost capture's last report says nothing about now). The
+    conditions SourceUnavailable and SinkUnavailable, and the metrics source_ and sink_unavailable_captures."""
     cf = world.changefeed.name
     out = []
     for name in sorted(world.captures):
         cap = world.captures[name]
         if cap.progress is None or not cap.alive(now):
             continue
-        error = next((e.sink_error for e in cap.progress.entries if e.changefeed == cf and e.sink_error), "")
-        if error:
-            out.append((name, error))
+        trouble = next((t for t in cap.progress.troubles if t.changefeed == cf and t.side == side), None)
+        if trouble is not None:
+            out.append((name, trouble))
     return out
 
 
-def _sink_condition(tick: Tick) -> Condition | None:
-    """SinkUnavailable from the live captures' reports: True naming how many and the first one's error, False
-    once none (for a changefeed that had the condition), None for one that never had it."""
-    troubled = sink_errors(tick.world, tick.now)
+def _unavailable_condition(tick: Tick, side: prog.Side) -> Condition | None:
+    """SourceUnavailable or SinkUnavailable from the live captures' reports: True naming how many and the first
+    one's trouble (one that needs a person first: the reason ConfigurationError, else Retrying), False once none
+    (for a changefeed that had the condition), None for one that never had it."""
+    kind = UNAVAILABLE[side][0]
+    troubled = troubles(tick.world, tick.now, side)
     cf = tick.changefeed
     if troubled:
-        first, error = troubled[0]
-        message = (
-            f"{len(troubled)} capture(s) cannot write to the sink and retry, the checkpoint held meanwhile; "
-            f"{first}: {error}"
-        )
-        return _condition(cf, SINK_UNAVAILABLE, True, "SinkError", message, tick.now)
-    return _condition(cf, SINK_UNAVAILABLE, False, "SinkWriting", "every capture writes to the sink", tick.now)
+        stuck = [(c, t) for c, t in troubled if not t.transient]
+        first, trouble = (stuck or troubled)[0]
+        if stuck:
+            reason, then = CONFIGURATION_ERROR, "fix it: the captures use a changed Secret within 30 s"
+        else:
+            reason, then = RETRYING, "retrying; the checkpoint holds, nothing is lost"
+        message = f"{len(troubled)} capture(s) cannot use the {side}; {first}: {trouble.message} ({then})"
+        return _condition(cf, kind, True, reason, message, tick.now)
+    return _condition(cf, kind, False, "Available", f"every capture uses the {side}", tick.now)
 
 
 def _refused_condition(cf: Changefeed, refusal: Refusal | None, now: float) -> Condition | None:
@@ -506,12 +521,14 @@ def _status(
         conditions = _set_condition(replace(cf, conditions=conditions), failed)
         if failed.status == "True" and (old is None or (old.status, old.message) != ("True", failed.message)):
             events.append(tick.event(cf, FAILED_EVENT, failed.message, warning=True))
-    sink = _sink_condition(tick)
-    if sink is not None and not tick.mutant("sink-errors-not-reported"):
-        old = cf.condition(SINK_UNAVAILABLE)
-        conditions = _set_condition(replace(cf, conditions=conditions), sink)
-        if sink.status == "True" and (old is None or old.status != "True"):
-            events.append(tick.event(cf, SINK_EVENT, sink.message, warning=True))
+    for side in prog.SIDES:
+        unavailable = _unavailable_condition(tick, side)
+        if unavailable is None or tick.mutant(f"{side}-errors-not-reported"):
+            continue
+        old = cf.condition(unavailable.type)
+        conditions = _set_condition(replace(cf, conditions=conditions), unavailable)
+        if unavailable.status == "True" and (old is None or (old.status, old.reason) != ("True", unavailable.reason)):
+            events.append(tick.event(cf, UNAVAILABLE[side][1], unavailable.message, warning=True))
     for name in newly_lost:
         if tick.index is not None:
             held = tick.index.holding.get(name, 0)

@@ -181,6 +181,7 @@ MUTANTS = frozenset(
         "refusals-not-reported",  # a create the API refuses is retried silently (no condition, no Event)
         "failures-not-reported",  # a dispatcher its runtime stopped for good holds the checkpoint silently
         "sink-errors-not-reported",  # a sink that refuses the captures' transactions holds the checkpoint silently
+        "source-errors-not-reported",  # a source the captures cannot read holds the checkpoint silently
         "capture-exits-before-drained",  # a capture told to stop exits before its spans are moved off
         "taker-decides-before-listed",  # a replica taking a changefeed over decides before its Dispatchers are listed
         "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)

@@ -21,13 +21,13 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from controller.engine import progress
-from controller.engine.maintainer import Memory, sink_errors
+from controller.engine.maintainer import Memory, troubles
 from controller.engine.world import World
 from controller.kube.heap import HeapReserve
 from controller.kube.informer import LEASE, Informer
 from controller.kube.tenure import Tenure
 from controller.maintainer.stats import Stats
-from controller.model.progress import entry_lag
+from controller.model.progress import SINK, SOURCE, entry_lag
 from controller.model.records import Capture, Changefeed, SpanOperator
 from controller.model.states import Kind, OpType, SchedulerState
 from controller.model.tso import physical_ms
@@ -290,10 +290,18 @@ class StateCollector(Collector):
             "their position), not being deleted: the checkpoint is held at theirs (condition ReplicationFailed).",
             labels=["changefeed"],
         )
+        source = GaugeMetricFamily(
+            PREFIX + "source_unavailable_captures",
+            "Live captures whose progress report says they cannot read the changefeed's source (its Secret missing "
+            "or malformed, the source refusing connections, authentication or TLS failing): the checkpoint holds "
+            "(condition SourceUnavailable, whose reason says whether a person must act).",
+            labels=["changefeed"],
+        )
         sink = GaugeMetricFamily(
             PREFIX + "sink_unavailable_captures",
-            "Live captures whose progress report says their sink transactions for the changefeed fail and are "
-            "retried (the sink down or refusing writes): their checkpoints hold (condition SinkUnavailable).",
+            "Live captures whose progress report says they cannot write the changefeed's sink (its Secret missing "
+            "or malformed, the sink down or refusing connections, authentication, TLS, grants or a statement "
+            "failing): the checkpoint holds (condition SinkUnavailable, whose reason says whether a person must act).",
             labels=["changefeed"],
         )
         for name in leading:
@@ -302,7 +310,8 @@ class StateCollector(Collector):
                 stopped.add_metric([name], float(len(idx.failed_dispatchers)))
             world = self.maintainer.snapshot(name)
             if world is not None:
-                sink.add_metric([name], float(len(sink_errors(world, now))))
+                source.add_metric([name], float(len(troubles(world, now, SOURCE))))
+                sink.add_metric([name], float(len(troubles(world, now, SINK))))
             cf = store.record(Kind.CHANGEFEED, name)
             if isinstance(cf, Changefeed):
                 wall = self._checkpoint_time(cf)
@@ -316,6 +325,7 @@ class StateCollector(Collector):
         yield checkpoint
         yield scheduler
         yield stopped
+        yield source
         yield sink
         yield from self._verifications(leading)
         yield from self._reports(leading, now)

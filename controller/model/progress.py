@@ -30,6 +30,7 @@ maintainer checks them with :func:`digest`; ``controller.model.resources`` (de)s
 from __future__ import annotations
 
 import bisect
+import enum
 import hashlib
 import math
 from collections import defaultdict
@@ -43,8 +44,18 @@ from controller.model.tso import physical_seconds
 #: The annotation of a capture's Lease that carries its report (JSON, see ``resources.progress_to_json``).
 PROGRESS_ANNOTATION = f"{GROUP}/progress"
 
-#: How much of a sink error a report carries (the start of the message: it rides on every Lease renewal).
-SINK_ERROR_LIMIT = 200
+#: How much of a trouble's message a report carries (its start: it rides on every Lease renewal).
+TROUBLE_LIMIT = 300
+
+class Side(enum.StrEnum):
+    """The two sides of a changefeed's data path a :class:`Trouble` names."""
+
+    SOURCE = "source"
+    SINK = "sink"
+
+
+SOURCE, SINK = Side.SOURCE, Side.SINK
+SIDES = (SOURCE, SINK)
 
 #: Traffic (write rate, region count) is written to a dispatcher's status only when it changes by at
 #: least this fraction (or from or to zero): the split and merge schedulers judge within this much.
@@ -74,18 +85,34 @@ class ProgressEntry:
     #: the source's head (the report's own time when caught up). None for a TSO, whose physical part is its
     #: time. The checkpoint's lag in seconds is ``now - checkpoint_time``.
     checkpoint_time: float | None = None
-    #: The sink's last error while this capture's transactions for the changefeed fail and are retried ("" while
-    #: it writes): the maintainer's condition SinkUnavailable. At most :data:`SINK_ERROR_LIMIT` characters.
-    sink_error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trouble:
+    """What keeps a changefeed's data from flowing on this capture, on one side (:data:`SOURCE` or :data:`SINK`):
+    a Secret missing or malformed, a server refusing connections, an authentication or TLS failure, a statement
+    the sink refuses. Reported per changefeed, not per dispatcher: a dispatcher whose first scan never committed,
+    or one that could not start at all, has no progress entry, but its changefeed's trouble is reported all the
+    same. The maintainer's conditions SourceUnavailable and SinkUnavailable."""
+
+    changefeed: str
+    side: Side
+    #: True: retried, and expected to pass by itself (the server down or restarting, a connection refused or
+    #: reset). False: retrying cannot help until a person changes something (a Secret, a password, a
+    #: certificate, the sink's grants or tables).
+    transient: bool
+    #: What and where, never a credential. At most :data:`TROUBLE_LIMIT` characters.
+    message: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class Progress:
-    """A capture's report: its process incarnation, when it was made, and its entries."""
+    """A capture's report: its process incarnation, when it was made, its entries, and its troubles."""
 
     incarnation: str
     at: float
     entries: tuple[ProgressEntry, ...] = ()
+    troubles: tuple[Trouble, ...] = ()
 
     def entry(self, changefeed: str, mode: Mode) -> ProgressEntry | None:
         for e in self.entries:

@@ -61,7 +61,7 @@ from enum import StrEnum
 from typing import Any, NoReturn, TypeGuard, TypeVar
 
 from controller.model.keys import MAX_TABLE_ID, KeyRange
-from controller.model.progress import PROGRESS_ANNOTATION, Progress, ProgressEntry
+from controller.model.progress import PROGRESS_ANNOTATION, SIDES, Progress, ProgressEntry, Side, Trouble
 from controller.model.records import (
     Capture,
     Changefeed,
@@ -597,6 +597,11 @@ def progress_to_json(progress: Progress) -> str:
         "at": format_time(progress.at, micro=True),
         "changefeeds": [_entry_to_json(e) for e in progress.entries],
     }
+    if progress.troubles:
+        doc["troubles"] = [
+            {"changefeed": t.changefeed, "side": t.side.value, "transient": t.transient, "message": t.message}
+            for t in progress.troubles
+        ]
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -611,8 +616,6 @@ def _entry_to_json(e: ProgressEntry) -> dict[str, object]:
     }
     if e.checkpoint_time is not None:
         doc["checkpointTime"] = round(e.checkpoint_time, 3)
-    if e.sink_error:
-        doc["sinkError"] = e.sink_error
     return doc
 
 
@@ -635,9 +638,6 @@ def progress_from_json(text: object) -> Progress | None:
                 isinstance(when, bool) or not isinstance(when, int | float) or not 0 <= when < math.inf
             ):
                 return None
-            sink_error = item.get("sinkError", "")
-            if not isinstance(sink_error, str):
-                return None
             entries.append(
                 ProgressEntry(
                     changefeed=item["changefeed"],
@@ -647,13 +647,21 @@ def progress_from_json(text: object) -> Progress | None:
                     digest=digest,
                     slowest=str(item.get("slowest") or ""),
                     checkpoint_time=None if when is None else float(when),
-                    sink_error=sink_error,
                 )
             )
+        troubles = []
+        for item in doc.get("troubles") or ():
+            changefeed, side, transient, message = item["changefeed"], item["side"], item["transient"], item["message"]
+            if not (isinstance(changefeed, str) and isinstance(transient, bool) and isinstance(message, str)):
+                return None
+            if side in SIDES:  # a side this version does not know (a newer capture's) is not one it can show
+                troubles.append(Trouble(changefeed=changefeed, side=Side(side), transient=transient, message=message))
         incarnation = doc["incarnation"]
         if not isinstance(incarnation, str):
             return None
-        return Progress(incarnation=incarnation, at=parse_time(doc["at"]), entries=tuple(entries))
+        return Progress(
+            incarnation=incarnation, at=parse_time(doc["at"]), entries=tuple(entries), troubles=tuple(troubles)
+        )
     except (ValueError, KeyError, TypeError, AttributeError):  # json.JSONDecodeError is a ValueError
         return None
 

@@ -110,16 +110,23 @@ def _fails(seed: int, name: str, cp: int) -> bool:
     return zlib.crc32(f"{seed}/{name}/{cp}".encode()) % FAILURE_ODDS == 0
 
 
-#: A capture's sink refuses its transactions during one window of ``SINK_WINDOW`` seconds in this many (by a
-#: hash of (seed, capture, window), as the failures above): its reports then say so (``ProgressEntry.sink_error``)
-#: for every changefeed it reports, until the window ends or the quiet phase begins.
-SINK_ODDS = 40
-SINK_WINDOW = 3.0
-SINK_ERROR = "OperationalError: connection failed: Connection refused (simulated)"
+#: A capture cannot use one side of its changefeeds' data path (its source or its sink) during one window of
+#: ``TROUBLE_WINDOW`` seconds in this many (by a hash of (seed, capture, side, window), as the failures above): its
+#: reports then name the trouble (``progress.Trouble``) for every changefeed it runs a dispatcher of, in any state
+#: (a dispatcher still scanning, or not started for want of a Secret, reports too), until the window ends or the
+#: quiet phase begins. One window in three is a configuration error (not transient), the others are retried.
+TROUBLE_ODDS = 40
+TROUBLE_WINDOW = 3.0
+TROUBLE_MESSAGES = {
+    progress.SOURCE: "cannot reach the source at 127.0.0.1:2379: connection refused (simulated)",
+    progress.SINK: "cannot connect to the sink at 127.0.0.1:5432: connection refused (simulated)",
+}
 
 
-def _sink_down(seed: int, capture: str, now: float) -> bool:
-    return zlib.crc32(f"{seed}/{capture}/sink/{int(now // SINK_WINDOW)}".encode()) % SINK_ODDS == 0
+def _trouble(seed: int, capture: str, side: progress.Side, now: float) -> bool | None:
+    """During a trouble window of ``capture`` on ``side``: whether it is transient; None outside one."""
+    h = zlib.crc32(f"{seed}/{capture}/{side}/{int(now // TROUBLE_WINDOW)}".encode())
+    return None if h % TROUBLE_ODDS else (h // TROUBLE_ODDS) % 3 != 0
 
 
 @dataclass
@@ -611,10 +618,17 @@ class Captures:
         ]
         report = progress.build(running, cap.incarnation, ctx.now, previous=cap.previous, mutants=self.mutants)
         self._check_report(cap, report, running)
-        if report.entries and not ctx.quiet and _sink_down(ctx.seed, cap.name, ctx.now):
-            ctx.bump("sink errors reported by captures")
-            report = replace(report, entries=tuple(replace(e, sink_error=SINK_ERROR) for e in report.entries))
-        return report
+        changefeeds = sorted({r.d.changefeed for r in cap.runs.values()})
+        troubles = []
+        for side in progress.SIDES if changefeeds and not ctx.quiet else ():
+            transient = _trouble(ctx.seed, cap.name, side, ctx.now)
+            if transient is not None:
+                ctx.bump(f"{side} troubles reported by captures")
+                troubles += [
+                    progress.Trouble(changefeed=cf, side=side, transient=transient, message=TROUBLE_MESSAGES[side])
+                    for cf in changefeeds
+                ]
+        return replace(report, troubles=tuple(troubles)) if troubles else report
 
     def _check_report(self, cap: SimCapture, report: progress.Progress, running: list[progress.Running]) -> None:
         """Ground truth: a report claims no more than was delivered, for every key of every dispatcher it covers."""

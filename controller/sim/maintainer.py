@@ -21,11 +21,12 @@ from controller.engine import intents as I
 from controller.engine.intents import Create, Delete, WriteStatus
 from controller.engine.liveness import Silence, ViewClock
 from controller.engine.maintainer import (
+    CONFIGURATION_ERROR,
     FAILED_EVENT,
     REFUSED_EVENT,
     REPLICATION_FAILED,
-    SINK_EVENT,
-    SINK_UNAVAILABLE,
+    RETRYING,
+    UNAVAILABLE,
     WRITES_REFUSED,
     Decision,
     Memory,
@@ -189,7 +190,7 @@ class SimMaintainer:
         self._check_premises(world, decision)
         self._check_refusal_reported(world, decision)
         self._check_failures_reported(world, decision)
-        self._check_sink_reported(world, decision)
+        self._check_troubles_reported(world, decision)
         self.memory = decision.memory
         who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
         if decision.fenced:
@@ -439,35 +440,42 @@ class SimMaintainer:
         elif cond is not None and cond.status == "True":
             self.ctx.fail(f"failures: {self.identity} reports dispatchers stopped though none is: {cond.message}")
 
-    def _check_sink_reported(self, world: World, decision: Decision) -> None:
-        """A live capture whose report says its sink refuses the changefeed's transactions shows in the decision:
-        the Changefeed's SinkUnavailable condition True naming how many such captures, and an Event when it turned
-        True; with none left, the condition (if any) False."""
+    def _check_troubles_reported(self, world: World, decision: Decision) -> None:
+        """A live capture whose report names a trouble of the changefeed on a side (its source or its sink) shows in
+        the decision: the Changefeed's SourceUnavailable or SinkUnavailable condition True naming how many such
+        captures, with the reason ConfigurationError when one of them needs a person (else Retrying), and an Event
+        when it turned True or its reason changed; with none left, the condition (if any) False. Computed here from
+        the reports themselves, not with the engine's ``troubles``: the oracle stays independent of the rule it
+        checks."""
         cf = world.changefeed
         if decision.fenced or cf.deleting or any(c.why.startswith("publish epoch") for c in decision.chains):
             return
         if world.stale and not decision.chains:
             return  # nothing is decided on a view in doubt
-        troubled = sorted(
-            name
-            for name, cap in world.captures.items()
-            if cap.alive(world.now)
-            and cap.progress is not None
-            and any(e.changefeed == cf.name and e.sink_error for e in cap.progress.entries)
-        )
-        old, cond = _conditions(cf, decision, SINK_UNAVAILABLE)
-        if troubled:
-            if cond is None or cond.status != "True" or not cond.message.startswith(f"{len(troubled)} capture(s)"):
-                self.ctx.fail(
-                    f"sink: {self.identity}'s decision does not report that the sink refuses {troubled}: {cond}"
-                )
-                return
-            told = any(isinstance(w, I.Event) and w.reason == SINK_EVENT for c in decision.chains for w in c.writes)
-            if not told and (old is None or old.status != "True"):
-                self.ctx.fail(f"sink: no Event says that the sink refuses {troubled[0]}")
-            self.ctx.bump("sink errors reported")
-        elif cond is not None and cond.status == "True":
-            self.ctx.fail(f"sink: {self.identity} reports the sink refusing though no live capture says so")
+        for side, (kind, event) in UNAVAILABLE.items():
+            reported = [
+                t
+                for _, cap in sorted(world.captures.items())
+                if cap.alive(world.now) and cap.progress is not None
+                for t in cap.progress.troubles
+                if t.changefeed == cf.name and t.side == side
+            ]
+            old, cond = _conditions(cf, decision, kind)
+            if reported:
+                reason = CONFIGURATION_ERROR if any(not t.transient for t in reported) else RETRYING
+                if (
+                    cond is None
+                    or (cond.status, cond.reason) != ("True", reason)
+                    or not cond.message.startswith(f"{len(reported)} capture(s)")
+                ):
+                    self.ctx.fail(f"{side}: {self.identity}'s decision misses {len(reported)} trouble(s): {cond}")
+                    return
+                told = any(isinstance(w, I.Event) and w.reason == event for c in decision.chains for w in c.writes)
+                if not told and (old is None or (old.status, old.reason) != ("True", reason)):
+                    self.ctx.fail(f"{side}: no Event says that {len(reported)} capture(s) cannot use it ({reason})")
+                self.ctx.bump(f"{side} troubles reported")
+            elif cond is not None and cond.status == "True":
+                self.ctx.fail(f"{side}: {self.identity} reports it unavailable though no live capture says so")
 
     def _check_agreement(self, world: World, decision: Decision) -> None:
         """The incremental decision (over the index's candidates) must be the full one (every rule over

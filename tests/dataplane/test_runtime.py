@@ -20,8 +20,9 @@ from controller.apiserver.tls import self_signed
 from controller.capture.dataplane import DataplaneRuntime, Endpoints, _Feed
 from controller.capture.etcdwatch import ChannelClosed, rpc
 from controller.dataplane import etcd, schema
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.dataplane.servers import EtcdServer, PostgresServer, free_port
 from controller.model.keys import KeyRange, table_key
+from controller.model.progress import SINK, SOURCE
 from controller.model.records import Dispatcher
 from controller.model.states import Mode
 
@@ -275,10 +276,13 @@ def test_a_sink_that_refuses_writes_holds_the_checkpoint(
                 last = (await c.put(k(table_id, b"x%02d" % i), b"%d" % i)).header.revision
             await asyncio.sleep(1.0)
             assert rt.checkpoint("d") == held  # nothing committed: the checkpoint holds
-            assert rt.sink_error("d")
+            trouble = rt.troubles.get(CF, SINK)
+            assert trouble is not None
+            assert trouble.message.startswith("cannot write the sink: OperationalError:"), trouble
+            assert trouble.transient  # the database refuses connections for now: retried
             refuse(False)
             await until(lambda: rt.checkpoint("d") >= last, within=20, what="the sink to come back")
-            assert rt.sink_error("d") == ""
+            assert rt.troubles.report() == ()
             assert len(rows(pg, table_id)) == 51  # b and x00..x49: nothing lost
 
     run(with_runtime(Endpoints(etcd=(etcd.endpoint,), dsn=pg.dsn), body))
@@ -598,3 +602,43 @@ def test_a_call_on_a_connection_closed_under_it_is_a_transport_error_and_a_stale
         assert feed.client is None
 
     run(body())
+
+
+def test_new_values_that_do_not_work_leave_the_working_connection_in_use(
+    etcd: EtcdServer, postgres: PostgresServer, table_id: int
+) -> None:
+    """A changed Secret whose new values fail (a sink DSN to a port nobody listens on, an etcd endpoint nobody
+    answers) is refused per side with why, and the connections made with the old values stay in use: the
+    dispatcher keeps replicating. New values that work are used at once, positions kept, nothing lost."""
+    good = endpoints(etcd, postgres)
+
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            start = (await c.put(k(table_id, b"a"), b"1")).header.revision
+            rt.start(dispatcher(table_id, "d", start))
+            r1 = (await c.put(k(table_id, b"b"), b"1")).header.revision
+            await until(lambda: rt.checkpoint("d") >= r1, what="the first write")
+            nobody = f"127.0.0.1:{free_port()}"
+            broken = Endpoints(etcd=(nobody,), dsn=f"host=127.0.0.1 port={free_port()} dbname=x user=y")
+            problems = await rt.reconfigure(CF, broken)
+            assert set(problems) == {SOURCE, SINK}, problems
+            refused = "the sink Secret's new dsn does not work: cannot write the sink: "
+            assert problems[SINK].startswith(refused), problems
+            assert problems[SINK].endswith("; still writing with the dsn read before"), problems
+            assert problems[SOURCE].startswith("the source Secret's new values do not work: cannot reach the source"), (
+                problems
+            )
+            r2 = (await c.put(k(table_id, b"c"), b"1")).header.revision
+            await until(lambda: rt.checkpoint("d") >= r2, what="a write after the refused values")
+            assert rt.troubles.report() == ()
+            # Values that work (the same servers, named another way) are taken: the stream starts again on them.
+            other = Endpoints(etcd=(f"http://{etcd.endpoint}",), dsn=postgres.dsn + " application_name=rotated")
+            assert await rt.reconfigure(CF, other) == {}
+            r3 = (await c.put(k(table_id, b"d"), b"1")).header.revision
+            await until(lambda: rt.checkpoint("d") >= r3, what="a write after the new values")
+            with psycopg.connect(postgres.dsn) as conn:
+                names = [r[0] for r in conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()]
+            assert "rotated" in names
+            assert set(rows(postgres, table_id)) == {k(table_id, x) for x in (b"b", b"c", b"d")}
+
+    run(with_runtime(good, body))
