@@ -416,9 +416,15 @@ def test_a_tls_source_with_a_client_certificate_replicates(
                 await asyncio.sleep(3)
                 assert rt.checkpoint("d") == 0
                 assert rows(postgres, table_id) == {}
-                # Said, with why (gRPC's status and details), not only the exception's type.
-                said = [getattr(r, "fields", {}).get("error", "") for r in caplog.records if "retrying" in r.msg]
-                assert any(e.startswith("UNAVAILABLE: ") and "handshake" in e.lower() for e in said), said
+                # Said, with why (gRPC's status and details), not only the exception's type: a trouble of the source
+                # that a person must fix, and logged once with the changefeed.
+                trouble = rt.troubles.get(CF, SOURCE)
+                assert trouble is not None
+                assert trouble.message.startswith("TLS with the source failed"), trouble
+                assert "UNAVAILABLE: " in trouble.message, trouble
+                assert not trouble.transient
+                said = [getattr(r, "fields", {}) for r in caplog.records if r.msg == "source unavailable"]
+                assert [f.get("changefeed") for f in said] == [CF], said
 
             no_cert = Endpoints(etcd=(server.client_url,), dsn=postgres.dsn, tls=etcd.Tls(ca=server.ca_pem))
             await with_runtime(no_cert, refused)
