@@ -125,9 +125,12 @@ class Collector:
         cf = self.writer.changefeed
         try:
             await self._save_checkpoints(conn, set(tables))
+            committed = await horizon.frontiers(conn, cf, tables)
             more = False
             for table_id, mode in tables:
-                done = await horizon.collect(conn, cf, table_id, mode, self.published)
+                done = await horizon.collect(
+                    conn, cf, table_id, mode, self.published, committed=committed[(table_id, mode)]
+                )
                 seen = await horizon.figures(conn, cf, table_id, mode)
                 f = self.tables.setdefault((table_id, mode), TableFigures(table_id, mode.value))
                 moved = done.horizon != f.horizon
@@ -152,7 +155,7 @@ class Collector:
             self.error = ""
             if more:  # more than a collection deletes at once: the rest at the next wake, between transactions
                 self.next_at = self.clock()
-        except (psycopg.Error, OSError) as exc:
+        except Exception as exc:  # whatever it is, the writer goes on; the next interval tries again
             self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning(
                 "tombstone collection failed; tried again at the next interval",

@@ -40,6 +40,9 @@ LOCK_TIMEOUT = "2s"
 #: Tombstones deleted per transaction, and transactions per collection (what is left waits for the next one).
 DELETE_BATCH = 5_000
 DELETE_BATCHES = 10
+#: The first key of the advisory lock a collection holds while it deletes a table's tombstones (the second: a hash
+#: of the table's qualified name).
+ADVISORY = 0x6366_6D74  # "cfmt"
 #: Live rows are counted exactly below this table size (bytes); above it, estimated (:func:`figures`).
 EXACT_COUNT_BYTES = 16 * 1024 * 1024
 
@@ -126,6 +129,26 @@ class Collected:
     target: int = 0
 
 
+async def frontiers(conn: psycopg.AsyncConnection[Any], changefeed: str, tables: Collection[Table]) -> dict[Table, int]:
+    """The committed :func:`frontier` of each of ``tables`` from the ``checkpoints`` rows, read once for all of them
+    (in a transaction of its own). A row read early is no worse than one read late: what a row says stays true, and
+    it only moves up."""
+    wanted = {(t, m.value): (t, m) for t, m in tables}
+    spans: dict[Table, list[tuple[bytes, bytes, int]]] = {t: [] for t in wanted.values()}
+    if wanted:
+        async with conn.transaction():
+            cur = await conn.execute(
+                f"SELECT table_id, mode, span_start, span_end, revision FROM {schema.checkpoints(changefeed)} "
+                "WHERE table_id = ANY(%s)",
+                (sorted({t for t, _ in wanted}),),
+            )
+            for table_id, mode, start, end, revision in await cur.fetchall():
+                table = wanted.get((int(table_id), str(mode)))
+                if table is not None:
+                    spans[table].append((bytes(start), bytes(end), int(revision)))
+    return {table: frontier(KeyRange.of_table(table[0]), rows) for table, rows in spans.items()}
+
+
 async def collect(
     conn: psycopg.AsyncConnection[Any],
     changefeed: str,
@@ -133,23 +156,21 @@ async def collect(
     mode: Mode,
     checkpoint: int,
     *,
+    committed: int | None = None,
     batch: int = DELETE_BATCH,
     batches: int = DELETE_BATCHES,
 ) -> Collected:
     """Move the table's horizon up to min(``checkpoint``, its committed frontier) and delete the tombstones at or
-    below it. ``checkpoint``: the changefeed's published checkpoint. Transactions of its own on ``conn`` (which
-    must have none open); a lock waited for past ``LOCK_TIMEOUT`` raises (``psycopg.errors.LockNotAvailable``)."""
+    below it. ``checkpoint``: the changefeed's published checkpoint; ``committed``: the table's frontier if the
+    caller read it (:func:`frontiers`), else it is read here. Transactions of its own on ``conn`` (which must have
+    none open); a lock waited for past ``LOCK_TIMEOUT`` raises (``psycopg.errors.LockNotAvailable``)."""
     horizons = schema.horizons(changefeed)
     key = (table_id, mode.value)
+    if committed is None:
+        committed = (await frontiers(conn, changefeed, [(table_id, mode)]))[(table_id, mode)]
+    target = min(checkpoint, committed)
     async with conn.transaction():
         await conn.execute("SELECT set_config('lock_timeout', %s, true)", (LOCK_TIMEOUT,))
-        cur = await conn.execute(
-            f"SELECT span_start, span_end, revision FROM {schema.checkpoints(changefeed)} "
-            "WHERE table_id = %s AND mode = %s",
-            key,
-        )
-        spans = [(bytes(s), bytes(e), int(r)) for s, e, r in await cur.fetchall()]
-        target = min(checkpoint, frontier(KeyRange.of_table(table_id), spans))
         if target > 0:
             await conn.execute(
                 f"UPDATE {horizons} SET revision = %s WHERE table_id = %s AND mode = %s AND revision < %s",
@@ -170,6 +191,13 @@ async def collect(
         for n in range(batches):
             async with conn.transaction():
                 await conn.execute("SELECT set_config('lock_timeout', %s, true)", (LOCK_TIMEOUT,))
+                # One capture deletes a table's tombstones at a time: two deleting the same rows in different orders
+                # could deadlock, and would do the work twice. The other leaves them to it (their horizon is the same
+                # row: what one deletes is what the other would).
+                cur = await conn.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", (ADVISORY, t))
+                got = await cur.fetchone()
+                if got is None or not got[0]:
+                    break
                 # The condition again on the row itself: one a writer made newer meanwhile (a put after the delete)
                 # is re-checked when its lock is granted, and stays.
                 cur = await conn.execute(
