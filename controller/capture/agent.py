@@ -138,7 +138,7 @@ class Agent:
         #: Dispatchers of a changefeed with a source and a sink run in the real data plane, configured from its
         #: Secrets before the first starts (``sources.Sources``); the others in ``runtime``.
         self.troubles = Troubles()
-        self.routed = RoutedRuntime(runtime, DataplaneRuntime(troubles=self.troubles))
+        self.routed = RoutedRuntime(runtime, DataplaneRuntime(troubles=self.troubles, wake=self.wake))
         self.reporter = Reporter(self.runs, self.routed, self.incarnation, self.troubles)
         self.sources = Sources(client, s.namespace, self.routed, self.troubles)
         self.keeper = LeaseKeeper(
@@ -180,6 +180,7 @@ class Agent:
             runs=self.runs,
             runtime=self.routed,
             failed=self.routed.failed,
+            newly_failed=self.routed.take_failed,
             lease=self.keeper,
             epochs=self.epochs,
             rates=self.rates,

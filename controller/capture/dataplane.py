@@ -177,6 +177,7 @@ class _Disp:
     def fail(self, why: str) -> None:
         self.failed = why
         self.feed.stream.drop(self.name)
+        self.feed.runtime.stopped(self.name)
         log.error("dispatcher failed", extra=fields(dispatcher=self.name, reason=why))
 
     def watching(self) -> bool:
@@ -440,9 +441,14 @@ class DataplaneRuntime:
         clock: Callable[[], float] = time.time,
         troubles: Troubles | None = None,
         gc_interval: float = 60.0,
+        wake: asyncio.Event | None = None,
     ) -> None:
         #: What keeps each changefeed's data from flowing, as its sources and sinks tell (the progress report's).
         self.troubles = troubles if troubles is not None else Troubles()
+        #: Set when a dispatcher stops for good (``take_failed`` names it): the agent's reconcile loop wakes and
+        #: writes why, whatever the dispatcher's state (a settled one is not visited otherwise).
+        self.wake = wake
+        self._failed_since: set[str] = set()
         self.batch_interval = batch_interval
         self.batch_rows = batch_rows
         self.clock = clock
@@ -497,6 +503,17 @@ class DataplaneRuntime:
         """Why the dispatcher stopped for good (its source compacted past its position...), None if it did not."""
         return self._runs[name].failed
 
+    def stopped(self, name: str) -> None:
+        """Dispatcher ``name`` stopped for good: named by the next ``take_failed``, and the agent woken."""
+        self._failed_since.add(name)
+        if self.wake is not None:
+            self.wake.set()
+
+    def take_failed(self) -> set[str]:
+        """The dispatchers that stopped for good since the last call."""
+        names, self._failed_since = self._failed_since, set()
+        return names
+
     def checkpoint_time(self, name: str) -> float:
         """The wall time this dispatcher's checkpoint stands for (``_Feed.checkpoint_time``): its lag in seconds
         is now minus it, 0 when caught up."""
@@ -545,6 +562,17 @@ class DataplaneRuntime:
 
     def flush(self) -> None:
         """Nothing to do: ``checkpoint`` only returns checkpoints committed with the rows they cover."""
+
+    def release(self, changefeed: str) -> None:
+        """Every dispatcher of ``changefeed`` here is paused (its replication is): its etcd connection is closed (the
+        watch stream, every watcher dropped already, ends with it) and its sink's between two transactions. Rows
+        received and not committed stay with their dispatchers; a resume connects again and goes on from each
+        dispatcher's position. Nothing if one of them still runs."""
+        feed = self._feeds.get(changefeed)
+        if feed is None or any(d.paused_at is None for d in feed.dispatchers.values()):
+            return
+        feed.sink.release()
+        asyncio.get_running_loop().create_task(feed.reset_etcd(feed.client), name=f"release-{changefeed}")
 
     def running(self) -> list[str]:
         return sorted(self._runs)

@@ -5,7 +5,9 @@ cache) and rejects a dispatcher whose ``spec.epoch`` is older than ``status.epoc
 never reach Working. One read per changefeed per reconcile pass, shared by the pass's concurrent steps
 (``PassReads``). The highest epoch each changefeed has shown is remembered while delivering (``seen``): a paused
 dispatcher resumes only if no newer one was published meanwhile; so it is also re-read every ``interval`` for the
-changefeeds this capture runs dispatchers of (a term that began before the pause is no reason to drop one).
+changefeeds this capture runs dispatchers of (a term that began before the pause is no reason to drop one). Each
+read also says whether the changefeed's replication is paused (``spec.paused``: ``paused_feeds``), so a pause or a
+resume reaches the capture within ``interval``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class Epochs:
         self.paused = paused
         #: Per changefeed, the highest epoch a strong read has shown while delivering.
         self.seen: dict[str, int] = {}
+        #: Changefeeds whose replication is paused (``spec.paused``) as their latest read showed, and a count that
+        #: moves whenever that set changes (the reconciler holds their runs: ``Reconciler._hold``).
+        self.paused_feeds: set[str] = set()
+        self.paused_version = 0
         self._at = -1e9
 
     async def of(self, changefeed: str, reads: PassReads) -> int | None:
@@ -51,6 +57,9 @@ class Epochs:
                 raise
             return None
         epoch = int((obj.get("status") or {}).get("epoch") or 0)
+        if bool((obj.get("spec") or {}).get("paused")) != (changefeed in self.paused_feeds):
+            self.paused_feeds ^= {changefeed}
+            self.paused_version += 1
         if remember and not self.paused():
             self.saw(changefeed, epoch)
         return epoch

@@ -97,6 +97,7 @@ class Reconciler:
         runs: Runs,
         runtime: DispatcherRuntime,
         failed: Callable[[str], str | None],
+        newly_failed: Callable[[], set[str]],
         lease: LeaseView,
         epochs: Epochs,
         rates: TableRates,
@@ -113,6 +114,8 @@ class Reconciler:
         self.runs, self.rt, self.lease, self.notes = runs, runtime, lease, notes
         #: ``failed(name)``: why the runtime stopped a dispatcher for good (``RoutedRuntime.failed``), or None.
         self.failed = failed
+        #: ``newly_failed()``: the dispatchers the runtime stopped for good since the last call, visited at once.
+        self.newly_failed = newly_failed
         self.epochs, self.rates, self.sources, self.capture = epochs, rates, sources, capture
         self.dispatchers, self.captures = dispatchers, captures
         self.tick, self.report_interval = tick, report_interval
@@ -136,6 +139,9 @@ class Reconciler:
         self.broken: dict[str, tuple[int, float]] = {}
         #: Unexpected errors raised by steps since the process started (each logged with its traceback).
         self.step_errors = 0
+        #: Runs held because their changefeed's replication is paused (``_hold``), and what the set was computed at.
+        self.held: set[str] = set()
+        self._held_at: tuple[int, int] = (-1, -1)
         #: Runs not settled when last looked at: every pass visits them.
         self.active: set[str] = set()
         #: What the last resume dropped, until reported (``report_dropped``): name -> (its run, its final checkpoint).
@@ -177,7 +183,7 @@ class Reconciler:
             self.broken = {n: b for n, b in self.broken.items() if n in live}
             finished = (set(self.closing) | self.rejected | set(self.disowned)) - set(live)
             return set(live), set(self.runs) - set(live), finished
-        names = changed | self.retry
+        names = changed | self.retry | self.newly_failed()
         self.retry = set()
         due = [n for n, at in self.waiting.items() if at <= now]
         for n in due:
@@ -220,6 +226,7 @@ class Reconciler:
         gate = asyncio.Semaphore(STEP_CONCURRENCY)
         if not paused:
             await self.epochs.refresh(self.runs.changefeeds, reads)
+            self._hold()
 
         async def one(name: str) -> None:
             raw = objects[name]
@@ -282,6 +289,8 @@ class Reconciler:
         a conversion of its object, so that a pass over thousands stays cheap."""
         if not run.settled or (raw.get("metadata") or {}).get("deletionTimestamp"):
             return False
+        if not run.failure_written and self.failed(run.record.name):
+            return False  # stopped for good (``newly_failed``): why is written now
         if (raw.get("status") or {}).get("state") != WORKING.value:
             return False  # the API does not show what we wrote: _advance decides when to write again
         if run.traffic_at >= 0:
@@ -330,6 +339,9 @@ class Reconciler:
             return  # paused while it read the Secrets
         self.rt.start(d)
         run = self.runs.start(d)
+        if d.changefeed in self.epochs.paused_feeds:  # its replication is paused (as the epoch's read just showed)
+            self.rt.pause(d.name)
+            self.held.add(d.name)
         log.info(
             "started dispatcher",
             extra=fields(dispatcher=d.name, span=d.span, tableID=d.table_id, startTs=d.start_ts, epoch=d.epoch),
@@ -432,6 +444,33 @@ class Reconciler:
                     run.traffic_at = -1e9
                     self.active.add(name)
 
+    # -- a changefeed's replication paused ---------------------------------------------------------------------
+
+    def _hold(self) -> None:
+        """Hold the runs of the changefeeds whose replication is paused (``Epochs.paused_feeds``: the runtime pauses
+        them and releases what they held open), and let the others go again (resumed from where they stopped).
+        Walks the runs only when that set or the runs changed."""
+        at = (self.epochs.paused_version, self.runs.version)
+        if at == self._held_at:
+            return
+        self._held_at = at
+        paused = self.epochs.paused_feeds
+        released: set[str] = set()
+        for name, run in self.runs.items():
+            cf = run.record.changefeed
+            if cf in paused and name not in self.held:
+                self.rt.pause(name)
+                self.held.add(name)
+                released.add(cf)
+            elif cf not in paused and name in self.held:
+                self.held.discard(name)
+                self.rt.resume(name)
+                log.info("dispatcher resumed with its changefeed", extra=fields(dispatcher=name, changefeed=cf))
+        self.held &= set(self.runs)
+        for cf in sorted(released):
+            self.rt.release(cf)
+            log.info("changefeed paused: its dispatchers hold, their connections closed", extra=fields(changefeed=cf))
+
     # -- what the Lease keeper and the drainer ask -------------------------------------------------------------
 
     def pause_all(self, reason: str) -> None:
@@ -474,7 +513,8 @@ class Reconciler:
                 self.epochs.saw(cf, epoch)
         self._dropped = {name: (self.runs.pop(name), self.rt.close(name)) for name in plan.dropped}
         for name in plan.resumed:
-            self.rt.resume(name)
+            if name not in self.held:  # a run of a paused changefeed stays held
+                self.rt.resume(name)
         self.full_at = -1e9  # everything was skipped while paused: the next pass looks at everything
         log.info(
             "resumed: delivering again",

@@ -72,9 +72,17 @@ class RoutedRuntime:
         self.default.flush()
         self.data.flush()
 
+    def release(self, changefeed: str) -> None:
+        rt = self.data if self.data.configured(changefeed) else self.default
+        rt.release(changefeed)
+
     def checkpoint_time(self, name: str) -> float | None:
         """The wall time a real dispatcher's checkpoint stands for; None for the logical clock (a TSO)."""
         return self.data.checkpoint_time(name) if name in self._real else None
+
+    def take_failed(self) -> set[str]:
+        """The real dispatchers that stopped for good since the last call (``DataplaneRuntime.take_failed``)."""
+        return self.data.take_failed()
 
     def failed(self, name: str) -> str | None:
         """Why a real dispatcher stopped for good (None: it did not, or it is not a real one)."""

@@ -1,7 +1,7 @@
 """The dispatcher runtime: what actually replicates a span, behind a small interface.
 
-The capture agent decides *when* a dispatcher runs (epoch checks, hooks, deletion, fencing); the
-runtime decides *how*. The agent only needs four verbs, all synchronous and cheap, so that fencing
+The capture agent decides *when* a dispatcher runs (epoch checks, hooks, deletion, fencing, a paused
+changefeed); the runtime decides *how*. The agent's verbs are all synchronous and cheap, so that fencing
 can stop every dispatcher at once from any task without awaiting I/O:
 
 * ``start(dispatcher)``: begin replicating ``dispatcher.key_range`` from ``dispatcher.start_ts``;
@@ -14,6 +14,8 @@ can stop every dispatcher at once from any task without awaiting I/O:
   resumes in place only if nothing was taken from it meanwhile.
 * ``flush()``: make every checkpoint returned so far durable downstream; the agent calls it before it
   claims a checkpoint to anyone (a status write, the progress report on its Lease).
+* ``release(changefeed)``: every dispatcher of the changefeed is paused because its replication is
+  (``spec.paused``): close the connections they hold; resuming one opens them again.
 
 :class:`controller.capture.dataplane.DataplaneRuntime` replicates changefeeds that name a source and a sink
 (etcd to PostgreSQL; the agent routes each dispatcher by its changefeed). :class:`LogicalClockRuntime`, for
@@ -72,6 +74,10 @@ class DispatcherRuntime(Protocol):
 
     def flush(self) -> None:
         """Make every checkpoint returned so far durable downstream (before it is claimed to anyone)."""
+
+    def release(self, changefeed: str) -> None:
+        """Every dispatcher of ``changefeed`` here is paused (its replication is): close what they hold open (their
+        connections to the source and the sink); a resume opens them again."""
 
 
 class DeliverySink(Protocol):
@@ -226,6 +232,9 @@ class LogicalClockRuntime:
     def flush(self) -> None:
         if self.sink is not None:
             self.sink.flush()
+
+    def release(self, changefeed: str) -> None:
+        """Nothing is held open by a logical clock."""
 
     def running(self) -> list[str]:
         return sorted(self._runs)

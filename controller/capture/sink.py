@@ -113,6 +113,8 @@ class Sink:
         #: A changed DSN (``use``): the connection to take at the next transaction, and whether to.
         self._replacement: psycopg.AsyncConnection[Any] | None = None
         self._reconnect = False
+        #: ``release`` asked to close the connection (every dispatcher paused).
+        self._release = False
         self.ensured: set[tuple[int, Mode]] = set()
         self.task: asyncio.Task[None] | None = None
         #: The last failure while transactions are retried ("" while they commit).
@@ -158,6 +160,21 @@ class Sink:
         self._replacement = conn
         self._reconnect = True
 
+    def release(self) -> None:
+        """Close the connection between two transactions, once every dispatcher is paused (a paused changefeed's
+        sink holds no connection); the next transaction, after a resume, connects again."""
+        self._release = True
+        self.wake.set()
+
+    async def _released(self) -> None:
+        """What ``release`` asked for, if every dispatcher is still paused."""
+        self._release = False
+        if self.conn is not None and all(d.paused_at is not None for d in self.dispatchers.values()):
+            conn, self.conn = self.conn, None
+            with contextlib.suppress(Exception):
+                await conn.close()
+            log.info("sink connection closed: the changefeed is paused", extra=fields(changefeed=self.changefeed))
+
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._reconnect:
             self._reconnect = False
@@ -174,7 +191,11 @@ class Sink:
     async def _write_loop(self) -> None:
         backoff = BACKOFF[0]
         while True:
+            if self._release:  # asked while a batch was gathered or committed
+                await self._released()
             await self.tombstones.wait(self.wake)  # and a tombstone collection when one is due
+            if self._release:  # asked while idle
+                await self._released()
             if self.pending_rows < self.batch_rows:  # gather a group, unless a full batch waits
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.full.wait(), self.batch_interval)

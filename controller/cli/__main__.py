@@ -157,8 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("undrain", "let a drained capture receive spans again")
     p.add_argument("capture", metavar="CAPTURE")
 
-    command("pause", "stop the automatic schedulers (spec.paused: true)")
-    command("resume", "resume the automatic schedulers (spec.paused: false)")
+    for verb, what in (("pause", "pause"), ("resume", "resume")):
+        p = command(
+            verb,
+            f"{what} replication (spec.paused: {str(verb == 'pause').lower()}): the captures "
+            + ("stop reading and writing, the checkpoint holds" if verb == "pause" else "continue from the checkpoint"),
+        )
+        p.add_argument(
+            "--schedulers-only",
+            action="store_true",
+            help=f"{what} only the automatic schedulers (spec.scheduler.paused), replication going on",
+        )
 
     p = command(
         "teardown",

@@ -231,8 +231,15 @@ async def _set_paused(session: Session, args: argparse.Namespace, paused: bool) 
     items = await session.list(RESOURCES[Kind.CHANGEFEED])
     names = [str(o.get("metadata", {}).get("name")) for o in items]
     cf = validate.resolve_changefeed(names, args.changefeed, session.namespace)
+    if args.schedulers_only:
+        await session.patch_spec(Kind.CHANGEFEED, cf, {"scheduler": {"paused": paused}})
+        out(f"changefeed {cf}: automatic schedulers {'paused' if paused else 'resumed'} (replication goes on)")
+        return EXIT_OK
     await session.patch_spec(Kind.CHANGEFEED, cf, {"paused": paused})
-    out(f"changefeed {cf} {'paused' if paused else 'resumed'}")
+    if paused:
+        out(f"changefeed {cf} paused: its captures stop reading and writing within 10 s; the checkpoint holds")
+    else:
+        out(f"changefeed {cf} resumed: replication continues from the checkpoint")
     return EXIT_OK
 
 

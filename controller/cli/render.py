@@ -250,7 +250,10 @@ def render_status(snap: Snapshot, changefeed: str) -> str:
     field("Maintainer", f"epoch {cf.epoch}, holder {cf.holder}" if cf.holder else "none has published an epoch")
     boot = cf.condition("Bootstrapped")
     field("Bootstrapped", f"{boot.status} ({boot.reason}: {boot.message})" if boot else "Unknown (no condition yet)")
-    field("Paused", "yes" if cf.paused else "no")
+    paused = "replication (spec.paused)" if cf.paused else "no"
+    if cf.scheduler.paused and not cf.paused:
+        paused = "the schedulers only (spec.scheduler.paused)"
+    field("Paused", paused)
     sched = scheduler_line(snap.changefeed_status.get(changefeed, {}), snap.now)
     if sched is not None:
         field("Scheduler", sched)

@@ -63,10 +63,11 @@ def status(tick: Tick) -> SchedulerStatus:
     resumes_at = prev.balance_resumes_at if prev.state in (SchedulerState.COOLING_DOWN, SchedulerState.PAUSED) else 0.0
     if prev.state is SchedulerState.DRAINING and cooling:
         resumes_at = tick.now + cfg.drain_cooldown_seconds  # the drain ends here (finished or paused)
-    if cf.paused:
+    if tick.schedulers_stopped:
+        why = "spec.paused is true: replication is paused" if cf.paused else "spec.scheduler.paused is true"
         return SchedulerStatus(
             state=SchedulerState.PAUSED,
-            message="spec.paused is true: no automatic scheduling (basic, balance, split, merge, drain); "
+            message=f"{why}: no automatic scheduling (basic, balance, split, merge, drain); "
             "operators in flight finish and user SpanOperators still run",
             balance_resumes_at=resumes_at if tick.now < resumes_at else 0.0,
         )

@@ -13,9 +13,9 @@ Order of one decision::
     operators   advance every Running operator (restored ones included) from the observed world
     repair      the safety net: new spans validated, spans and dispatchers no operator explains
     operators   admit Pending operators (oldest first) within maxInFlightOperators
-    schedulers  (none while spec.paused) drain: spans off draining captures; basic: Absent spans
-                to the least-loaded capture; split/merge by reported traffic; balance (see balance.py,
-                traffic.py for when each may run)
+    schedulers  (none while spec.paused or spec.scheduler.paused) drain: spans off draining captures;
+                basic: Absent spans to the least-loaded capture; split/merge by reported traffic; balance
+                (see balance.py, traffic.py for when each may run)
     coverage    initial spans for new tables, holes filled, unexplained overlaps removed
     gc          finished operators past their retention
     (a Changefeed being deleted: only its teardown, see teardown.py)
@@ -72,6 +72,10 @@ REFUSED_EVENT = "WriteRefused"
 REPLICATION_FAILED = "ReplicationFailed"
 #: The Event when that condition turns True or its message changes.
 FAILED_EVENT = "DispatcherFailed"
+#: Condition: True while replication is paused (``spec.paused``): the captures hold every dispatcher of the
+#: changefeed where it is and close its connections, the checkpoint holds. False once resumed (for a changefeed
+#: that was ever paused).
+PAUSED = "Paused"
 #: Conditions: True while a live capture's progress report names a trouble of this changefeed on that side
 #: (``progress.Trouble``: a Secret missing or malformed, a server refusing connections, an authentication or TLS
 #: failure, a statement the sink refuses): its data does not flow there, the checkpoint holds, nothing is lost.
@@ -198,7 +202,7 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
     sched = balance.status(tick)
     balanced_at = memory.balanced_at if memory.bootstrapped else world.now
     counters = memory.counters if memory.bootstrapped else traffic.Counters(checked_at=world.now)
-    if cf.paused:
+    if tick.schedulers_stopped:
         counters = traffic.Counters(checked_at=world.now)  # "N checks in a row" start again on resume
     else:
         balance.drain(tick)
@@ -206,7 +210,7 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
         counters = traffic.run(tick, counters)
     repair.coverage(tick)
     # After coverage: spans it creates for a new table or a hole are not Replicating, which holds balancing.
-    if not cf.paused and balance.balance_due(tick, balanced_at, sched):
+    if not tick.schedulers_stopped and balance.balance_due(tick, balanced_at, sched):
         balance.balance(tick)
         balanced_at = world.now
     controller.garbage_collect(tick)
@@ -272,7 +276,7 @@ def _next_due(
         due.append(checkpoint_due)
     if options.audit_interval > 0:
         due.append(audited_at + options.audit_interval)
-    if not cf.paused:
+    if not tick.schedulers_stopped:
         if cfg.balance_interval_seconds > 0:
             due.append(memory.balanced_at + cfg.balance_interval_seconds)
         if traffic.enabled(tick):
@@ -521,6 +525,19 @@ def _status(
         conditions = _set_condition(replace(cf, conditions=conditions), failed)
         if failed.status == "True" and (old is None or (old.status, old.message) != ("True", failed.message)):
             events.append(tick.event(cf, FAILED_EVENT, failed.message, warning=True))
+    paused = _condition(
+        cf,
+        PAUSED,
+        cf.paused,
+        "Paused" if cf.paused else "Resumed",
+        "replication is paused (spec.paused): no dispatcher reads or writes, the captures close their connections, "
+        "the checkpoint holds; resume continues from it"
+        if cf.paused
+        else "replication runs",
+        tick.now,
+    )
+    if paused is not None and not tick.mutant("pause-not-reported"):
+        conditions = _set_condition(replace(cf, conditions=conditions), paused)
     for side in prog.SIDES:
         unavailable = _unavailable_condition(tick, side)
         if unavailable is None or tick.mutant(f"{side}-errors-not-reported"):

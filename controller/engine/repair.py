@@ -448,7 +448,7 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
     # Within the in-flight limit only: the batch is counted in spans created (whole tables, coverage above),
     # and a span created now and placed later would cost a write more.
     room = placement.room(tick, batch=False)
-    capture = placement.destination(tick) if not tick.changefeed.paused and room > 0 else ""
+    capture = placement.destination(tick) if not tick.schedulers_stopped and room > 0 else ""
     placed = placement.create_placed(tick, span, capture) if capture else []
     if placed:
         tick.emit(f"span {span.name} new", placed)

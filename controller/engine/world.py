@@ -182,6 +182,8 @@ MUTANTS = frozenset(
         "failures-not-reported",  # a dispatcher its runtime stopped for good holds the checkpoint silently
         "sink-errors-not-reported",  # a sink that refuses the captures' transactions holds the checkpoint silently
         "source-errors-not-reported",  # a source the captures cannot read holds the checkpoint silently
+        "pause-keeps-scheduling",  # a changefeed whose replication is paused is still scheduled (spans moved, placed)
+        "pause-not-reported",  # spec.paused is not said on the Changefeed (no Paused condition)
         "capture-exits-before-drained",  # a capture told to stop exits before its spans are moved off
         "taker-decides-before-listed",  # a replica taking a changefeed over decides before its Dispatchers are listed
         "reshape-fails-when-every-target-lost",  # Split/Merge Failed once its new spans exist (the cluster bug)
@@ -421,6 +423,15 @@ class Tick:
 
     def mutant(self, name: str) -> bool:
         return name in self.options.mutants
+
+    @property
+    def schedulers_stopped(self) -> bool:
+        """No automatic scheduling this decision (``Changefeed.schedulers_stopped``: replication paused, or the
+        schedulers alone)."""
+        cf = self.changefeed
+        if self.mutant("pause-keeps-scheduling"):
+            return cf.scheduler.paused
+        return cf.schedulers_stopped
 
     # -- lookups --------------------------------------------------------------------------------
 

@@ -88,6 +88,9 @@ class SchedulerConfig:
     means no cool-down. Batch sizes and check counts are at least 1.
     """
 
+    #: Stop the automatic schedulers alone (basic, balance, split, merge, drain), replication going on:
+    #: ``spec.scheduler.paused``. ``spec.paused`` pauses replication, and the schedulers with it.
+    paused: bool = False
     max_in_flight_operators: int = 10000
     #: How many Add operators the basic scheduler starts per tick (TiCDC's add-table batch).
     basic_batch_size: int = 512
@@ -193,6 +196,9 @@ class Changefeed(Record):
         "joining",
     )
 
+    #: ``spec.paused``: replication paused (as TiCDC's ``changefeed pause``): no dispatcher reads or writes, the
+    #: captures close their connections, the checkpoint holds; the schedulers stop too. ``resume`` continues from
+    #: the checkpoint.
     paused: bool = False
     redo: bool = False
     start_ts: int = 0
@@ -212,6 +218,12 @@ class Changefeed(Record):
     conditions: tuple[Condition, ...] = ()
     observed_generation: int = 0
     joining: tuple[Join, ...] = ()
+
+    @property
+    def schedulers_stopped(self) -> bool:
+        """No automatic scheduling: replication paused (``spec.paused``) or the schedulers alone
+        (``spec.scheduler.paused``)."""
+        return self.paused or self.scheduler.paused
 
     #: The last ``kubectl changefeed verify`` (metadata: the annotation ``cdc.maintainer.dev/last-verify``,
     #: neither spec nor status; ``controller.model.verification``); None if it never ran.

@@ -912,7 +912,9 @@ def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
         key = resource_paths(f.name)[0]
         default = getattr(defaults, f.name)
         path = f"spec.scheduler.{key}"
-        if isinstance(default, int):
+        if isinstance(default, bool):
+            knobs[f.name] = reader.bool_(sched, key, path)
+        elif isinstance(default, int):
             low = 1 if f.name in _AT_LEAST_ONE else 0
             knobs[f.name] = reader.int_(sched, key, path, default=default, minimum=low, maximum=MAX_INT32)
         else:

@@ -227,8 +227,8 @@ class Sim:
             self.workload.delete_changefeed()
         cf = api.get(Kind.CHANGEFEED, CF)
         # A paused changefeed places nothing: resume it (a deleted one's teardown runs paused or not).
-        if isinstance(cf, Changefeed) and cf.paused and not cf.deleting:
-            api.update_spec(replace(cf, paused=False))
+        if isinstance(cf, Changefeed) and cf.schedulers_stopped and not cf.deleting:
+            api.update_spec(replace(cf, paused=False, scheduler=replace(cf.scheduler, paused=False)))
             ctx.trace.add("  changefeed resumed for the quiet phase")
         schedulable = [
             n

@@ -23,6 +23,7 @@ from controller.engine.liveness import Silence, ViewClock
 from controller.engine.maintainer import (
     CONFIGURATION_ERROR,
     FAILED_EVENT,
+    PAUSED,
     REFUSED_EVENT,
     REPLICATION_FAILED,
     RETRYING,
@@ -37,7 +38,7 @@ from controller.engine.maintainer import (
 from controller.engine.repair import OVERLAP_REASON
 from controller.engine.world import Options, World, is_placement
 from controller.model.records import Capture, Changefeed, Condition, Dispatcher, Span, SpanOperator
-from controller.model.states import Kind, OpPhase, OpType, SpanState
+from controller.model.states import Kind, OpPhase, OpSource, OpType, SpanState
 from controller.sim import executor
 from controller.sim.api import KINDS, Watcher
 from controller.sim.captures import LEASE
@@ -191,6 +192,7 @@ class SimMaintainer:
         self._check_refusal_reported(world, decision)
         self._check_failures_reported(world, decision)
         self._check_troubles_reported(world, decision)
+        self._check_paused(world, decision)
         self.memory = decision.memory
         who = f"{self.identity}{' (zombie)' if self.zombie else ''}"
         if decision.fenced:
@@ -476,6 +478,35 @@ class SimMaintainer:
                 self.ctx.bump(f"{side} troubles reported")
             elif cond is not None and cond.status == "True":
                 self.ctx.fail(f"{side}: {self.identity} reports it unavailable though no live capture says so")
+
+    def _check_paused(self, world: World, decision: Decision) -> None:
+        """A changefeed whose replication is paused (``spec.paused``), or whose schedulers alone are
+        (``spec.scheduler.paused``), is not scheduled: no decision starts a scheduler's operator nor places a span
+        (operators in flight, a user's and the safety net's go on). And replication paused is said on it: its
+        Paused condition True while spec.paused, False after (once it was)."""
+        cf = world.changefeed
+        if decision.fenced or cf.deleting or any(c.why.startswith("publish epoch") for c in decision.chains):
+            return
+        if cf.paused or cf.scheduler.paused:
+            for c in decision.chains:
+                for w in c.writes:
+                    obj = w.obj if isinstance(w, Create | WriteStatus) else None
+                    scheduler = isinstance(obj, SpanOperator) and obj.source is OpSource.SCHEDULER
+                    before = world.spans.get(obj.name) if isinstance(obj, Span) else None
+                    placed = isinstance(obj, Span) and is_placement(obj) and not is_placement(before)
+                    started = scheduler and isinstance(w, Create)
+                    if started or placed:
+                        self.ctx.fail(f"pause: {self.identity} schedules a paused changefeed: {w.describe()} ({c.why})")
+                        return
+        if world.stale and not decision.chains:
+            return
+        _, cond = _conditions(cf, decision, PAUSED)
+        if cf.paused and (cond is None or cond.status != "True"):
+            self.ctx.fail(f"pause: {self.identity}'s decision does not say replication is paused: {cond}")
+        elif not cf.paused and cond is not None and cond.status == "True":
+            self.ctx.fail(f"pause: {self.identity} says replication is paused though spec.paused is false")
+        elif cf.paused:
+            self.ctx.bump("pause reported")
 
     def _check_agreement(self, world: World, decision: Decision) -> None:
         """The incremental decision (over the index's candidates) must be the full one (every rule over

@@ -13,6 +13,7 @@ union), so that its success can be checked against its intent.
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -292,9 +293,16 @@ class Workload:
         elif what == "pause":
             cf = api.get(Kind.CHANGEFEED, CF)
             assert isinstance(cf, Changefeed)
-            api.update_spec(replace(cf, paused=not cf.paused))
-            ctx.bump("pause" if not cf.paused else "resume")
-            ctx.trace.add(f"  changefeed paused={not cf.paused}")
+            # Which flag, by a hash (not the seed's random stream: a history is as it was up to here).
+            if zlib.crc32(f"{ctx.seed}/pause/{ctx.now}".encode()) % 2:  # replication paused (schedulers too), resumed
+                api.update_spec(replace(cf, paused=not cf.paused))
+                ctx.bump("pause" if not cf.paused else "resume")
+                ctx.trace.add(f"  changefeed paused={not cf.paused}")
+            else:  # the schedulers alone
+                sched = replace(cf.scheduler, paused=not cf.scheduler.paused)
+                api.update_spec(replace(cf, scheduler=sched))
+                ctx.bump("schedulers paused" if sched.paused else "schedulers resumed")
+                ctx.trace.add(f"  changefeed scheduler.paused={sched.paused}")
         elif what == "write faults":
             api.faults.p500 = rng.uniform(0.0, 0.15)
             api.faults.p409 = rng.uniform(0.0, 0.1)

@@ -200,13 +200,24 @@ def test_plugin_moves_splits_and_merges(api: Api, system: System, capsys: pytest
 
     # -- pause / resume --------------------------------------------------------------------------------------
     rc, out, _ = cli("pause")
-    assert (rc, out) == (0, f"changefeed {CHANGEFEED} paused\n")
+    assert (rc, out) == (
+        0, f"changefeed {CHANGEFEED} paused: its captures stop reading and writing within 10 s; the checkpoint holds\n"
+    )  # fmt: skip
     assert (api.get("changefeeds", CHANGEFEED) or {})["spec"]["paused"] is True
     rc, out, _ = cli("status")
-    assert "Paused:       yes" in out
+    assert "Paused:       replication (spec.paused)" in out
     rc, out, _ = cli("resume")
     assert rc == 0
     assert (api.get("changefeeds", CHANGEFEED) or {})["spec"]["paused"] is False
+    rc, out, _ = cli("pause", "--schedulers-only")
+    assert (rc, out) == (0, f"changefeed {CHANGEFEED}: automatic schedulers paused (replication goes on)\n")
+    spec = (api.get("changefeeds", CHANGEFEED) or {})["spec"]
+    assert (spec["paused"], spec["scheduler"]["paused"]) == (False, True)
+    rc, out, _ = cli("status")
+    assert "Paused:       the schedulers only (spec.scheduler.paused)" in out
+    rc, out, _ = cli("resume", "--schedulers-only")
+    assert rc == 0
+    assert (api.get("changefeeds", CHANGEFEED) or {})["spec"]["scheduler"]["paused"] is False
     no_gap(watch)  # the moves, split and merge the plugin asked for skipped nothing
 
 

@@ -468,7 +468,7 @@ def test_status_shows_everything() -> None:
     text = render.render_status(s, CF)
     assert "epoch 4, holder m2" in text
     assert "True (Restored: at epoch 4)" in text
-    assert "Paused:       yes" in text
+    assert "Paused:       replication (spec.paused)" in text
     resumes = conv.format_time(NOW + 30)
     assert f"Scheduler:    CoolingDown: drain done (balancing resumes at {resumes}, in 30s)" in text
     assert "lag 3.0s" in text

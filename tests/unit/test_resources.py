@@ -478,6 +478,7 @@ def test_table_and_changefeed_layout() -> None:
     )
     assert to_resource(cf)["spec"] == {
         "scheduler": {
+            "paused": False,
             "maxInFlightOperators": 10000,
             "basicBatchSize": 512,
             "operatorRetentionSeconds": 300.0,

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import pytest
+
 from controller.engine import balance
 from controller.engine.intents import Event
-from controller.engine.maintainer import Decision, Memory, decide
+from controller.engine.maintainer import PAUSED, Decision, Memory, decide
 from controller.engine.traffic import Counters
 from controller.engine.world import Options, Tick, World
 from controller.model.records import Capture, Changefeed, SchedulerConfig, SchedulerStatus, Span, SpanOperator
@@ -30,14 +32,18 @@ from tests.unit.fixtures import (
     operator,
     pieces,
     span,
+    statuses,
     table,
     trange,
     world,
+    written_condition,
 )
 
 
-def cf_with(paused: bool = False, status: SchedulerStatus | None = None, **knobs: object) -> Changefeed:
-    cfg = replace(SchedulerConfig(), **knobs)  # type: ignore[arg-type]
+def cf_with(
+    paused: bool = False, status: SchedulerStatus | None = None, paused_scheduler: bool = False, **knobs: object
+) -> Changefeed:
+    cfg = replace(SchedulerConfig(paused=paused_scheduler), **knobs)  # type: ignore[arg-type]
     return changefeed(paused=paused, scheduler=cfg, scheduler_status=status or SchedulerStatus())
 
 
@@ -132,14 +138,46 @@ def test_balance_leaves_a_balanced_changefeed_alone():
     assert dec.memory.balanced_at == NOW  # the round ran and found nothing to do
 
 
-def test_paused_changefeed_runs_no_scheduler_and_says_so():
+@pytest.mark.parametrize(
+    ("cf", "why"),
+    [
+        (cf_with(paused=True), "spec.paused is true: replication is paused"),
+        (cf_with(paused=False, paused_scheduler=True), "spec.scheduler.paused is true"),
+    ],
+    ids=["replication", "schedulers-only"],
+)
+def test_paused_changefeed_runs_no_scheduler_and_says_so(cf: Changefeed, why: str):
     absent = span("gap", table_id=2, state=SpanState.ABSENT)
     recs = [table(1), table(2), *CAPS, *placed(1, 6, ["c0"]), absent, capture("c3", draining=True)]
-    dec = decide(world(*recs, cf=cf_with(paused=True)), memory())
+    dec = decide(world(*recs, cf=cf), memory())
     assert created(dec, Kind.OPERATOR) == []
+    assert statuses(dec, Kind.SPAN, "gap") == []  # not placed either
     status = sched_status(dec)
     assert status.state is SchedulerState.PAUSED
+    assert status.message.startswith(why)
     assert "user SpanOperators still run" in status.message
+    # The mutant schedules a changefeed whose replication is paused (the simulator catches it too).
+    mutated = decide(world(*recs, cf=cf), memory(), Options(mutants=frozenset({"pause-keeps-scheduling"})))
+    if cf.paused:
+        assert created(mutated, Kind.OPERATOR) or statuses(mutated, Kind.SPAN, "gap")
+
+
+def test_replication_paused_is_said_on_the_changefeed_until_resumed():
+    recs = [table(1), *CAPS, *placed(1, 2, ["c0"])]
+    dec = decide(world(*recs, cf=cf_with(paused=True)), memory())
+    cond = written_condition(dec, world(*recs).changefeed, PAUSED)
+    assert cond is not None
+    assert (cond.status, cond.reason) == ("True", "Paused")
+    assert "resume continues from it" in cond.message
+    resumed = decide(world(*recs, cf=replace(cf_with(paused=False), conditions=(cond,))), memory())
+    after = written_condition(resumed, world(*recs).changefeed, PAUSED)
+    assert after is not None
+    assert (after.status, after.reason) == ("False", "Resumed")
+    # The schedulers alone paused, or never paused: no such condition.
+    assert written_condition(decide(world(*recs, cf=cf_with(paused_scheduler=True)), memory()), world(*recs).changefeed,
+                             PAUSED) is None  # fmt: skip
+    gone = decide(world(*recs, cf=cf_with(paused=True)), memory(), Options(mutants=frozenset({"pause-not-reported"})))
+    assert written_condition(gone, world(*recs).changefeed, PAUSED) is None
 
 
 def test_paused_changefeed_still_runs_user_operators():
