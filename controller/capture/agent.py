@@ -139,7 +139,7 @@ class Agent:
         #: Secrets before the first starts (``sources.Sources``); the others in ``runtime``.
         self.troubles = Troubles()
         self.routed = RoutedRuntime(runtime, DataplaneRuntime(troubles=self.troubles, wake=self.wake))
-        self.reporter = Reporter(self.runs, self.routed, self.incarnation, self.troubles)
+        self.reporter = Reporter(self.runs, self.routed, self.incarnation, self.troubles, self.routed.sink_figures)
         self.sources = Sources(client, s.namespace, self.routed, self.troubles)
         self.keeper = LeaseKeeper(
             client,

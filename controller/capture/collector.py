@@ -26,6 +26,7 @@ import psycopg
 from controller.capture.logs import fields
 from controller.dataplane import horizon, schema
 from controller.dataplane.horizon import Table
+from controller.model.progress import SinkFigures
 from controller.model.states import Mode
 
 log = logging.getLogger("controller.capture.dataplane")
@@ -73,6 +74,9 @@ class Collector:
         self.dropped = 0
         #: The last collection's failure ("" once one succeeds).
         self.error = ""
+        #: ``figures``' sums of the tables' figures, and the collection they were summed after.
+        self._sums = (0, 0)
+        self._figures_at = -1
         self.tables: dict[tuple[int, Mode], TableFigures] = {}
 
     def publish(self, checkpoint: int) -> None:
@@ -184,6 +188,20 @@ class Collector:
         if rows:
             async with conn.transaction(), conn.cursor() as cur:
                 await cur.executemany(schema.save_checkpoint(self.writer.changefeed), rows)
+
+    def figures(self) -> SinkFigures:
+        """The progress report's figures: collected in total, tombstones held and live rows summed over the tables
+        after their last collections (summed again only after a collection: a report costs nothing at rest)."""
+        if self._figures_at != self.collections:
+            self._figures_at = self.collections
+            self._sums = (
+                sum(f.tombstones for f in self.tables.values()),
+                sum(f.live_rows or 0 for f in self.tables.values()),
+            )
+        tombstones, live_rows = self._sums
+        return SinkFigures(
+            changefeed=self.writer.changefeed, collected=self.collected, tombstones=tombstones, live_rows=live_rows
+        )
 
     def stats(self) -> dict[str, Any]:
         """Tombstones collected by this capture in total, and each table's horizon, tombstones held and live rows

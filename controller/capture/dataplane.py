@@ -68,7 +68,7 @@ from controller.capture.sink import MAX_PENDING_ROWS, Row, Scan, Sink
 from controller.capture.troubles import CONNECTION, Troubles
 from controller.dataplane import diagnosis
 from controller.dataplane.etcd import Connection, Tls, describe
-from controller.model.progress import SINK, SOURCE
+from controller.model.progress import SINK, SOURCE, SinkFigures
 from controller.model.records import Dispatcher
 
 log = logging.getLogger("controller.capture.dataplane")
@@ -603,6 +603,10 @@ class DataplaneRuntime:
             return {"checkpoint": self._published.get(changefeed, 0), "collections": 0, "collected": 0,
                     "dropped": 0, "tombstones": 0, "live_rows": 0, "error": "", "tables": []}  # fmt: skip
         return feed.sink.tombstones.stats()
+
+    def sink_figures(self) -> tuple[SinkFigures, ...]:
+        """Per changefeed replicated here, its sink's figures (``tombstone_stats``) for the progress report."""
+        return tuple(feed.sink.tombstones.figures() for _, feed in sorted(self._feeds.items()))
 
     async def aclose(self) -> None:
         """Stop every watch and writer and close the connections (the agent, when it exits)."""

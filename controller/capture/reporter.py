@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from controller.capture.runs import Runs
@@ -34,8 +34,17 @@ class Group:
 
 
 class Reporter:
-    def __init__(self, runs: Runs, runtime: DispatcherRuntime, incarnation: str, troubles: Troubles) -> None:
+    def __init__(
+        self,
+        runs: Runs,
+        runtime: DispatcherRuntime,
+        incarnation: str,
+        troubles: Troubles,
+        sink_figures: Callable[[], tuple[prog.SinkFigures, ...]],
+    ) -> None:
         self.runs = runs
+        #: The sinks' figures (tombstones collected and held, live rows) of the changefeeds replicated here.
+        self.sink_figures = sink_figures
         #: What keeps each changefeed's data from flowing here, whatever its dispatchers' states.
         self.troubles = troubles
         self.runtime = runtime
@@ -83,6 +92,7 @@ class Reporter:
             at=round_time(time.time()),
             entries=tuple(self._annotated(entries)),
             troubles=self.troubles.report(),
+            sinks=self.sink_figures(),
         )
 
     def _annotated(self, entries: list[prog.ProgressEntry]) -> Iterator[prog.ProgressEntry]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
 from controller.capture.runtime import DispatcherRuntime
+from controller.model.progress import SinkFigures
 from controller.model.records import Dispatcher
 
 
@@ -79,6 +80,10 @@ class RoutedRuntime:
     def checkpoint_time(self, name: str) -> float | None:
         """The wall time a real dispatcher's checkpoint stands for; None for the logical clock (a TSO)."""
         return self.data.checkpoint_time(name) if name in self._real else None
+
+    def sink_figures(self) -> tuple[SinkFigures, ...]:
+        """The real changefeeds' sink figures (``DataplaneRuntime.sink_figures``)."""
+        return self.data.sink_figures()
 
     def take_failed(self) -> set[str]:
         """The real dispatchers that stopped for good since the last call (``DataplaneRuntime.take_failed``)."""

@@ -443,6 +443,21 @@ def troubles(world: World, now: float, side: prog.Side) -> list[tuple[str, prog.
     return out
 
 
+def sink_figures(world: World, now: float) -> list[tuple[str, prog.SinkFigures]]:
+    """(capture, its figures of the changefeed's sink) for every live capture that reports them, by capture name:
+    the metrics of tombstones collected and held and of live rows."""
+    cf = world.changefeed.name
+    out = []
+    for name in sorted(world.captures):
+        cap = world.captures[name]
+        if cap.progress is None or not cap.alive(now):
+            continue
+        figures = next((f for f in cap.progress.sinks if f.changefeed == cf), None)
+        if figures is not None:
+            out.append((name, figures))
+    return out
+
+
 def _unavailable_condition(tick: Tick, side: prog.Side) -> Condition | None:
     """SourceUnavailable or SinkUnavailable from the live captures' reports: True naming how many and the first
     one's trouble (one that needs a person first: the reason ConfigurationError, else Retrying), False once none

@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from controller.engine import progress
-from controller.engine.maintainer import Memory, troubles
+from controller.engine.maintainer import Memory, sink_figures, troubles
 from controller.engine.world import World
 from controller.kube.heap import HeapReserve
 from controller.kube.informer import LEASE, Informer
@@ -304,6 +304,25 @@ class StateCollector(Collector):
             "failing): the checkpoint holds (condition SinkUnavailable, whose reason says whether a person must act).",
             labels=["changefeed"],
         )
+        collected = CounterMetricFamily(
+            PREFIX + "sink_tombstones_collected",
+            "Tombstones (rows of deleted keys) a live capture collected from the changefeed's sink, in total since "
+            "that capture process started (its progress report): they can no longer matter (below the collection "
+            "horizon, docs/architecture.md).",
+            labels=["changefeed", "capture"],
+        )
+        held = GaugeMetricFamily(
+            PREFIX + "sink_tombstones",
+            "Tombstones held in the changefeed's sink after a live capture's last collection, over the tables it holds "
+            "spans of (a table whose spans are on several captures is counted by each).",
+            labels=["changefeed", "capture"],
+        )
+        live = GaugeMetricFamily(
+            PREFIX + "sink_live_rows",
+            "Live rows (keys not deleted) in the changefeed's sink after a live capture's last collection, over the "
+            "tables it holds spans of (exact under 16 MB a table, else PostgreSQL's estimate).",
+            labels=["changefeed", "capture"],
+        )
         for name in leading:
             idx = store.indexes.get(name)
             if idx is not None:
@@ -312,6 +331,10 @@ class StateCollector(Collector):
             if world is not None:
                 source.add_metric([name], float(len(troubles(world, now, SOURCE))))
                 sink.add_metric([name], float(len(troubles(world, now, SINK))))
+                for cap_name, figures in sink_figures(world, now):
+                    collected.add_metric([name, cap_name], float(figures.collected))
+                    held.add_metric([name, cap_name], float(figures.tombstones))
+                    live.add_metric([name, cap_name], float(figures.live_rows))
             cf = store.record(Kind.CHANGEFEED, name)
             if isinstance(cf, Changefeed):
                 wall = self._checkpoint_time(cf)
@@ -327,6 +350,9 @@ class StateCollector(Collector):
         yield stopped
         yield source
         yield sink
+        yield collected
+        yield held
+        yield live
         yield from self._verifications(leading)
         yield from self._reports(leading, now)
 

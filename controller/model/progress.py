@@ -106,13 +106,27 @@ class Trouble:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SinkFigures:
+    """A changefeed's sink as this capture last saw it, over the tables it holds spans of (a table whose spans are
+    on several captures is counted by each): tombstones it collected in total (this process), tombstones held and
+    live rows after its last collection. The maintainer's metrics ``sink_tombstones*`` and ``sink_live_rows``."""
+
+    changefeed: str
+    collected: int
+    tombstones: int
+    live_rows: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Progress:
-    """A capture's report: its process incarnation, when it was made, its entries, and its troubles."""
+    """A capture's report: its process incarnation, when it was made, its entries, its troubles, and its sinks'
+    figures."""
 
     incarnation: str
     at: float
     entries: tuple[ProgressEntry, ...] = ()
     troubles: tuple[Trouble, ...] = ()
+    sinks: tuple[SinkFigures, ...] = ()
 
     def entry(self, changefeed: str, mode: Mode) -> ProgressEntry | None:
         for e in self.entries:

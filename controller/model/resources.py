@@ -61,7 +61,15 @@ from enum import StrEnum
 from typing import Any, NoReturn, TypeGuard, TypeVar
 
 from controller.model.keys import MAX_TABLE_ID, KeyRange
-from controller.model.progress import PROGRESS_ANNOTATION, SIDES, Progress, ProgressEntry, Side, Trouble
+from controller.model.progress import (
+    PROGRESS_ANNOTATION,
+    SIDES,
+    Progress,
+    ProgressEntry,
+    Side,
+    SinkFigures,
+    Trouble,
+)
 from controller.model.records import (
     Capture,
     Changefeed,
@@ -597,6 +605,11 @@ def progress_to_json(progress: Progress) -> str:
         "at": format_time(progress.at, micro=True),
         "changefeeds": [_entry_to_json(e) for e in progress.entries],
     }
+    if progress.sinks:
+        doc["sinks"] = [
+            {"changefeed": f.changefeed, "collected": f.collected, "tombstones": f.tombstones, "liveRows": f.live_rows}
+            for f in progress.sinks
+        ]
     if progress.troubles:
         doc["troubles"] = [
             {"changefeed": t.changefeed, "side": t.side.value, "transient": t.transient, "message": t.message}
@@ -617,6 +630,10 @@ def _entry_to_json(e: ProgressEntry) -> dict[str, object]:
     if e.checkpoint_time is not None:
         doc["checkpointTime"] = round(e.checkpoint_time, 3)
     return doc
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def progress_from_json(text: object) -> Progress | None:
@@ -656,11 +673,22 @@ def progress_from_json(text: object) -> Progress | None:
                 return None
             if side in SIDES:  # a side this version does not know (a newer capture's) is not one it can show
                 troubles.append(Trouble(changefeed=changefeed, side=Side(side), transient=transient, message=message))
+        sinks = []
+        for item in doc.get("sinks") or ():
+            numbers = (item["collected"], item["tombstones"], item["liveRows"])
+            if not isinstance(item["changefeed"], str) or not all(_count(n) for n in numbers):
+                return None
+            sinks.append(SinkFigures(changefeed=item["changefeed"], collected=numbers[0], tombstones=numbers[1],
+                                     live_rows=numbers[2]))  # fmt: skip
         incarnation = doc["incarnation"]
         if not isinstance(incarnation, str):
             return None
         return Progress(
-            incarnation=incarnation, at=parse_time(doc["at"]), entries=tuple(entries), troubles=tuple(troubles)
+            incarnation=incarnation,
+            at=parse_time(doc["at"]),
+            entries=tuple(entries),
+            troubles=tuple(troubles),
+            sinks=tuple(sinks),
         )
     except (ValueError, KeyError, TypeError, AttributeError):  # json.JSONDecodeError is a ValueError
         return None

@@ -108,7 +108,7 @@ def test_promtool_checks_the_rules_and_runs_their_unit_tests(tmp_path: Path) -> 
     shutil.copy(HERE / "alerts.test.yaml", tmp_path / "alerts.test.yaml")
     check = subprocess.run([str(promtool), "check", "rules", str(rules)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 9 rules found" in check.stdout, check.stdout
+    assert "SUCCESS: 10 rules found" in check.stdout, check.stdout
     test = subprocess.run(
         [str(promtool), "test", "rules", "alerts.test.yaml"], capture_output=True, text=True, cwd=tmp_path
     )

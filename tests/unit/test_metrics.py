@@ -26,7 +26,16 @@ from controller.maintainer.metrics import PREFIX, MetricsServer
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
-from controller.model.progress import Progress, ProgressEntry, checkpoint_lag, digest
+from controller.model.progress import (
+    SINK,
+    SOURCE,
+    Progress,
+    ProgressEntry,
+    SinkFigures,
+    Trouble,
+    checkpoint_lag,
+    digest,
+)
 from controller.model.records import Capture, Changefeed, Dispatcher, Record, SchedulerStatus, Span, SpanOperator
 from controller.model.states import DispatcherState, Kind, Mode, OpPhase, OpType, SchedulerState, SpanState, Stage
 from controller.model.tso import tso
@@ -77,11 +86,11 @@ class Harness:
         }
         self.m.informer.offer("Lease", lease)
 
-    def report(self, capture: str, entry: ProgressEntry, now: float) -> None:
-        """The capture's Lease renewed at ``now``, carrying a progress report of one entry."""
+    def report(self, capture: str, entry: ProgressEntry, now: float, **more: Any) -> None:
+        """The capture's Lease renewed at ``now``, carrying a progress report of one entry (and ``more``)."""
         self.rv += 1
         cap = Capture(name=capture, renew_time=now, lease_duration=10,
-                      progress=Progress(incarnation="i", at=now, entries=(entry,)))  # fmt: skip
+                      progress=Progress(incarnation="i", at=now, entries=(entry,), **more))  # fmt: skip
         lease = conv.lease_resource(cap)
         lease["metadata"]["resourceVersion"] = str(self.rv)
         self.m.informer.offer("Lease", lease)
@@ -808,3 +817,27 @@ def test_last_verification_from_the_changefeeds_annotation() -> None:
     obj["metadata"]["resourceVersion"] = "100"
     h.m.informer.offer("Changefeed", obj)
     assert h.value("verify_differences", changefeed=OTHER) == 3.0
+
+
+def test_the_sinks_figures_and_troubles_from_the_live_captures_reports() -> None:
+    """Each live capture's report names its sink's figures (tombstones collected and held, live rows) and its
+    troubles: per capture for the figures, counted per side for the troubles (a lost capture's say nothing about
+    now: the engine's rule, tests/unit/test_data_path_conditions.py)."""
+    h = Harness()
+    now = time.time()
+    h.offer(Changefeed(name=CF, source_secret="src", sink_secret="dst", checkpoint_ts=1234))
+    entry = ProgressEntry(changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=1234, dispatchers=0, digest=digest([]))
+    for c in ("c1", "c2", "c3"):
+        h.offer(Capture(name=c))
+    h.report("c1", entry, now, sinks=(SinkFigures(changefeed=CF, collected=70, tombstones=5, live_rows=900),),
+             troubles=(Trouble(changefeed=CF, side=SINK, transient=True, message="refused"),))  # fmt: skip
+    h.report("c2", entry, now, sinks=(SinkFigures(changefeed=CF, collected=3, tombstones=1, live_rows=100),),
+             troubles=(Trouble(changefeed=CF, side=SOURCE, transient=False, message="no Secret"),
+                       Trouble(changefeed="other", side=SINK, transient=True, message="not this one's")))  # fmt: skip
+    h.report("c3", entry, now, sinks=(SinkFigures(changefeed="other", collected=9, tombstones=9, live_rows=9),))
+    assert h.value("sink_tombstones_collected_total", changefeed=CF, capture="c1") == 70
+    assert h.value("sink_tombstones", changefeed=CF, capture="c2") == 1
+    assert h.value("sink_live_rows", changefeed=CF, capture="c1") == 900
+    assert h.value("sink_tombstones", changefeed=CF, capture="c3") is None  # another changefeed's figures
+    assert h.value("sink_unavailable_captures", changefeed=CF) == 1
+    assert h.value("source_unavailable_captures", changefeed=CF) == 1

@@ -17,6 +17,7 @@ from controller.model.progress import (
     Progress,
     ProgressEntry,
     Running,
+    SinkFigures,
     Trouble,
     build,
     digest,
@@ -118,6 +119,9 @@ def test_report_round_trips_through_the_lease_annotation() -> None:
         progress_to_json(failing)
     )
     assert progress_from_json(progress_to_json(failing)) == failing
+    figures = replace(p, sinks=(SinkFigures(changefeed="cf", collected=3, tombstones=2, live_rows=1),))
+    assert '"sinks":[{"changefeed":"cf","collected":3,"tombstones":2,"liveRows":1}]' in progress_to_json(figures)
+    assert progress_from_json(progress_to_json(figures)) == figures
     assert "troubles" not in progress_to_json(p)
     # A side this version does not know (a newer capture's) is left out; the rest of the report stands.
     newer = progress_to_json(failing).replace('"side":"sink"', '"side":"schema"')
@@ -139,7 +143,9 @@ def test_a_report_that_does_not_parse_is_ignored_and_the_capture_stays_valid() -
                 '"checkpointTs":1,"dispatchers":1,"digest":"d"}],"troubles":[{"changefeed":"cf","side":"sink",'
                 '"transient":true,"message":7}]}',
                 '{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[],"troubles":[{"changefeed":"cf",'
-                '"side":"sink","transient":"yes","message":"m"}]}'):  # fmt: skip
+                '"side":"sink","transient":"yes","message":"m"}]}',
+                '{"incarnation":"x","at":"2024-01-01T00:00:00Z","changefeeds":[],"sinks":[{"changefeed":"cf",'
+                '"collected":-1,"tombstones":0,"liveRows":0}]}'):  # fmt: skip
         lease = lease_resource(cap)
         lease["metadata"]["annotations"] = {progress.PROGRESS_ANNOTATION: bad}
         got = capture_from_resources(obj, lease)
