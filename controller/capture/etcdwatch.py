@@ -92,6 +92,9 @@ class Watcher(Protocol):
     def compacted(self, compact_revision: int) -> None:
         """The source was compacted past its position: its changes since are gone."""
 
+    def cancelled(self, reason: str) -> None:
+        """The source cancelled the watcher for another reason (``cancel_reason``); it is created again."""
+
 
 class WatchStream:
     def __init__(
@@ -230,10 +233,11 @@ class WatchStream:
                 self._wanted.pop(w.name, None)
                 w.compacted(response.compact_revision)
                 return
-            log.warning(
+            log.debug(
                 "etcd cancelled a watch; watching again in a second",
                 extra=fields(dispatcher=w.name, reason=response.cancel_reason),
             )
+            w.cancelled(str(response.cancel_reason))
             asyncio.get_running_loop().call_later(RETRY_CANCELLED, self._again, w)
             return
         if response.created:

@@ -450,6 +450,8 @@ class Reconciler:
         """Hold the runs of the changefeeds whose replication is paused (``Epochs.paused_feeds``: the runtime pauses
         them and releases what they held open), and let the others go again (resumed from where they stopped).
         Walks the runs only when that set or the runs changed."""
+        if self.lease.paused_at is not None:
+            return  # the Lease keeper's pause holds everything; its resume (``resume``) honours the held
         at = (self.epochs.paused_version, self.runs.version)
         if at == self._held_at:
             return
@@ -513,7 +515,9 @@ class Reconciler:
                 self.epochs.saw(cf, epoch)
         self._dropped = {name: (self.runs.pop(name), self.rt.close(name)) for name in plan.dropped}
         for name in plan.resumed:
-            if name not in self.held:  # a run of a paused changefeed stays held
+            if self.runs[name].record.changefeed in self.epochs.paused_feeds:
+                self.held.add(name)  # its changefeed's replication is paused (as the plan's reads found): stays so
+            if name not in self.held:
                 self.rt.resume(name)
         self.full_at = -1e9  # everything was skipped while paused: the next pass looks at everything
         log.info(

@@ -132,6 +132,10 @@ class Sources:
         if waiting is not None and time.monotonic() < waiting[0]:
             return False
         found = await self._look(changefeed)
+        if isinstance(found, _Problem):
+            self._said(changefeed, {found.side: found.message})
+        elif found is not None:
+            self._said(changefeed, {})
         if isinstance(found, Endpoints):
             self.routed.configure(changefeed, found)
             log.info("changefeed replicates etcd to PostgreSQL", extra=fields(changefeed=changefeed))
@@ -144,18 +148,29 @@ class Sources:
         return False
 
     async def _reload(self, changefeed: str) -> None:
-        found = await self._look(changefeed, again=True)
-        if isinstance(found, Endpoints):
+        """The Secrets read again: new values handed to the data plane, which tries them; the troubles of both sides
+        set or cleared once, after (not cleared while new values are being tried: a report in between would say
+        all is well)."""
+        found = await self._look(changefeed)
+        problems: dict[Side, str] = {}
+        if isinstance(found, _Problem):
+            problems[found.side] = found.message + "; still using the values read before"
+        elif isinstance(found, Endpoints):
             problems = await self.routed.reconfigure(changefeed, found)
-            for side in (SOURCE, SINK):
-                if side in problems:
-                    self.troubles.set(changefeed, side, SECRETS, False, problems[side])
-                else:
-                    self.troubles.clear(changefeed, side, SECRETS)
+        elif found is None:
+            return  # an unreadable Changefeed: what was said stays
+        self._said(changefeed, problems)
 
-    async def _look(self, changefeed: str, again: bool = False) -> Endpoints | object | None:
-        """The changefeed's Endpoints, ``_NO_DATAPLANE`` if it names no source and no sink, or None if what it
-        names cannot be used (said as a trouble of that side; the other side's Secrets trouble cleared)."""
+    def _said(self, changefeed: str, problems: dict[Side, str]) -> None:
+        for side in (SOURCE, SINK):
+            if side in problems:
+                self.troubles.set(changefeed, side, SECRETS, False, problems[side])
+            else:
+                self.troubles.clear(changefeed, side, SECRETS)
+
+    async def _look(self, changefeed: str) -> Endpoints | _Problem | object | None:
+        """The changefeed's Endpoints, ``_NO_DATAPLANE`` if it names no source and no sink, a ``_Problem`` if what
+        it names cannot be used, None if the Changefeed cannot be read."""
         try:
             raw = await self.client.get(CHANGEFEEDS, self.namespace, changefeed)
             cf = changefeed_from_resource(raw)
@@ -164,16 +179,7 @@ class Sources:
             return None
         if cf.checkpoint_ts:
             self.routed.published(changefeed, cf.checkpoint_ts)
-        kept = "; still using the values read before" if again else ""
-        found = await self._endpoints(cf.source_secret, cf.sink_secret)
-        if isinstance(found, _Problem):
-            other = SINK if found.side == SOURCE else SOURCE
-            self.troubles.clear(changefeed, other, SECRETS)
-            self.troubles.set(changefeed, found.side, SECRETS, False, found.message + kept)
-            return None
-        self.troubles.clear(changefeed, SOURCE, SECRETS)
-        self.troubles.clear(changefeed, SINK, SECRETS)
-        return found
+        return await self._endpoints(cf.source_secret, cf.sink_secret)
 
     async def _endpoints(self, source_secret: str, sink_secret: str) -> Endpoints | _Problem | object:
         if not source_secret and not sink_secret:
@@ -201,9 +207,11 @@ class Sources:
         if not dsn.strip():
             return _Problem(SINK, f"{where} has no key dsn (a libpq connection string or postgresql:// URI)")
         try:
-            psycopg.conninfo.conninfo_to_dict(dsn)
+            params = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.Error:  # its words may quote the DSN: not repeated
             return _Problem(SINK, f"{where}: dsn is not a libpq connection string (key=value ...) nor a URI")
+        if "@" in str(params.get("host") or ""):  # the host quoted nowhere: it holds the rest of the password
+            return _Problem(SINK, f"{where}: dsn's host holds an @: percent-encode @, / and : in a URI's password")
         username, password = source.get("username") or None, source.get("password") or None
         return Endpoints(endpoints, dsn, username, password, tls)
 

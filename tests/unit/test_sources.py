@@ -124,6 +124,8 @@ def working() -> Api:
          "string or postgresql:// URI)"),
         (lambda o: o.update(dst=_secret(dsn="host=pg password=hunter2 user")), SINK,
          "the sink Secret ns/dst: dsn is not a libpq connection string (key=value ...) nor a URI"),
+        (lambda o: o.update(dst=_secret(dsn="postgresql://bob:hunter2@ss@db/x")), SINK,
+         "the sink Secret ns/dst: dsn's host holds an @: percent-encode @, / and : in a URI's password"),
         (lambda o: o.update(src=_secret(password="hunter2")), SOURCE, "the source Secret ns/src has no key endpoints "
          "(comma-separated etcd endpoints)"),
         (lambda o: o.update(src=_secret(endpoints="etcd:port")), SOURCE,
