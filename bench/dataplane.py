@@ -1,18 +1,25 @@
-"""Figures of the data plane (issue 38): a capture's runtime against the raw pipeline, the lag at a steady rate,
-an idle capture's CPU. Prints figures; asserts nothing about speed.
+"""Figures of the data plane: a capture's runtime against the best raw pipeline and the machine's limit, the lag at a
+steady rate, an idle capture's CPU. Prints figures; asserts nothing about speed.
 
     .venv/bin/python bench/dataplane.py                      # 1, 100, 1000 dispatchers; lag at 1,000 writes/s
-    .venv/bin/python bench/dataplane.py --changes 20000 --dispatchers 1,100 --lag-seconds 10 --idle-seconds 5
+    .venv/bin/python bench/dataplane.py --changes 20000 --dispatchers 1,100 --rounds 1 --lag-seconds 10
 
 A real etcd and a real PostgreSQL start on loopback (controller.dataplane.servers), both stopped at the end.
 
-1. **Throughput, side by side.** ``--changes`` changes (transactions of 50 keys over 65,536 keys of one table)
-   are written to etcd first; then, from the revision before them, (a) the raw pipeline: one watch over the
-   whole table into one psycopg connection, batched as the runtime batches (a transaction every 50 ms or
-   2,000 rows, ``schema.apply`` with executemany), and (b) one capture's ``DataplaneRuntime`` with N
-   dispatchers over N equal key ranges of the table, each from the same revision. Each is timed until every
-   change is committed downstream (the raw one: its last revision applied; the runtime: every dispatcher's
-   checkpoint at the last revision). Rows/s = changes / seconds; the ratio is the runtime's to the raw one's.
+1. **Throughput, side by side.** Each round writes ``--changes`` changes to etcd first (transactions of 50 keys
+   over 65,536 keys of one table: puts, overwrites, deletes); then every consumer replays them from the revision
+   before them, one after the other, timed until every change is committed downstream:
+   - *read alone* (the source's ceiling): one watch over the table, every event decoded into a row;
+   - *write alone* (the sink's ceiling), per statement form: the rows already read, cut into the runtime's
+     batches (2,000 changes, the newest per key), one transaction each with a checkpoint row, either one
+     ``INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO UPDATE WHERE newer`` (``schema.apply_batch``, what the
+     sink uses) or COPY into a temporary table and one merge;
+   - *raw pipeline*, per statement form: one watch into one connection, reading and writing overlapped, batched
+     as the runtime batches (a transaction every 50 ms or 2,000 changes); the faster is "the best raw pipeline";
+   - *the runtime*: one capture's ``DataplaneRuntime`` with N dispatchers over N equal key ranges of the table.
+   Each consumer's best of ``--rounds`` rounds is printed as changes/s, as ratios to the best raw pipeline and to
+   the limit (the slower of reading alone and writing alone with the faster form), and with this process's CPU
+   seconds (the client side: the servers are processes of their own) against the best raw pipeline's.
 2. **Lag at a steady rate.** A writer at ``--rate`` changes/s over 100 dispatchers for ``--lag-seconds``; the
    lag of every dispatcher (``DataplaneRuntime.lag_seconds``: now minus when the head first passed its
    checkpoint) sampled every 50 ms; p50, p99 and max over all samples of the slowest dispatcher.
@@ -30,8 +37,10 @@ import asyncio
 import bisect
 import contextlib
 import itertools
+import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -102,27 +111,126 @@ async def preload(etcd: EtcdServer, table_id: int, changes: int) -> tuple[int, i
     return before, last, keys
 
 
-async def raw_pipeline(etcd: EtcdServer, dsn: str, changefeed: str, table_id: int, start: int, last: int) -> float:
-    """One watch over the table from ``start + 1`` into one connection, batched like the runtime; seconds."""
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        await conn.execute(schema.create_schema(changefeed))
-        await conn.execute(schema.create_table(changefeed, table_id))
-        await conn.commit()
-        apply = schema.apply(changefeed, table_id)
-        async with aetcd.Client(host=etcd.host, port=etcd.port, timeout=10, options=OPTIONS) as c:
-            began = time.monotonic()
-            queue: asyncio.Queue[list[Any]] = asyncio.Queue()
-            stub = rpc.WatchStub(c.channel)
+Row = tuple[bytes, bytes | None, int, bool]
 
-            async def requests() -> Any:
-                yield rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
-                    key=table_key(table_id), range_end=table_key(table_id + 1), start_revision=start + 1))  # fmt: skip
-                await asyncio.Event().wait()
+
+def _watch_requests(table_id: int, start: int) -> Any:
+    async def requests() -> Any:
+        yield rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            key=table_key(table_id), range_end=table_key(table_id + 1), start_revision=start + 1))  # fmt: skip
+        await asyncio.Event().wait()
+
+    return requests()
+
+
+def _rows(events: Any) -> list[Row]:
+    out = []
+    for e in events:
+        deleted = e.type == rpc.Event.DELETE
+        out.append((e.kv.key, None if deleted else e.kv.value, e.kv.mod_revision, deleted))
+    return out
+
+
+async def read_alone(etcd: EtcdServer, table_id: int, start: int, last: int) -> list[list[Row]]:
+    """The source's ceiling: one watch over the table from ``start + 1`` until ``last``, every event decoded into a
+    row (what any consumer must do). Returns the responses' rows, for ``write_alone``."""
+    out: list[list[Row]] = []
+    async with aetcd.Client(host=etcd.host, port=etcd.port, timeout=10, options=OPTIONS) as c:
+        call = rpc.WatchStub(c.channel).Watch(_watch_requests(table_id, start))
+        try:
+            async for answer in call:
+                if answer.events:
+                    out.append(_rows(answer.events))
+                    if answer.events[-1].kv.mod_revision >= last:
+                        break
+        finally:
+            call.cancel()
+    return out
+
+
+def batches(responses: list[list[Row]]) -> list[list[Row]]:
+    """The responses' rows cut into batches of at most ``BATCH_ROWS`` changes, the newest change per key kept in
+    each (what the runtime's writer does with a group)."""
+    out: list[list[Row]] = []
+    rows: dict[bytes, Row] = {}
+    size = 0
+    for response in responses:
+        for row in response:
+            old = rows.get(row[0])
+            if old is None or old[2] < row[2]:
+                rows[row[0]] = row
+            size += 1
+            if size >= BATCH_ROWS:
+                out.append(list(rows.values()))
+                rows, size = {}, 0
+    if rows:
+        out.append(list(rows.values()))
+    return out
+
+
+async def _prepare(conn: psycopg.AsyncConnection[Any], changefeed: str, table_id: int) -> None:
+    for statement in schema.create_schema(changefeed).split(";\n"):
+        await conn.execute(statement)
+    await conn.execute(schema.create_table(changefeed, table_id))
+    await conn.commit()
+
+
+async def _apply_unnest(cur: psycopg.AsyncCursor[Any], changefeed: str, table_id: int, rows: list[Row]) -> None:
+    await cur.execute(schema.apply_batch(changefeed, table_id), [list(c) for c in zip(*rows, strict=True)])
+
+
+async def _apply_copy(cur: psycopg.AsyncCursor[Any], changefeed: str, table_id: int, rows: list[Row]) -> None:
+    """COPY into a temporary table, then one merge (only-if-newer) into the sink's table."""
+    await cur.execute("CREATE TEMPORARY TABLE IF NOT EXISTS staged (key bytea, value bytea, revision bigint, "
+                      "deleted boolean) ON COMMIT DELETE ROWS")  # fmt: skip
+    async with cur.copy("COPY staged (key, value, revision, deleted) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(["bytea", "bytea", "int8", "bool"])
+        for row in rows:
+            await copy.write_row(row)
+    t = schema.qualified(changefeed, table_id)
+    await cur.execute(
+        f"INSERT INTO {t} AS row (key, value, revision, deleted) SELECT key, value, revision, deleted FROM staged "
+        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, revision = EXCLUDED.revision, "
+        "deleted = EXCLUDED.deleted WHERE row.revision < EXCLUDED.revision"
+    )
+
+
+STATEMENTS = {"unnest": _apply_unnest, "copy": _apply_copy}
+
+
+async def _commit(
+    conn: psycopg.AsyncConnection[Any], how: str, changefeed: str, table_id: int, rows: list[Row]
+) -> None:
+    """One transaction as the sink's: the rows, and a checkpoint row, committed together."""
+    async with conn.transaction(), conn.cursor() as cur:
+        await STATEMENTS[how](cur, changefeed, table_id, rows)
+        await cur.execute(schema.save_checkpoints(changefeed), [["raw"], [table_id], ["default"], [b""], [b""],
+                                                                 [max(r[2] for r in rows)]])  # fmt: skip
+
+
+async def write_alone(dsn: str, how: str, changefeed: str, table_id: int, cut: list[list[Row]]) -> None:
+    """The sink's ceiling with the statement form ``how``: the batches, already read and decoded, one transaction
+    each, on one connection."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await _prepare(conn, changefeed, table_id)
+        for rows in cut:
+            await _commit(conn, how, changefeed, table_id, rows)
+
+
+async def raw_pipeline(etcd: EtcdServer, dsn: str, how: str, changefeed: str, table_id: int, start: int,
+                       last: int) -> None:  # fmt: skip
+    """The best raw pipeline: one watch into one connection, reading and writing overlapped (the reader decodes
+    into a queue while the writer commits), batched as the runtime batches, with the statement form ``how``."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await _prepare(conn, changefeed, table_id)
+        async with aetcd.Client(host=etcd.host, port=etcd.port, timeout=10, options=OPTIONS) as c:
+            queue: asyncio.Queue[list[Row]] = asyncio.Queue()
+            call = rpc.WatchStub(c.channel).Watch(_watch_requests(table_id, start))
 
             async def read() -> None:
-                async for answer in stub.Watch(requests()):
+                async for answer in call:
                     if answer.events:
-                        await queue.put(list(answer.events))
+                        await queue.put(_rows(answer.events))
 
             reader = asyncio.create_task(read())
             applied = start
@@ -130,31 +238,42 @@ async def raw_pipeline(etcd: EtcdServer, dsn: str, changefeed: str, table_id: in
                 while applied < last:
                     if reader.done():
                         raise RuntimeError(f"the raw watch ended: {reader.exception()!r}")
-                    rows: dict[bytes, tuple[bytes, bytes | None, int, bool]] = {}
+                    rows: dict[bytes, Row] = {}
+                    size = 0
                     deadline = time.monotonic() + BATCH_INTERVAL
-                    while len(rows) < BATCH_ROWS:
-                        with contextlib.suppress(TimeoutError):
-                            events = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
-                            for e in events:
-                                deleted = e.type == rpc.Event.DELETE
-                                rows[e.kv.key] = (e.kv.key, None if deleted else e.kv.value, e.kv.mod_revision, deleted)
-                            continue
-                        break
-                    if not rows:
-                        continue
-                    async with conn.cursor() as cur:
-                        await cur.executemany(apply, list(rows.values()))
-                    await conn.commit()
-                    applied = max(applied, max(r[2] for r in rows.values()))
+                    while size < BATCH_ROWS:
+                        try:
+                            got = queue.get_nowait() if not queue.empty() else await asyncio.wait_for(
+                                queue.get(), max(0.0, deadline - time.monotonic()))  # fmt: skip
+                        except TimeoutError:
+                            break
+                        for row in got:
+                            old = rows.get(row[0])
+                            if old is None or old[2] < row[2]:
+                                rows[row[0]] = row
+                        size += len(got)
+                    if rows:
+                        await _commit(conn, how, changefeed, table_id, list(rows.values()))
+                        applied = max(applied, max(r[2] for r in rows.values()))
             finally:
                 reader.cancel()
+                call.cancel()
                 with contextlib.suppress(BaseException):
                     await reader
-            return time.monotonic() - began
+
+
+Figure = tuple[float, float]  # seconds, CPU seconds of this process
+
+
+async def timed(work: Any) -> tuple[Any, Figure]:
+    """``work`` awaited: its result, and its wall and CPU seconds (this process: the client's side)."""
+    cpu, wall = time.process_time(), time.monotonic()
+    result = await work
+    return result, (time.monotonic() - wall, time.process_time() - cpu)
 
 
 async def runtime_catch_up(endpoints: Endpoints, changefeed: str, table_id: int, n: int, start: int,
-                           keys: dict[bytes, int]) -> float:  # fmt: skip
+                           keys: dict[bytes, int]) -> Figure:  # fmt: skip
     """Seconds until every dispatcher's checkpoint reached the last change of its own range (committed with it;
     reaching the store's revision beyond that would wait for a progress notification, not for the sink)."""
     rt = DataplaneRuntime(batch_interval=BATCH_INTERVAL, batch_rows=BATCH_ROWS)
@@ -169,7 +288,7 @@ async def runtime_catch_up(endpoints: Endpoints, changefeed: str, table_id: int,
             i = bisect.bisect_right(starts, k) - 1
             if i >= 0 and k < ds[i].key_range.end:
                 due[ds[i].name] = max(due[ds[i].name], r)
-        began = time.monotonic()
+        began, cpu = time.monotonic(), time.process_time()
         for d in ds:
             rt.start(d)
         while any(rt.checkpoint(d.name) < due[d.name] for d in ds):
@@ -180,7 +299,7 @@ async def runtime_catch_up(endpoints: Endpoints, changefeed: str, table_id: int,
             if any(rt.failed(d.name) for d in ds):
                 raise RuntimeError(next(rt.failed(d.name) for d in ds if rt.failed(d.name)))
             await asyncio.sleep(0.01)
-        took = time.monotonic() - began
+        took = (time.monotonic() - began, time.process_time() - cpu)
         commits, rows = rt.stats(changefeed)
         print(f"  runtime, {n} dispatchers: {commits} transactions, {rows} rows applied (the newest per key)")
         return took
@@ -239,18 +358,52 @@ def pct(xs: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def throughput(a: argparse.Namespace, etcd: EtcdServer, pg: PostgresServer, endpoints: Endpoints) -> None:
+    """Every consumer of the same changes, side by side, best of ``--rounds`` each (figures: changes/s)."""
+    runs = [int(x) for x in a.dispatchers.split(",") if x]
+    best: dict[str, Figure] = {}
+
+    def keep(name: str, figure: Figure) -> None:
+        if name not in best or figure[0] < best[name][0]:
+            best[name] = figure
+
+    for round_ in range(a.rounds):
+        table = 1_000 + round_
+        start, last, keys = await preload(etcd, table, a.changes)
+        responses, figure = await timed(read_alone(etcd, table, start, last))
+        keep("read alone", figure)
+        cut = batches(responses)
+        for how in STATEMENTS:
+            _, figure = await timed(write_alone(pg.dsn, how, f"w{how}-{round_}", table, cut))
+            keep(f"write alone ({how})", figure)
+        for how in STATEMENTS:
+            _, figure = await timed(raw_pipeline(etcd, pg.dsn, how, f"p{how}-{round_}", table, start, last))
+            keep(f"raw pipeline ({how})", figure)
+        for n in runs:
+            figure = await runtime_catch_up(endpoints, f"rt{n}-{round_}", table, n, start, keys)
+            keep(f"runtime, {n} dispatchers", figure)
+    read = best["read alone"][0]
+    fastest_write = min(STATEMENTS, key=lambda how: best[f"write alone ({how})"][0])
+    fastest_raw = min(STATEMENTS, key=lambda how: best[f"raw pipeline ({how})"][0])
+    limit = max(read, best[f"write alone ({fastest_write})"][0])  # the slower ceiling
+    raw, raw_cpu = best[f"raw pipeline ({fastest_raw})"]
+    print(f"throughput, {a.changes:,} changes, best of {a.rounds} rounds (machine load {os.getloadavg()[0]:.2f}):")
+    print(f"  {'consumer':<34} {'changes/s':>10} {'/ raw':>6} {'/ limit':>8} {'CPU s':>7} {'CPU / raw':>9}")
+    for name, (wall, cpu) in best.items():
+        mark = " (best raw)" if name == f"raw pipeline ({fastest_raw})" else ""
+        print(f"  {name + mark:<34} {a.changes / wall:>10,.0f} {raw / wall:>6.2f} {limit / wall:>8.2f} "
+              f"{cpu:>7.2f} {cpu / raw_cpu:>9.2f}")  # fmt: skip
+    print(f"  limit: the slower of reading alone and writing alone ({fastest_write}): {a.changes / limit:,.0f} "
+          "changes/s")
+
+
 async def main(a: argparse.Namespace) -> None:
     with EtcdServer(progress_notify_interval=a.progress_notify) as etcd, PostgresServer() as pg:
         endpoints = Endpoints(etcd=(etcd.endpoint,), dsn=pg.dsn)
         print(f"etcd {etcd.endpoint} (progress notifications every {a.progress_notify} s), PostgreSQL "
-              f"127.0.0.1:{pg.port}; {a.changes} changes per throughput run")  # fmt: skip
-        for i, n in enumerate(int(x) for x in a.dispatchers.split(",") if x):
-            table = 1_000 + i
-            start, last, keys = await preload(etcd, table, a.changes)
-            raw = await raw_pipeline(etcd, pg.dsn, f"raw-{i}", table, start, last)
-            ours = await runtime_catch_up(endpoints, f"rt-{i}", table, n, start, keys)
-            print(f"throughput, {n:>5} dispatchers: raw {a.changes / raw:8.0f} rows/s ({raw:.2f} s), runtime "
-                  f"{a.changes / ours:8.0f} rows/s ({ours:.2f} s): ratio {raw / ours:.2f}")  # fmt: skip
+              f"127.0.0.1:{pg.port}; commit {_commit_id()}")  # fmt: skip
+        if a.changes > 0:
+            await throughput(a, etcd, pg, endpoints)
         if a.lag_seconds > 0:
             samples = await lag_at_rate(etcd, endpoints, 2_000, a.rate, a.lag_seconds)
             print(f"lag at {a.rate:.0f} changes/s over 100 dispatchers, {len(samples)} samples of the slowest: "
@@ -262,10 +415,18 @@ async def main(a: argparse.Namespace) -> None:
                   f"{a.idle_seconds:.0f} s")  # fmt: skip
 
 
+def _commit_id() -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
+    return "?"
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--changes", type=int, default=50_000)
     p.add_argument("--dispatchers", default="1,100,1000")
+    p.add_argument("--rounds", type=int, default=3, help="each consumer's best of this many rounds")
     p.add_argument("--rate", type=float, default=1_000.0)
     p.add_argument("--lag-seconds", type=float, default=20.0)
     p.add_argument("--idle-seconds", type=float, default=20.0)

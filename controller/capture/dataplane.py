@@ -66,9 +66,9 @@ from controller.capture.etcdwatch import BACKOFF, TRANSPORT, ChannelClosed, Watc
 from controller.capture.logs import fields
 from controller.capture.sink import MAX_PENDING_ROWS, Row, Scan, Sink
 from controller.capture.troubles import CONNECTION, Troubles
-from controller.dataplane import diagnosis
+from controller.dataplane import diagnosis, schema
 from controller.dataplane.etcd import Connection, Tls, describe
-from controller.model.progress import SINK, SOURCE, SinkFigures
+from controller.model.progress import SINK, SOURCE, Side, SinkFigures
 from controller.model.records import Dispatcher
 
 log = logging.getLogger("controller.capture.dataplane")
@@ -152,7 +152,20 @@ class _Disp:
                 "(a ts that is not an etcd revision of this cluster?)"
             )
 
+    @property
+    def own(self) -> str:
+        """The origin of this dispatcher's own troubles (``Troubles``): its scan's, its watcher's."""
+        return f"dispatcher {self.name}"
+
+    def cancelled(self, reason: str) -> None:
+        """The source cancelled its watcher for another reason than compaction (retried in a second): its trouble
+        until its watcher answers again."""
+        needs_a_person = "permission denied" in reason.lower()
+        message = f"the source cancelled the watch of span {self.dispatcher.span}: {reason or 'no reason given'}"
+        self.feed.runtime.troubles.set(self.feed.changefeed, SOURCE, self.own, not needs_a_person, message)
+
     def events(self, events: Any, head: int) -> None:
+        self.feed.runtime.troubles.clear(self.feed.changefeed, SOURCE, self.own)
         for e in events:
             deleted = e.type == aetcd.rpc.Event.DELETE
             self.rows.append((e.kv.key, None if deleted else e.kv.value, e.kv.mod_revision, deleted))
@@ -165,6 +178,7 @@ class _Disp:
             self.feed.sink.full.set()
 
     def progress(self, head: int) -> None:
+        self.feed.runtime.troubles.clear(self.feed.changefeed, SOURCE, self.own)
         self.resolved = max(self.resolved, head)
         self.feed.sink.received(self, 0)
 
@@ -211,6 +225,8 @@ class _Feed:
         self.sink.tombstones.publish(runtime.published_checkpoint(changefeed))
         #: (head revision, wall time first seen), increasing in both.
         self.heads: list[tuple[int, float]] = []
+        #: The source's etcd cluster id, once a scan or a probe saw it (0 before): new endpoints must belong to it.
+        self.cluster_id = 0
 
     # -- etcd --------------------------------------------------------------------------------------------
 
@@ -241,22 +257,24 @@ class _Feed:
             with contextlib.suppress(Exception):
                 await client.close()
 
-    def source_failed(self, exc: BaseException) -> None:
-        """A call to the source failed: the changefeed's source trouble while it is retried (a connection closed
-        under a call by another task's error is that task's to report)."""
+    def source_failed(self, exc: BaseException, origin: str = CONNECTION) -> None:
+        """A call to the source failed: the changefeed's source trouble while it is retried, under ``origin`` (the
+        stream's: ``CONNECTION``, cleared by any response; a dispatcher's scan or watch: its own, cleared by its own
+        success), so that one span's refusal is not cleared by another's answers. A connection closed under a call
+        by another task's error is that task's to report."""
         if not isinstance(exc, ChannelClosed):
             transient, message = diagnosis.source_trouble(exc)
-            self.runtime.troubles.set(self.changefeed, SOURCE, CONNECTION, transient, message)
+            self.runtime.troubles.set(self.changefeed, SOURCE, origin, transient, message)
 
     # -- new values from the Secrets ------------------------------------------------------------------------
 
-    async def reconfigure(self, new: Endpoints) -> dict[str, str]:
+    async def reconfigure(self, new: Endpoints) -> dict[Side, str]:
         """Use ``new`` (a changed source or sink Secret) where it works: per side, the new values are tried first (a
         connection made, a read or a round trip answered); a side whose new values work uses them from now on (the
         source: its watch stream started again from each dispatcher's position; the sink: from its next
         transaction), a side whose new values do not keeps the connection it has, unless that one fails too. Returns,
         per side, why the new values were not taken (nothing lost either way)."""
-        problems: dict[str, str] = {}
+        problems: dict[Side, str] = {}
         old = self.endpoints
         if (new.etcd, new.username, new.password, new.tls) != (old.etcd, old.username, old.password, old.tls):
             client, problem = await self._try_source(new)
@@ -295,11 +313,19 @@ class _Feed:
                         endpoint, username=new.username, password=new.password, tls=new.tls, auth_timeout=10
                     )
                 )
-                await rpc(
+                answer = await rpc(
                     conn.kvstub.Range(
                         aetcd.rpc.RangeRequest(key=probe, limit=1, keys_only=True), timeout=10, metadata=conn.metadata
                     )
                 )
+                cluster = int(answer.header.cluster_id)
+                if self.cluster_id and cluster != self.cluster_id:
+                    await conn.close()
+                    return None, (
+                        f"{endpoint} belongs to another etcd cluster (id {cluster:x}, not {self.cluster_id:x}): this "
+                        "changefeed's positions are revisions of the first one; create a new changefeed for it"
+                    )
+                self.cluster_id = cluster
                 return conn, ""
             except TRANSPORT as exc:
                 problem = diagnosis.source_trouble(exc)[1]
@@ -319,20 +345,35 @@ class _Feed:
             with contextlib.suppress(Exception):
                 await old.close()
 
-    @staticmethod
-    async def _try_sink(dsn: str) -> tuple[psycopg.AsyncConnection[Any] | None, str]:
-        """A connection made with ``dsn`` that answered a round trip, or why none could be made."""
+    async def _try_sink(self, dsn: str) -> tuple[psycopg.AsyncConnection[Any] | None, str]:
+        """A connection made with ``dsn`` that answered a round trip and reaches the database this changefeed
+        writes (its identity row, ``schema.identity``, once the sink has one), or why not."""
         conn = None
         try:
             conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=5)
-            await conn.execute("SELECT 1")
+            found = ""
+            if self.sink.identity:
+                try:
+                    row = await (await conn.execute(schema.read_identity(self.changefeed))).fetchone()
+                    found = str(row[0]) if row else ""
+                except psycopg.errors.UndefinedTable:
+                    found = ""
+            else:
+                await conn.execute("SELECT 1")
             await conn.rollback()
+            if self.sink.identity and found != self.sink.identity:
+                await conn.close()
+                return None, (
+                    "it reaches another database than the one this changefeed writes (its identity row differs or is "
+                    "missing), which does not hold the rows the checkpoint claims; a changefeed's sink cannot move: "
+                    "point the Secret back, or create a new changefeed"
+                )
             return conn, ""
         except (psycopg.Error, OSError) as exc:
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
-            return None, diagnosis.sink_trouble(exc)[1]
+            return None, diagnosis.sink_trouble(exc, dsn)[1]
 
     def saw_head(self, revision: int) -> None:
         """The source answered (any response carries its head revision): it works."""
@@ -373,12 +414,13 @@ class _Feed:
                 if d.resolved == 0:
                     conn = await self.etcd()
                     await self._scan(d, conn)
+                    self.runtime.troubles.clear(self.changefeed, SOURCE, d.own)
                 d.scanned = True
                 self.rewatch(d)
                 return
             except TRANSPORT as exc:
                 log.debug("etcd scan failed; retrying", extra=fields(dispatcher=d.name, error=describe(exc)))
-                self.source_failed(exc)
+                self.source_failed(exc, d.own)
                 await self.reset_etcd(conn)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])
@@ -399,6 +441,7 @@ class _Feed:
             )
             if at == 0:
                 at = answer.header.revision
+                self.cluster_id = self.cluster_id or int(answer.header.cluster_id)
                 self.saw_head(at)
             rows.extend((kv.key, kv.value, kv.mod_revision, False) for kv in answer.kvs)
             if not answer.more or not answer.kvs:
@@ -471,7 +514,7 @@ class DataplaneRuntime:
     def configured(self, changefeed: str) -> bool:
         return changefeed in self._feeds
 
-    async def reconfigure(self, changefeed: str, endpoints: Endpoints) -> dict[str, str]:
+    async def reconfigure(self, changefeed: str, endpoints: Endpoints) -> dict[Side, str]:
         """New values for a configured changefeed, used where they work (``_Feed.reconfigure``): per side, why they
         were not."""
         feed = self._feeds.get(changefeed)
@@ -541,6 +584,7 @@ class DataplaneRuntime:
             d.task.cancel()
         final = d.checkpoint()
         d.feed.sink.forget(d)
+        self.troubles.clear(d.feed.changefeed, SOURCE, d.own)
         return final
 
     def pause(self, name: str) -> int:
@@ -606,7 +650,7 @@ class DataplaneRuntime:
 
     def sink_figures(self) -> tuple[SinkFigures, ...]:
         """Per changefeed replicated here, its sink's figures (``tombstone_stats``) for the progress report."""
-        return tuple(feed.sink.tombstones.figures() for _, feed in sorted(self._feeds.items()))
+        return tuple(feed.sink.tombstones.figures() for _, feed in sorted(self._feeds.items()) if feed.dispatchers)
 
     async def aclose(self) -> None:
         """Stop every watch and writer and close the connections (the agent, when it exits)."""

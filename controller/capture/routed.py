@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
 from controller.capture.runtime import DispatcherRuntime
-from controller.model.progress import SinkFigures
+from controller.model.progress import Side, SinkFigures
 from controller.model.records import Dispatcher
 
 
@@ -27,7 +27,7 @@ class RoutedRuntime:
     def configured(self, changefeed: str) -> bool:
         return self.data.configured(changefeed)
 
-    async def reconfigure(self, changefeed: str, endpoints: Endpoints) -> dict[str, str]:
+    async def reconfigure(self, changefeed: str, endpoints: Endpoints) -> dict[Side, str]:
         """New values from the changefeed's Secrets, tried before they are used (``DataplaneRuntime.reconfigure``):
         per side, why they were not."""
         return await self.data.reconfigure(changefeed, endpoints)

@@ -1,9 +1,10 @@
-"""One changefeed's sink on a capture: PostgreSQL, written in group-committed transactions (issue 38).
+"""One changefeed's sink on a capture: PostgreSQL, written in group-committed transactions.
 
 One writer task on one psycopg connection takes what every dispatcher of this capture received since the last
 transaction (at most ``batch_interval`` apart, sooner once ``batch_rows`` rows wait), keeps the newest change per
-key, applies it with ``schema.apply`` (only if newer than the row; deletes as tombstones) and saves each included
-dispatcher's resolved revision with ``schema.save_checkpoint``, all in one transaction. Only after the commit does a
+key, applies them with one statement per table (``schema.apply_batch``: the batch's columns as arrays; only if newer
+than the row; deletes as tombstones) and saves the included dispatchers' resolved revisions with one more
+(``schema.save_checkpoints``), all in one transaction. Only after the commit does a
 dispatcher's checkpoint (``durable``) move: a checkpoint is never claimed before the rows it covers are committed.
 A failed transaction is rolled back, its rows go back in front of what arrived meanwhile, and it is retried with
 back-off (``error`` says why meanwhile, and the capture's ``troubles`` report it: ``diagnosis.sink_trouble``): the
@@ -57,8 +58,10 @@ class Scan:
 
 #: Back-off of a failed transaction: first wait, cap (seconds).
 BACKOFF = (0.1, 5.0)
-#: A dispatcher stops receiving while this many of its rows wait for the sink (back-pressure).
-MAX_PENDING_ROWS = 20_000
+#: A dispatcher stops receiving while this many of its rows wait for the sink (back-pressure). Above what one
+#: catch-up response of etcd 3.5 carries for a wide range (about 47,000 events measured): a span catching up is not
+#: held back after every response.
+MAX_PENDING_ROWS = 100_000
 
 
 class Pending(Protocol):
@@ -115,6 +118,9 @@ class Sink:
         self._reconnect = False
         #: ``release`` asked to close the connection (every dispatcher paused).
         self._release = False
+        #: The sink's identity (``schema.identity``), read once the schema was ensured ("" until then): a changed DSN
+        #: must reach the database holding it.
+        self.identity = ""
         self.ensured: set[tuple[int, Mode]] = set()
         self.task: asyncio.Task[None] | None = None
         #: The last failure while transactions are retried ("" while they commit).
@@ -157,8 +163,10 @@ class Sink:
         it and found working) or on a new connection: the one in use is closed between two transactions, never
         under one."""
         self.dsn = dsn
-        self._replacement = conn
+        previous, self._replacement = self._replacement, conn
         self._reconnect = True
+        if previous is not None and previous is not conn:
+            asyncio.get_running_loop().create_task(previous.close())
 
     def release(self) -> None:
         """Close the connection between two transactions, once every dispatcher is paused (a paused changefeed's
@@ -171,6 +179,11 @@ class Sink:
         self._release = False
         if self.conn is not None and all(d.paused_at is not None for d in self.dispatchers.values()):
             conn, self.conn = self.conn, None
+            if self._replacement is not None:  # a changed DSN tried meanwhile: the next connection is made anew
+                self._reconnect = False
+                conn2, self._replacement = self._replacement, None
+                with contextlib.suppress(Exception):
+                    await conn2.close()
             with contextlib.suppress(Exception):
                 await conn.close()
             log.info("sink connection closed: the changefeed is paused", extra=fields(changefeed=self.changefeed))
@@ -218,7 +231,7 @@ class Sink:
                 continue
             except (psycopg.Error, OSError) as exc:
                 self._put_back(batch, taken, scans)
-                transient, self.error = diagnosis.sink_trouble(exc)
+                transient, self.error = diagnosis.sink_trouble(exc, self.dsn)
                 self.troubles.set(self.changefeed, SINK, CONNECTION, transient, self.error)
                 log.debug(
                     "sink transaction failed; retrying", extra=fields(changefeed=self.changefeed, error=self.error)
@@ -273,7 +286,7 @@ class Sink:
         checkpoint may move with no transaction at all. The ``checkpoints`` table is brought up to date by the next
         transaction with rows. Not before its table exists (the first transaction creates it), so that verify finds
         every span's table."""
-        if any(d.rows or d.scan is not None for d in batch) or any(
+        if self.error or any(d.rows or d.scan is not None for d in batch) or any(
             (d.dispatcher.table_id, d.dispatcher.mode) not in self.ensured for d in batch
         ):
             return False
@@ -310,20 +323,18 @@ class Sink:
                     )
             for (table_id, mode), rows in per_table.items():
                 fresh = self.tombstones.above(rows.values(), horizons[(table_id, mode)])
-                if fresh:
-                    await cur.executemany(schema.apply(cf, table_id, mode), fresh)
-            await cur.executemany(
-                schema.save_checkpoint(cf),
+                if fresh:  # one statement per table: the batch's columns as arrays (keys distinct: newest per key)
+                    columns = [list(column) for column in zip(*fresh, strict=True)]
+                    await cur.execute(schema.apply_batch(cf, table_id, mode), columns)
+            await cur.execute(
+                schema.save_checkpoints(cf),
                 [
-                    (
-                        d.name,
-                        d.dispatcher.table_id,
-                        d.dispatcher.mode.value,
-                        d.dispatcher.key_range.start,
-                        d.dispatcher.key_range.end,
-                        taken[d.name][1],
-                    )
-                    for d in batch
+                    [d.name for d in batch],
+                    [d.dispatcher.table_id for d in batch],
+                    [d.dispatcher.mode.value for d in batch],
+                    [d.dispatcher.key_range.start for d in batch],
+                    [d.dispatcher.key_range.end for d in batch],
+                    [taken[d.name][1] for d in batch],
                 ],
             )
             # Last: a scan whose dispatcher closed while this transaction ran is not committed. Its close reported a
@@ -345,8 +356,10 @@ class Sink:
                         await conn.execute(statement)
                     await conn.execute(schema.create_table(self.changefeed, table_id, mode))
                     await self.tombstones.ensure(conn, table_id, mode)
+                    row = await (await conn.execute(schema.read_identity(self.changefeed))).fetchone()
                 break
             except psycopg.errors.UniqueViolation:  # another capture created it at the same moment
                 if attempt == 2:
                     raise
         self.ensured.add((table_id, mode))
+        self.identity = str(row[0]) if row else self.identity

@@ -68,8 +68,22 @@ def create_schema(changefeed: str) -> str:
         "span_end bytea NOT NULL, revision bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());\n"
         f"CREATE TABLE IF NOT EXISTS {horizons(changefeed)} ("
         "table_id bigint NOT NULL, mode text NOT NULL, revision bigint NOT NULL DEFAULT 0, "
-        "PRIMARY KEY (table_id, mode))"
+        "PRIMARY KEY (table_id, mode));\n"
+        f"CREATE TABLE IF NOT EXISTS {identity(changefeed)} (id text PRIMARY KEY);\n"
+        f"INSERT INTO {identity(changefeed)} SELECT gen_random_uuid()::text "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {identity(changefeed)})"
     )
+
+
+def identity(changefeed: str) -> str:
+    """A table of one row, made with the schema: a random id naming this sink, so that a changed DSN that reaches
+    another database (which does not hold the rows the checkpoints claim) is told apart from one that reaches the
+    same database another way (a moved host, a failed-over primary, new credentials)."""
+    return f"{_q(schema_name(changefeed))}.{_q('identity')}"
+
+
+def read_identity(changefeed: str) -> str:
+    return f"SELECT id FROM {identity(changefeed)} ORDER BY id LIMIT 1"
 
 
 def create_table(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> str:
@@ -103,6 +117,21 @@ def apply(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> str:
     )
 
 
+def apply_batch(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> str:
+    """A batch of changes applied in one statement, each only if newer than its row: four arrays (keys, values,
+    revisions, deleted flags; ``%s`` placeholders) unnested into ``apply``'s upsert. One round trip and one plan
+    for the whole batch, where ``apply`` per row costs a round trip each (in a pipeline) and most of the capture's
+    CPU in the client. The keys must be distinct (``ON CONFLICT DO UPDATE`` touches a row at most once per
+    statement): the writer keeps the newest change per key of a batch."""
+    t = qualified(changefeed, table_id, mode)
+    return (
+        f"INSERT INTO {t} AS row (key, value, revision, deleted) "
+        "SELECT * FROM unnest(%s::bytea[], %s::bytea[], %s::bigint[], %s::boolean[]) "
+        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, revision = EXCLUDED.revision, "
+        "deleted = EXCLUDED.deleted WHERE row.revision < EXCLUDED.revision"
+    )
+
+
 def sweep(changefeed: str, table_id: int, mode: Mode = Mode.DEFAULT) -> str:
     """An initial scan's deletes (named placeholders ``lo``, ``hi``, ``at``, ``keys``): every live row of
     ``lo <= key < hi`` older than the scan's revision ``at`` whose key the scan did not find (``keys``) becomes a
@@ -126,6 +155,19 @@ def save_checkpoint(changefeed: str) -> str:
     return (
         f"INSERT INTO {c} AS cp (dispatcher, table_id, mode, span_start, span_end, revision) "
         "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (dispatcher) DO UPDATE SET revision = EXCLUDED.revision, "
+        "table_id = EXCLUDED.table_id, mode = EXCLUDED.mode, span_start = EXCLUDED.span_start, "
+        "span_end = EXCLUDED.span_end, updated_at = now() WHERE cp.revision < EXCLUDED.revision"
+    )
+
+
+def save_checkpoints(changefeed: str) -> str:
+    """``save_checkpoint`` for many dispatchers (distinct) in one statement: six arrays (dispatchers, table ids,
+    modes, span starts, span ends, revisions)."""
+    c = checkpoints(changefeed)
+    return (
+        f"INSERT INTO {c} AS cp (dispatcher, table_id, mode, span_start, span_end, revision) "
+        "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bytea[], %s::bytea[], %s::bigint[]) "
+        "ON CONFLICT (dispatcher) DO UPDATE SET revision = EXCLUDED.revision, "
         "table_id = EXCLUDED.table_id, mode = EXCLUDED.mode, span_start = EXCLUDED.span_start, "
         "span_end = EXCLUDED.span_end, updated_at = now() WHERE cp.revision < EXCLUDED.revision"
     )

@@ -611,12 +611,17 @@ def test_a_call_on_a_connection_closed_under_it_is_a_transport_error_and_a_stale
 
 
 def test_new_values_that_do_not_work_leave_the_working_connection_in_use(
-    etcd: EtcdServer, postgres: PostgresServer, table_id: int
+    etcd: EtcdServer, postgres: PostgresServer, start_etcd: Callable[..., EtcdServer], table_id: int
 ) -> None:
     """A changed Secret whose new values fail (a sink DSN to a port nobody listens on, an etcd endpoint nobody
     answers) is refused per side with why, and the connections made with the old values stay in use: the
-    dispatcher keeps replicating. New values that work are used at once, positions kept, nothing lost."""
+    dispatcher keeps replicating. New values that work are used at once, positions kept, nothing lost. New values
+    that work but reach another sink database or another etcd cluster are refused too: the positions are revisions
+    of this cluster, and the checkpoint claims rows that only the first database holds."""
     good = endpoints(etcd, postgres)
+    elsewhere = start_etcd()
+    with psycopg.connect(postgres.dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE other{table_id}")
 
     async def body(rt: DataplaneRuntime) -> None:
         async with client(etcd) as c:
@@ -646,5 +651,45 @@ def test_new_values_that_do_not_work_leave_the_working_connection_in_use(
                 names = [r[0] for r in conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()]
             assert "rotated" in names
             assert set(rows(postgres, table_id)) == {k(table_id, x) for x in (b"b", b"c", b"d")}
+            moved = Endpoints(etcd=(elsewhere.endpoint,), dsn=postgres.conninfo(f"other{table_id}"))
+            problems = await rt.reconfigure(CF, moved)
+            assert "reaches another database than the one this changefeed writes" in problems[SINK], problems
+            assert "belongs to another etcd cluster" in problems[SOURCE], problems
+            r4 = (await c.put(k(table_id, b"e"), b"1")).header.revision
+            await until(lambda: rt.checkpoint("d") >= r4, what="a write after the refused move")
+            assert k(table_id, b"e") in rows(postgres, table_id)
 
     run(with_runtime(good, body))
+
+
+def test_a_batch_is_one_statement_applying_each_change_only_if_newer(postgres: PostgresServer, table_id: int) -> None:
+    """``schema.apply_batch``: the batch's columns as arrays in one statement; each change lands only if newer than
+    its row (a replay or an older change is a no-op), a delete as a tombstone; a batch of deletes only (every value
+    NULL) too. ``schema.save_checkpoints`` likewise, never backwards."""
+    cf = "cf-batch"
+    t = (table_key(table_id), table_key(table_id + 1))
+
+    def apply(*rows: tuple[bytes, bytes | None, int, bool]) -> None:
+        with psycopg.connect(postgres.dsn) as conn, conn.transaction():
+            conn.execute(schema.apply_batch(cf, table_id), [list(c) for c in zip(*rows, strict=True)])
+
+    def got() -> dict[bytes, tuple[Any, ...]]:
+        with psycopg.connect(postgres.dsn) as conn:
+            return {k: (v, rev, dead) for k, v, rev, dead in conn.execute(schema.rows_in_range(cf, table_id), t)}
+
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        for statement in schema.create_schema(cf).split(";\n"):
+            conn.execute(statement)
+        conn.execute(schema.create_table(cf, table_id))
+    a, b, c = k(table_id, b"a"), k(table_id, b"b"), k(table_id, b"c")
+    apply((a, b"1", 5, False), (b, b"2", 6, False))
+    apply((a, None, 4, True), (b, None, 7, True), (c, None, 8, True))  # deletes only: a's is older than its row
+    assert got() == {a: (b"1", 5, False), b: (None, 7, True), c: (None, 8, True)}
+    apply((a, b"1", 5, False), (b, b"2", 6, False))  # a replay changes nothing
+    assert got() == {a: (b"1", 5, False), b: (None, 7, True), c: (None, 8, True)}
+    with psycopg.connect(postgres.dsn) as conn, conn.transaction():
+        rows = [["d1", "d2"], [table_id, table_id], ["default", "default"], [a, b], [b, c], [9, 3]]
+        conn.execute(schema.save_checkpoints(cf), rows)
+        conn.execute(schema.save_checkpoints(cf), [["d1"], [table_id], ["default"], [a], [b], [8]])  # backwards
+        saved = dict(conn.execute(f"SELECT dispatcher, revision FROM {schema.checkpoints(cf)}").fetchall())
+    assert saved == {"d1": 9, "d2": 3}
