@@ -19,8 +19,8 @@ from controller.dataplane.etcd import describe
 #: bare "handshake" (gRPC's "tcp handshaker shutdown" is a host that does not answer) nor "SSL error" (libpq's
 #: "SSL error: unexpected eof" is a server restarting).
 _TLS = re.compile(
-    r"ssl handshake failed|certificate verify failed|CERTIFICATE_VERIFY_FAILED|tlsv1 alert|unknown ca|"
-    r"bad certificate|certificate has expired|self[- ]signed|hostname mismatch|does not match host name|"
+    r"(ssl|tls) handshake failed|SSL_ERROR_SSL|certificate verify failed|CERTIFICATE_VERIFY_FAILED|tlsv1 alert|"
+    r"unknown ca|bad certificate|certificate has expired|self[- ]signed|hostname mismatch|does not match host name|"
     r"server does not support SSL|WRONG_VERSION_NUMBER",
     re.IGNORECASE,
 )

@@ -40,6 +40,7 @@ audit), so the caller can sleep until then or until an event.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from controller.engine import balance, checkpoint, controller, repair, scheduler, tables, teardown, traffic
@@ -432,30 +433,31 @@ def troubles(world: World, now: float, side: prog.Side) -> list[tuple[str, prog.
     (``progress.SOURCE`` or ``SINK``), by capture name (a lost capture's last report says nothing about now). The
     conditions SourceUnavailable and SinkUnavailable, and the metrics source_ and sink_unavailable_captures."""
     cf = world.changefeed.name
-    out = []
+    return [
+        (name, trouble)
+        for name, report in _live_reports(world, now)
+        if (trouble := next((t for t in report.troubles if t.changefeed == cf and t.side == side), None)) is not None
+    ]
+
+
+def _live_reports(world: World, now: float) -> Iterator[tuple[str, prog.Progress]]:
+    """(capture, its progress report) for every live capture with one, by name (a lost capture's last report says
+    nothing about now)."""
     for name in sorted(world.captures):
         cap = world.captures[name]
-        if cap.progress is None or not cap.alive(now):
-            continue
-        trouble = next((t for t in cap.progress.troubles if t.changefeed == cf and t.side == side), None)
-        if trouble is not None:
-            out.append((name, trouble))
-    return out
+        if cap.progress is not None and cap.alive(now):
+            yield name, cap.progress
 
 
 def sink_figures(world: World, now: float) -> list[tuple[str, prog.SinkFigures]]:
     """(capture, its figures of the changefeed's sink) for every live capture that reports them, by capture name:
     the metrics of tombstones collected and held and of live rows."""
     cf = world.changefeed.name
-    out = []
-    for name in sorted(world.captures):
-        cap = world.captures[name]
-        if cap.progress is None or not cap.alive(now):
-            continue
-        figures = next((f for f in cap.progress.sinks if f.changefeed == cf), None)
-        if figures is not None:
-            out.append((name, figures))
-    return out
+    return [
+        (name, figures)
+        for name, report in _live_reports(world, now)
+        if (figures := next((f for f in report.sinks if f.changefeed == cf), None)) is not None
+    ]
 
 
 def _unavailable_condition(tick: Tick, side: prog.Side) -> Condition | None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
 from controller.dataplane.servers import EtcdServer, PostgresServer
-from tests.integration.harness import CRD_DIR, Api, embedded_api
+from tests.integration.harness import CRD_DIR, Api, System, embedded_api
 
 #: etcd's progress-notification interval on the test servers (its default is 10 minutes).
 PROGRESS_INTERVAL = 0.3
@@ -93,3 +94,17 @@ def api(kube: ApiServerHandle) -> Iterator[Api]:
     api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "dp"}})
     yield api
     api.pool.clear()
+
+
+@pytest.fixture
+def system(api: Api, tmp_path: Path) -> Iterator[System]:
+    """The maintainers and captures of a test, as processes (harness.System): their logs' tails printed when the
+    test fails, every one stopped when it ends."""
+    system = System(api, tmp_path)
+    try:
+        yield system
+    except BaseException:
+        print(system.tails())
+        raise
+    finally:
+        system.stop_all()

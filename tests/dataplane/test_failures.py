@@ -13,8 +13,7 @@ import concurrent.futures
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import aetcd
@@ -47,18 +46,6 @@ def writer(etcd: EtcdServer, table_id: int) -> Writer:
 def written_through(w: Writer, since: int) -> None:
     """Let the writer make ``CHANGES`` changes from ``since`` on, over at least ``CHANGES`` keys in all."""
     w.wait_for(since + CHANGES, touched=CHANGES)
-
-
-@pytest.fixture
-def system(api: Api, tmp_path: Path) -> Iterator[System]:
-    system = System(api, tmp_path)
-    try:
-        yield system
-    except BaseException:
-        print(system.tails())
-        raise
-    finally:
-        system.stop_all()
 
 
 def verify(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServer) -> tuple[int, str]:
@@ -377,6 +364,19 @@ def test_etcd_compacted_past_the_checkpoint_stops_the_changefeed_with_a_clear_fa
     compacted = w.last
     asyncio.run(compact(etcd, compacted))
     system.capture("c2")
+    failed_at_compaction(watch, compacted)
+    events = api.ok("GET", f"/api/v1/namespaces/{api.namespace}/events")["items"]
+    told = [e for e in events if e.get("reason") == FAILED_EVENT and e["involvedObject"]["name"] == CHANGEFEED]
+    assert told, [e.get("reason") for e in events]
+    assert told[0]["type"] == "Warning"
+    rc, out = verify(api, capsys, postgres)
+    assert rc != 0, out
+    assert "compacted" in out, out
+
+
+def failed_at_compaction(watch: Watch, compacted: int) -> None:
+    """The Changefeed reports its dispatchers stopped for good by etcd's compaction to ``compacted`` (condition
+    ReplicationFailed naming it), and its checkpoint claims nothing at or after it."""
 
     def failed(s: Snap) -> object:
         cond = s.changefeed.condition(REPLICATION_FAILED) if s.changefeed is not None else None
@@ -388,13 +388,6 @@ def test_etcd_compacted_past_the_checkpoint_stops_the_changefeed_with_a_clear_fa
     assert cond is not None
     assert f"compacted to revision {compacted}" in cond.message, cond.message
     assert snap.changefeed.checkpoint_ts < compacted  # nothing after the checkpoint is claimed delivered
-    events = api.ok("GET", f"/api/v1/namespaces/{api.namespace}/events")["items"]
-    told = [e for e in events if e.get("reason") == FAILED_EVENT and e["involvedObject"]["name"] == CHANGEFEED]
-    assert told, [e.get("reason") for e in events]
-    assert told[0]["type"] == "Warning"
-    rc, out = verify(api, capsys, postgres)
-    assert rc != 0, out
-    assert "compacted" in out, out
 
 
 async def compact(server: EtcdServer, revision: int) -> None:

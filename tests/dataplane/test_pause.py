@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import psycopg
 import pytest
 
 from controller.dataplane.servers import EtcdServer, PostgresServer
-from controller.engine.maintainer import PAUSED, REPLICATION_FAILED
+from controller.engine.maintainer import PAUSED
 from controller.model.records import Condition
 from tests.dataplane.test_failures import (
     checkpoint_past,
     compact,
+    failed_at_compaction,
     settled_on,
     start_feed,
     verified,
@@ -33,18 +33,6 @@ from tests.integration.harness import CHANGEFEED, Api, Snap, System
 PAUSE = 60.0
 #: What a pause may take to reach the captures (their reads of the Changefeed, every 5 s) and close what they hold.
 SETTLE = 12.0
-
-
-@pytest.fixture
-def system(api: Api, tmp_path: Path) -> Iterator[System]:
-    system = System(api, tmp_path)
-    try:
-        yield system
-    except BaseException:
-        print(system.tails())
-        raise
-    finally:
-        system.stop_all()
 
 
 def cli(api: Api, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -162,17 +150,7 @@ def test_a_changefeed_paused_past_the_sources_history_fails_clearly_on_resume(
     asyncio.run(compact(etcd, compacted))
     rc, out = cli(api, capsys, "resume", "-c", CHANGEFEED)
     assert rc == 0, out
-
-    def failed(s: Snap) -> object:
-        cond = condition(s, REPLICATION_FAILED)
-        return (cond is not None and cond.status == "True") or f"ReplicationFailed: {cond}"
-
-    snap = watch.until(failed, "the Changefeed to report its dispatchers stopped for good", 60)
-    cond = condition(snap, REPLICATION_FAILED)
-    assert cond is not None
-    assert f"compacted to revision {compacted}" in cond.message, cond.message
-    assert snap.changefeed is not None
-    assert snap.changefeed.checkpoint_ts < compacted
+    failed_at_compaction(watch, compacted)
     rc, out = verify(api, capsys, postgres)
     assert rc != 0, out
 

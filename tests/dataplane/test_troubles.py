@@ -15,21 +15,15 @@ are used within 30 s without a restart.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aetcd.rpc
 import psycopg
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from controller.apiserver.tls import self_signed
 from controller.cli.__main__ import main as kubectl_changefeed
@@ -51,18 +45,6 @@ from tests.integration.harness import Api, System
 #: How soon a trouble must show, and a fix be used.
 WITHIN = 30.0
 PASSWORD, ROTATED = "first-password", "second-password"
-
-
-@pytest.fixture
-def system(api: Api, tmp_path: Path) -> Iterator[System]:
-    system = System(api, tmp_path)
-    try:
-        yield system
-    except BaseException:
-        print(system.tails())
-        raise
-    finally:
-        system.stop_all()
 
 
 @pytest.fixture
@@ -328,24 +310,9 @@ def test_a_rotated_password_is_used_within_30_s_without_a_restart(
 
 
 def client_certificate() -> tuple[bytes, bytes]:
-    """A self-signed client certificate and its key (PEM), as cert-manager would issue one."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cfm-capture")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("cfm-capture")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    return cert.public_bytes(serialization.Encoding.PEM), pem
+    """A self-signed client certificate and its key (PEM), as an issuer would renew one."""
+    cert = self_signed("127.0.0.1")
+    return cert.cert_pem, cert.key_pem
 
 
 def test_a_rotated_client_certificate_is_used_within_30_s_without_a_restart(

@@ -37,6 +37,9 @@ U = grpc.StatusCode.UNAVAILABLE
         (U, "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:2379: Ssl handshake failed: "
             "SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED", False,
          "TLS with the source failed"),
+        (U, "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:2379: Tls handshake failed "
+            "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:10000412:SSL routines:OPENSSL_internal:SSLV3_ALERT_BAD_"
+            "CERTIFICATE", False, "TLS with the source failed"),
         (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password", False,
          "the source refused the credentials"),
         (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token", True, "cannot read the source"),
