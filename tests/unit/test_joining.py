@@ -116,7 +116,8 @@ def test_a_join_of_a_table_the_view_lacks_is_dropped_only_after_a_read_finds_it_
 
 
 def test_without_the_join_the_first_spans_are_created_at_once():
-    """The mutant ``spans-before-the-join`` (the old rule), which seed 805239 catches."""
+    """The mutant ``spans-before-the-join`` (the old rule, which seed 805239's history once failed): killed here
+    (``engine.world.DIRECT_MUTANTS``)."""
     api = Store()
     api.add(changefeed(checkpoint_ts=250), *LIVE, table(2))
     dec = decide(api.world(), memory(), Options(mutants=frozenset({"spans-before-the-join"})))
