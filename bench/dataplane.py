@@ -12,8 +12,8 @@ A real etcd and a real PostgreSQL start on loopback (controller.dataplane.server
    - *read alone* (the source's ceiling): one watch over the table, every event decoded into a row;
    - *write alone* (the sink's ceiling), per statement form: the rows already read, cut into the runtime's
      batches (2,000 changes, the newest per key), one transaction each with a checkpoint row, either one
-     ``INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO UPDATE WHERE newer`` (``schema.apply_batch``, what the
-     sink uses) or COPY into a temporary table and one merge;
+     ``INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO UPDATE WHERE newer`` or a binary COPY into a temporary
+     table and one merge (``schema.stage``, ``schema.merge``: what the sink uses);
    - *raw pipeline*, per statement form: one watch into one connection, reading and writing overlapped, batched
      as the runtime batches (a transaction every 50 ms or 2,000 changes); the faster is "the best raw pipeline";
    - *the runtime*: one capture's ``DataplaneRuntime`` with N dispatchers over N equal key ranges of the table.
@@ -176,23 +176,26 @@ async def _prepare(conn: psycopg.AsyncConnection[Any], changefeed: str, table_id
 
 
 async def _apply_unnest(cur: psycopg.AsyncCursor[Any], changefeed: str, table_id: int, rows: list[Row]) -> None:
-    await cur.execute(schema.apply_batch(changefeed, table_id), [list(c) for c in zip(*rows, strict=True)])
+    """One ``INSERT ... SELECT FROM unnest(arrays)`` with the only-if-newer upsert."""
+    t = schema.qualified(changefeed, table_id)
+    await cur.execute(
+        f"INSERT INTO {t} AS row (key, value, revision, deleted) "
+        "SELECT * FROM unnest(%s::bytea[], %s::bytea[], %s::bigint[], %s::boolean[]) "
+        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, revision = EXCLUDED.revision, "
+        "deleted = EXCLUDED.deleted WHERE row.revision < EXCLUDED.revision",
+        [list(c) for c in zip(*rows, strict=True)],
+    )
 
 
 async def _apply_copy(cur: psycopg.AsyncCursor[Any], changefeed: str, table_id: int, rows: list[Row]) -> None:
-    """COPY into a temporary table, then one merge (only-if-newer) into the sink's table."""
-    await cur.execute("CREATE TEMPORARY TABLE IF NOT EXISTS staged (key bytea, value bytea, revision bigint, "
-                      "deleted boolean) ON COMMIT DELETE ROWS")  # fmt: skip
-    async with cur.copy("COPY staged (key, value, revision, deleted) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(["bytea", "bytea", "int8", "bool"])
+    """A binary COPY into a temporary table, then one merge (only-if-newer): the sink's own statements."""
+    create, copy_in = schema.stage()
+    await cur.execute(create)
+    async with cur.copy(copy_in) as copy:
+        copy.set_types(list(schema.STAGED_TYPES))
         for row in rows:
             await copy.write_row(row)
-    t = schema.qualified(changefeed, table_id)
-    await cur.execute(
-        f"INSERT INTO {t} AS row (key, value, revision, deleted) SELECT key, value, revision, deleted FROM staged "
-        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, revision = EXCLUDED.revision, "
-        "deleted = EXCLUDED.deleted WHERE row.revision < EXCLUDED.revision"
-    )
+    await cur.execute(schema.merge(changefeed, table_id))
 
 
 STATEMENTS = {"unnest": _apply_unnest, "copy": _apply_copy}

@@ -2,9 +2,9 @@
 
 One writer task on one psycopg connection takes what every dispatcher of this capture received since the last
 transaction (at most ``batch_interval`` apart, sooner once ``batch_rows`` rows wait), keeps the newest change per
-key, applies them with one statement per table (``schema.apply_batch``: the batch's columns as arrays; only if newer
-than the row; deletes as tombstones) and saves the included dispatchers' resolved revisions with one more
-(``schema.save_checkpoints``), all in one transaction. Only after the commit does a
+key, writes them per table with a binary COPY into a temporary table and one merge (``schema.stage``,
+``schema.merge``: only if newer than the row; deletes as tombstones) and saves the included dispatchers' resolved
+revisions with one more statement (``schema.save_checkpoints``), all in one transaction. Only after the commit does a
 dispatcher's checkpoint (``durable``) move: a checkpoint is never claimed before the rows it covers are committed.
 A failed transaction is rolled back, its rows go back in front of what arrived meanwhile, and it is retried with
 back-off (``error`` says why meanwhile, and the capture's ``troubles`` report it: ``diagnosis.sink_trouble``): the
@@ -323,9 +323,14 @@ class Sink:
                     )
             for (table_id, mode), rows in per_table.items():
                 fresh = self.tombstones.above(rows.values(), horizons[(table_id, mode)])
-                if fresh:  # one statement per table: the batch's columns as arrays (keys distinct: newest per key)
-                    columns = [list(column) for column in zip(*fresh, strict=True)]
-                    await cur.execute(schema.apply_batch(cf, table_id, mode), columns)
+                if fresh:  # per table: a binary COPY into the staging table and one merge (keys distinct)
+                    create, copy_in = schema.stage()
+                    await cur.execute(create)
+                    async with cur.copy(copy_in) as copy:
+                        copy.set_types(list(schema.STAGED_TYPES))
+                        for row in fresh:
+                            await copy.write_row(row)
+                    await cur.execute(schema.merge(cf, table_id, mode))
             await cur.execute(
                 schema.save_checkpoints(cf),
                 [

@@ -663,15 +663,23 @@ def test_new_values_that_do_not_work_leave_the_working_connection_in_use(
 
 
 def test_a_batch_is_one_statement_applying_each_change_only_if_newer(postgres: PostgresServer, table_id: int) -> None:
-    """``schema.apply_batch``: the batch's columns as arrays in one statement; each change lands only if newer than
-    its row (a replay or an older change is a no-op), a delete as a tombstone; a batch of deletes only (every value
-    NULL) too. ``schema.save_checkpoints`` likewise, never backwards."""
+    """``schema.stage`` and ``schema.merge``: a batch copied into the staging table and merged in one statement; each
+    change lands only if newer than its row (a replay or an older change is a no-op), a delete as a tombstone; a
+    batch of deletes only (every value NULL) too; the staging is empty after each merge. ``schema.save_checkpoints``
+    likewise in one statement, never backwards."""
     cf = "cf-batch"
     t = (table_key(table_id), table_key(table_id + 1))
 
     def apply(*rows: tuple[bytes, bytes | None, int, bool]) -> None:
-        with psycopg.connect(postgres.dsn) as conn, conn.transaction():
-            conn.execute(schema.apply_batch(cf, table_id), [list(c) for c in zip(*rows, strict=True)])
+        create, copy_in = schema.stage()
+        with psycopg.connect(postgres.dsn) as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute(create)
+            with cur.copy(copy_in) as copy:
+                copy.set_types(list(schema.STAGED_TYPES))
+                for row in rows:
+                    copy.write_row(row)
+            cur.execute(schema.merge(cf, table_id))
+            assert cur.execute(f"SELECT count(*) FROM {schema.STAGED}").fetchone() == (0,)
 
     def got() -> dict[bytes, tuple[Any, ...]]:
         with psycopg.connect(postgres.dsn) as conn:
