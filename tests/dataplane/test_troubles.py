@@ -27,6 +27,7 @@ import pytest
 
 from controller.apiserver.tls import self_signed
 from controller.cli.__main__ import main as kubectl_changefeed
+from controller.dataplane import schema
 from controller.dataplane.etcd import Connection, Tls
 from controller.dataplane.servers import EtcdServer, PostgresServer, free_port
 from controller.engine.maintainer import (
@@ -194,6 +195,10 @@ def test_every_broken_changefeed_says_why_within_30_s_and_replicates_once_fixed(
         with psycopg.connect(pg.dsn, autocommit=True) as admin:
             admin.execute(f"GRANT CREATE ON DATABASE {pg.database} TO nogrant")
 
+    def put_column_back() -> None:
+        with psycopg.connect(dsn(pg), autocommit=True) as admin:
+            admin.execute(f"ALTER TABLE {schema.qualified('altered', altered)} RENAME COLUMN rev TO revision")
+
     cases = [
         Case("no-sink-secret", "sink", CONFIGURATION_ERROR, "the sink Secret dp/no-sink-secret-sink does not exist",
              good_source, None, fix_secret("no-sink-secret", sink=good_sink)),
@@ -207,6 +212,8 @@ def test_every_broken_changefeed_says_why_within_30_s_and_replicates_once_fixed(
              good_source, {"dsn": dsn(pg, password="hunter2")}, fix_secret("wrong-password", sink=good_sink)),
         Case("no-grant", "sink", CONFIGURATION_ERROR, "the sink's user lacks a grant (permission denied)",
              good_source, {"dsn": dsn(pg, user="nogrant")}, grant),
+        Case("altered", "sink", CONFIGURATION_ERROR, "a statement of the sink failed (a sink table altered by hand?)",
+             good_source, good_sink, put_column_back),
         Case("no-source-secret", "source", CONFIGURATION_ERROR,
              "the source Secret dp/no-source-secret-source does not exist",
              None, good_sink, fix_secret("no-source-secret", source=good_source)),
@@ -219,6 +226,14 @@ def test_every_broken_changefeed_says_why_within_30_s_and_replicates_once_fixed(
              fix_secret("untrusted", source=good_tls_source)),
     ]  # fmt: skip
     ids = {c.name: table_id * 100 + i for i, c in enumerate(cases)}
+    # A sink table altered by hand (by the sink's own user) before the changefeed writes it: a column renamed, so
+    # that every statement on it fails.
+    altered = ids["altered"]
+    with psycopg.connect(dsn(pg), autocommit=True) as owner:
+        for statement in schema.create_schema("altered").split(";\n"):
+            owner.execute(statement)
+        owner.execute(schema.create_table("altered", altered))
+        owner.execute(f"ALTER TABLE {schema.qualified('altered', altered)} RENAME COLUMN revision TO rev")
     for c in cases:
         if c.source is not None:
             put_secret(api, f"{c.name}-source", c.source)
