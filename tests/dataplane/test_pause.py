@@ -27,21 +27,13 @@ from tests.dataplane.test_failures import (
     verify,
     writer,
 )
+from tests.dataplane.test_troubles import cli
 from tests.integration.harness import CHANGEFEED, Api, Snap, System
 
 #: How long the writer writes through the pause.
 PAUSE = 60.0
 #: What a pause may take to reach the captures (their reads of the Changefeed, every 5 s) and close what they hold.
 SETTLE = 12.0
-
-
-def cli(api: Api, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    from controller.cli.__main__ import main as kubectl_changefeed
-
-    capsys.readouterr()
-    rc = kubectl_changefeed(["--kubeconfig", str(api.kubeconfig), "-n", api.namespace, *args])
-    out, err = capsys.readouterr()
-    return rc, out + err
 
 
 def sink_connections(pg: PostgresServer) -> int:
