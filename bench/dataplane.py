@@ -53,11 +53,12 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
-from controller.dataplane import schema
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.dataplane.writer import Writer, row_key
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
+from controller.sinks.postgres import PostgresSink
+from controller.sinks.postgres import schema
 
 OPTIONS = {"grpc.enable_http_proxy": 0}
 BATCH_INTERVAL = 0.05
@@ -402,7 +403,7 @@ async def throughput(a: argparse.Namespace, etcd: EtcdServer, pg: PostgresServer
 
 async def main(a: argparse.Namespace) -> None:
     with EtcdServer(progress_notify_interval=a.progress_notify) as etcd, PostgresServer() as pg:
-        endpoints = Endpoints(etcd=(etcd.endpoint,), dsn=pg.dsn)
+        endpoints = Endpoints(etcd=(etcd.endpoint,), sink=PostgresSink(CF, pg.dsn))
         print(f"etcd {etcd.endpoint} (progress notifications every {a.progress_notify} s), PostgreSQL "
               f"127.0.0.1:{pg.port}; commit {_commit_id()}")  # fmt: skip
         if a.changes > 0:

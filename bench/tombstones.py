@@ -36,12 +36,13 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
-from controller.dataplane import schema
 from controller.dataplane import verify as check
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
 from controller.model.states import Mode
+from controller.sinks.postgres import PostgresSink
+from controller.sinks.postgres import schema
 
 OPTIONS = {"grpc.enable_http_proxy": 0}
 CHANGEFEED = "bench-tombstones"
@@ -125,7 +126,7 @@ async def figures(dsn: str) -> tuple[int, int, int]:
 async def main(args: argparse.Namespace) -> None:
     with EtcdServer(progress_notify_interval=args.progress_notify) as etcd, PostgresServer() as pg:
         rt = DataplaneRuntime(gc_interval=args.gc_interval)
-        rt.configure(CHANGEFEED, Endpoints(etcd=(etcd.endpoint,), dsn=pg.dsn))
+        rt.configure(CHANGEFEED, Endpoints(etcd=(etcd.endpoint,), sink=PostgresSink(CHANGEFEED, pg.dsn)))
         whole = KeyRange.of_table(TABLE)
         ranges = whole.split_at(whole.even_split_keys(args.dispatchers)) if args.dispatchers > 1 else (whole,)
         names = [f"d{i}" for i in range(len(ranges))]
@@ -193,7 +194,7 @@ async def main(args: argparse.Namespace) -> None:
             rt.published(CHANGEFEED, revision)
             spans = [check.SpanToVerify(TABLE, Mode.DEFAULT, r) for r in ranges]
             async with check.EtcdReader([etcd.endpoint]) as reader:
-                results = await check.verify(reader, pg.dsn, CHANGEFEED, revision, spans, raise_to_horizon=True)
+                results = await check.verify(reader, PostgresSink(CHANGEFEED, pg.dsn), revision, spans, raise_to_horizon=True)
             diffs = sum(len(r.differences) for r in results)
             print(
                 f"verify at revision {results[0].revision:,} (horizon {results[0].horizon:,}): {results[0].keys:,} "

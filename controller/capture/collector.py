@@ -1,11 +1,12 @@
 """A changefeed's tombstone collection on a capture: when its sink writer collects, what, and the figures.
 
-The writer (``sink.Sink``) waits for work through :meth:`Collector.wait`, which runs a collection between its
+The writer (``batcher.Writer``) waits for work through :meth:`Collector.wait`, which runs a collection between its
 transactions every ``interval`` seconds, on the writer's connection, once the changefeed's published checkpoint is
-known (:meth:`Collector.publish`, from ``DataplaneRuntime.published``). A collection (``horizon.collect``, the
+known (:meth:`Collector.publish`, from ``DataplaneRuntime.published``). A collection (``Session.collect``, the
 argument in docs/architecture.md, "Tombstone collection") first saves this capture's dispatchers' committed
 checkpoints (an idle span's moved with no transaction: the table's frontier follows it), then moves each table's
-horizon and deletes the tombstones below it, for every (table, mode) the writer has ensured and one of this
+horizon to min(published checkpoint, the table's committed frontier: ``api.frontier``)
+and deletes the tombstones below it, for every (table, mode) the writer has ensured and one of this
 capture's dispatchers replicates (a table whose dispatchers all left is collected by the captures that hold them
 now, not by every capture that ever wrote it). One that fails is logged and tried again at the next interval: it
 never fails the writer.
@@ -17,29 +18,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-import psycopg
-
 from controller.capture.logs import fields
-from controller.dataplane import horizon, schema
-from controller.dataplane.horizon import Table
+from controller.model.keys import KeyRange
 from controller.model.progress import SinkFigures
 from controller.model.states import Mode
+from controller.sinks.api import Checkpoint, Row, Session, above, frontier
 
 log = logging.getLogger("controller.capture.dataplane")
 
-#: One change as the writer holds it (``sink.Row``): key, value, revision, deleted.
-Row = tuple[bytes, bytes | None, int, bool]
+#: Tombstones deleted per transaction, and transactions per collection (what is left waits for the next one).
+DELETE_BATCH = 5_000
+DELETE_BATCHES = 10
 
 
 class Writer(Protocol):
-    """What the collector reads of the sink's writer (``sink.Sink``)."""
+    """What the collector reads of the sink's writer (``batcher.Writer``)."""
 
     changefeed: str
-    conn: psycopg.AsyncConnection[Any] | None
+    conn: Session | None
     ensured: set[tuple[int, Mode]]
     #: The feed's dispatchers by name (``sink.Pending``: ``dispatcher`` and ``durable`` are read).
     dispatchers: dict[str, Any]
@@ -82,18 +82,10 @@ class Collector:
     def publish(self, checkpoint: int) -> None:
         self.published = max(self.published, checkpoint)
 
-    # -- the writer's hooks: the table's horizon made with it, the fence in each of its transactions ----------------
-
-    async def ensure(self, conn: psycopg.AsyncConnection[Any], table_id: int, mode: Mode) -> None:
-        await horizon.ensure(conn, self.writer.changefeed, table_id, mode)
-
-    async def fence(self, cur: psycopg.AsyncCursor[Any], tables: Collection[tuple[int, Mode]]) -> dict[Table, int]:
-        return await horizon.fence(cur, self.writer.changefeed, tables)
-
     def above(self, rows: Iterable[Row], at: int) -> list[Row]:
-        """The changes above the horizon ``at`` (``horizon.above``); those dropped are counted."""
+        """The changes above the horizon ``at`` (``api.above``); those dropped are counted."""
         every = list(rows)
-        fresh: list[Row] = horizon.above(every, at)
+        fresh: list[Row] = above(every, at)
         self.dropped += len(every) - len(fresh)
         return fresh
 
@@ -124,18 +116,20 @@ class Collector:
         self.next_at = self.clock() + self.interval
         conn = self.writer.conn
         tables = self.tables_to_collect()
-        if conn is None or conn.closed or not tables or self.published <= 0:
+        if conn is None or not conn.usable or not tables or self.published <= 0:
             return
         cf = self.writer.changefeed
         try:
             await self._save_checkpoints(conn, set(tables))
-            committed = await horizon.frontiers(conn, cf, tables)
+            spans = await conn.checkpoint_spans(tables)
             more = False
             for table_id, mode in tables:
-                done = await horizon.collect(
-                    conn, cf, table_id, mode, self.published, committed=committed[(table_id, mode)]
+                # A row read early is no worse than one read late: what a row says stays true, and it only moves up.
+                committed = frontier(KeyRange.of_table(table_id), spans.get((table_id, mode), []))
+                done = await conn.collect(
+                    (table_id, mode), min(self.published, committed), batch=DELETE_BATCH, batches=DELETE_BATCHES
                 )
-                seen = await horizon.figures(conn, cf, table_id, mode)
+                seen = await conn.figures((table_id, mode))
                 f = self.tables.setdefault((table_id, mode), TableFigures(table_id, mode.value))
                 moved = done.horizon != f.horizon
                 f.horizon, f.tombstones = done.horizon, seen.tombstones
@@ -165,29 +159,21 @@ class Collector:
                 "tombstone collection failed; tried again at the next interval",
                 extra=fields(changefeed=cf, error=self.error),
             )
-            if conn.broken:  # the writer connects again (``Sink._connection``: a closed connection is replaced)
-                with contextlib.suppress(Exception):
-                    await conn.close()
+            if not conn.usable:  # the writer connects again (``Writer._connection``: a closed session is replaced)
+                await conn.close()
 
-    async def _save_checkpoints(self, conn: psycopg.AsyncConnection[Any], tables: set[tuple[int, Mode]]) -> None:
+    async def _save_checkpoints(self, conn: Session, tables: set[tuple[int, Mode]]) -> None:
         """This capture's dispatchers' committed checkpoints (``durable``: every change of the span up to it is
         committed), saved as a transaction with rows saves them (never backwards). The writer is between
         transactions here: none of its own is in flight."""
-        rows = [
-            (
-                d.dispatcher.name,
-                d.dispatcher.table_id,
-                d.dispatcher.mode.value,
-                d.dispatcher.key_range.start,
-                d.dispatcher.key_range.end,
-                d.durable,
-            )
-            for d in self.writer.dispatchers.values()
-            if (d.dispatcher.table_id, d.dispatcher.mode) in tables and d.durable > 0
-        ]
-        if rows:
-            async with conn.transaction(), conn.cursor() as cur:
-                await cur.executemany(schema.save_checkpoint(self.writer.changefeed), rows)
+        await conn.save_checkpoints(
+            [
+                Checkpoint(d.dispatcher.name, d.dispatcher.table_id, d.dispatcher.mode, d.dispatcher.key_range.start,
+                           d.dispatcher.key_range.end, d.durable)
+                for d in self.writer.dispatchers.values()
+                if (d.dispatcher.table_id, d.dispatcher.mode) in tables and d.durable > 0
+            ]
+        )  # fmt: skip
 
     def figures(self) -> SinkFigures:
         """The progress report's figures: collected in total, tombstones held and live rows summed over the tables
@@ -205,8 +191,8 @@ class Collector:
 
     def stats(self) -> dict[str, Any]:
         """Tombstones collected by this capture in total, and each table's horizon, tombstones held and live rows
-        after its last collection here (``horizon.Figures``: live rows exact while a table is under 16 MB, else
-        estimated), with their sums."""
+        after its last collection here (``api.Figures``: live rows exact for a small table, else estimated), with their
+        sums."""
         tables = [asdict(f) for _, f in sorted(self.tables.items(), key=lambda kv: (kv[0][0], kv[0][1].value))]
         return {
             "checkpoint": self.published,

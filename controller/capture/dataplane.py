@@ -60,16 +60,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aetcd.rpc
-import psycopg
 
+from controller.capture.batcher import MAX_PENDING_ROWS, Scan, Writer
 from controller.capture.etcdwatch import BACKOFF, TRANSPORT, ChannelClosed, WatchStream, rpc
 from controller.capture.logs import fields
-from controller.capture.sink import MAX_PENDING_ROWS, Row, Scan, Sink
 from controller.capture.troubles import CONNECTION, Troubles
-from controller.dataplane import diagnosis, schema
+from controller.dataplane import diagnosis
 from controller.dataplane.etcd import Connection, Tls, describe
 from controller.model.progress import SINK, SOURCE, Side, SinkFigures
 from controller.model.records import Dispatcher
+from controller.sinks.api import Row, Session, Sink
 
 log = logging.getLogger("controller.capture.dataplane")
 
@@ -82,14 +82,15 @@ class Endpoints:
     """Where a changefeed reads and writes (from the Secrets it names). Never printed: see ``__repr__``."""
 
     etcd: tuple[str, ...]  # host:port or http://host:port
-    dsn: str
+    #: Where it writes: a sink of one kind (``controller.sinks.api.Sink``), compared by value.
+    sink: Sink
     username: str | None = None
     password: str | None = None
     #: TLS material for ``https://`` endpoints (``controller.dataplane.etcd``); None: the system's roots.
     tls: Tls | None = None
 
     def __repr__(self) -> str:
-        return f"Endpoints(etcd={len(self.etcd)} endpoint(s), dsn=<hidden>)"
+        return f"Endpoints(etcd={len(self.etcd)} endpoint(s), sink={self.sink.kind})"
 
     __str__ = __repr__
 
@@ -212,9 +213,9 @@ class _Feed:
         self._client_lock = asyncio.Lock()
         self._endpoint_index = 0
         self.stream = WatchStream(self.etcd, self.reset_etcd, on_head=self.saw_head, on_error=self.source_failed)
-        self.sink = Sink(
+        self.sink = Writer(
             changefeed,
-            endpoints.dsn,
+            endpoints.sink,
             self.dispatchers,
             batch_interval=runtime.batch_interval,
             batch_rows=runtime.batch_rows,
@@ -285,12 +286,12 @@ class _Feed:
                 problems[SOURCE] = f"the source Secret's new values do not work: {problem}" + (
                     "" if failing else "; still reading with the values read before"
                 )
-        if new.dsn != old.dsn:
-            conn, problem = await self._try_sink(new.dsn)
+        if new.sink != old.sink:
+            conn, problem = await self._try_sink(new.sink)
             failing = self.runtime.troubles.has(self.changefeed, SINK, CONNECTION)
             if conn is not None or failing:
-                self.sink.use(new.dsn, conn)
-                self.endpoints = replace(self.endpoints, dsn=new.dsn)
+                self.sink.use(new.sink, conn)
+                self.endpoints = replace(self.endpoints, sink=new.sink)
                 self.sink.wake.set()
             if problem:
                 problems[SINK] = f"the sink Secret's new dsn does not work: {problem}" + (
@@ -339,28 +340,19 @@ class _Feed:
         watch stream, and every watcher is created again on the new one from its dispatcher's position."""
         async with self._client_lock:
             old, self.client = self.client, client
-            self.endpoints = replace(new, dsn=self.endpoints.dsn)
+            self.endpoints = replace(new, sink=self.endpoints.sink)
             self._endpoint_index = 0
         if old is not None:
             with contextlib.suppress(Exception):
                 await old.close()
 
-    async def _try_sink(self, dsn: str) -> tuple[psycopg.AsyncConnection[Any] | None, str]:
-        """A connection made with ``dsn`` that answered a round trip and reaches the database this changefeed
-        writes (its identity row, ``schema.identity``, once the sink has one), or why not."""
+    async def _try_sink(self, sink: Sink) -> tuple[Session | None, str]:
+        """A session of ``sink`` that answered a round trip and reaches the database this changefeed writes (its
+        identity row, once the writer has read one), or why not."""
         conn = None
         try:
-            conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=5)
-            found = ""
-            if self.sink.identity:
-                try:
-                    row = await (await conn.execute(schema.read_identity(self.changefeed))).fetchone()
-                    found = str(row[0]) if row else ""
-                except psycopg.errors.UndefinedTable:
-                    found = ""
-            else:
-                await conn.execute("SELECT 1")
-            await conn.rollback()
+            conn = await sink.connect()
+            found = await conn.identity()
             if self.sink.identity and found != self.sink.identity:
                 await conn.close()
                 return None, (
@@ -369,11 +361,10 @@ class _Feed:
                     "point the Secret back, or create a new changefeed"
                 )
             return conn, ""
-        except (psycopg.Error, OSError) as exc:
+        except sink.errors() as exc:
             if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
-            return None, diagnosis.sink_trouble(exc, dsn)[1]
+                await conn.close()
+            return None, sink.trouble(exc)[1]
 
     def saw_head(self, revision: int) -> None:
         """The source answered (any response carries its head revision): it works."""

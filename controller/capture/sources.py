@@ -28,8 +28,6 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-import psycopg.conninfo
-
 from controller.capture.dataplane import Endpoints
 from controller.capture.logs import fields
 from controller.capture.routed import RoutedRuntime
@@ -40,6 +38,7 @@ from controller.kube.client import SECRETS as SECRET_RESOURCE
 from controller.model.progress import SINK, SOURCE, Side
 from controller.model.resources import InvalidResource, changefeed_from_resource
 from controller.model.states import Kind
+from controller.sinks import api as sinks
 
 log = logging.getLogger("controller.capture")
 CHANGEFEEDS = RESOURCES[Kind.CHANGEFEED]
@@ -138,7 +137,7 @@ class Sources:
             self._said(changefeed, {})
         if isinstance(found, Endpoints):
             self.routed.configure(changefeed, found)
-            log.info("changefeed replicates etcd to PostgreSQL", extra=fields(changefeed=changefeed))
+            log.info("changefeed replicates etcd", extra=fields(changefeed=changefeed, sink=found.sink.kind))
         if isinstance(found, Endpoints) or found is _NO_DATAPLANE:
             self.waiting.pop(changefeed, None)
             self.read.add(changefeed)
@@ -179,13 +178,15 @@ class Sources:
             return None
         if cf.checkpoint_ts:
             self.routed.published(changefeed, cf.checkpoint_ts)
-        return await self._endpoints(cf.source_secret, cf.sink_secret)
+        return await self._endpoints(changefeed, cf.source_secret, cf.sink_kind, cf.sink_secret)
 
-    async def _endpoints(self, source_secret: str, sink_secret: str) -> Endpoints | _Problem | object:
+    async def _endpoints(
+        self, changefeed: str, source_secret: str, sink_kind: str, sink_secret: str
+    ) -> Endpoints | _Problem | object:
         if not source_secret and not sink_secret:
             return _NO_DATAPLANE
         if not sink_secret:
-            return _Problem(SINK, "the changefeed names a source but no sink (spec.sink.postgres.secretRef)")
+            return _Problem(SINK, "the changefeed names a source but no sink (spec.sink.postgres or spec.sink.mysql)")
         if not source_secret:
             return _Problem(SOURCE, "the changefeed names a sink but no source (spec.source.etcd.secretRef)")
         source = await self._secret(SOURCE, source_secret)
@@ -202,18 +203,12 @@ class Sources:
         problem = etcd.problem(endpoints, tls)
         if problem:
             return _Problem(SOURCE, f"{where}: {problem}")
-        dsn = sink.get("dsn", "")
-        where = f"the sink Secret {self.namespace}/{sink_secret}"
-        if not dsn.strip():
-            return _Problem(SINK, f"{where} has no key dsn (a libpq connection string or postgresql:// URI)")
         try:
-            params = psycopg.conninfo.conninfo_to_dict(dsn)
-        except psycopg.Error:  # its words may quote the DSN: not repeated
-            return _Problem(SINK, f"{where}: dsn is not a libpq connection string (key=value ...) nor a URI")
-        if "@" in str(params.get("host") or ""):  # the host quoted nowhere: it holds the rest of the password
-            return _Problem(SINK, f"{where}: dsn's host holds an @: percent-encode @, / and : in a URI's password")
+            target = sinks.from_secret(sink_kind, changefeed, sink)
+        except sinks.Unusable as exc:
+            return _Problem(SINK, f"the sink Secret {self.namespace}/{sink_secret}: {exc}")
         username, password = source.get("username") or None, source.get("password") or None
-        return Endpoints(endpoints, dsn, username, password, tls)
+        return Endpoints(endpoints, target, username, password, tls)
 
     async def _secret(self, side: Side, name: str) -> dict[str, str] | _Problem:
         try:

@@ -190,7 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, what in (("cacert", "the CA bundle of https:// endpoints (default: the system's roots)"),
                        ("cert", "a client certificate for etcd"), ("key", "the client certificate's key")):  # fmt: skip
         p.add_argument(f"--etcd-{flag}", default=None, metavar="FILE", help=f"{what}, PEM; with --etcd-endpoints")
-    p.add_argument("--dsn", default=None, metavar="DSN", help="PostgreSQL (default: the sink's Secret); never printed")
+    p.add_argument(
+        "--dsn",
+        default=None,
+        metavar="DSN",
+        help="the sink's DSN (default: its Secret's dsn; of the changefeed's sink kind, else mysql:// or PostgreSQL); "
+        "never printed",
+    )
     return parser
 
 

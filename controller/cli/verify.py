@@ -29,6 +29,7 @@ from controller.kube.client import RESOURCES, ApiError
 from controller.model import resources as conv
 from controller.model.states import Kind
 from controller.model.verification import LAST_VERIFY_ANNOTATION, Verification
+from controller.sinks import api as sinks
 
 JSON = dict[str, Any]
 CHANGEFEEDS, SPANS = RESOURCES[Kind.CHANGEFEED], RESOURCES[Kind.SPAN]
@@ -45,10 +46,17 @@ def _get(obj: Mapping[str, Any], *path: str) -> Any:
 
 
 def secret_names(cf: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(etcd Secret, PostgreSQL Secret) the raw Changefeed names, None where it names none."""
+    """(etcd Secret, sink Secret) the raw Changefeed names, None where it names none."""
     etcd = _get(cf, "spec", "source", "etcd", "secretRef", "name")
-    sink = _get(cf, "spec", "sink", "postgres", "secretRef", "name")
+    sink = _get(cf, "spec", "sink", sink_kind(cf) or "postgres", "secretRef", "name")
     return (etcd if isinstance(etcd, str) and etcd else None, sink if isinstance(sink, str) and sink else None)
+
+
+def sink_kind(cf: Mapping[str, Any]) -> str | None:
+    """The sink kind the raw Changefeed names (``spec.sink``'s one key), None if it names none."""
+    sink = _get(cf, "spec", "sink")
+    named = [k for k in sinks.KINDS if isinstance(sink, Mapping) and k in sink]
+    return named[0] if named else None
 
 
 def secret_data(secret: Mapping[str, Any]) -> dict[str, str]:
@@ -181,8 +189,8 @@ def _tls_files(args: argparse.Namespace) -> etcd.Tls:
 
 async def _connection(
     session: Session, args: argparse.Namespace, cf: JSON, name: str
-) -> tuple[list[str], str | None, str | None, etcd.Tls, str]:
-    """etcd endpoints, username, password, TLS and the DSN: the flags, else the Secrets the Changefeed names."""
+) -> tuple[list[str], str | None, str | None, etcd.Tls, sinks.Sink]:
+    """etcd endpoints, username, password, TLS and the sink: the flags, else the Secrets the Changefeed names."""
     etcd_secret, sink_secret = secret_names(cf)
     username = password = None
     if args.etcd_endpoints:
@@ -199,15 +207,19 @@ async def _connection(
             raise Refused(f"Secret {etcd_secret!r} has no key 'endpoints' (comma-separated host:port)")
     else:
         raise Refused(f"changefeed {name!r} names no etcd source (spec.source.etcd.secretRef): pass --etcd-endpoints")
+    kind = sink_kind(cf) or ("mysql" if str(args.dsn or "").startswith("mysql://") else "postgres")
     if args.dsn:
-        dsn = str(args.dsn)
+        data = {"dsn": str(args.dsn)}
     elif sink_secret:
-        dsn = (await _read_secret(session, sink_secret, "the PostgreSQL sink")).get("dsn", "")
-        if not dsn:
-            raise Refused(f"Secret {sink_secret!r} has no key 'dsn'")
+        data = await _read_secret(session, sink_secret, f"the {kind} sink")
     else:
-        raise Refused(f"changefeed {name!r} names no PostgreSQL sink (spec.sink.postgres.secretRef): pass --dsn")
-    return endpoints, username, password, tls, dsn
+        raise Refused(f"changefeed {name!r} names no sink (spec.sink.postgres or spec.sink.mysql): pass --dsn")
+    try:
+        sink = sinks.from_secret(kind, name, data)
+    except sinks.Unusable as exc:
+        where = "--dsn" if args.dsn else f"Secret {sink_secret!r}"
+        raise Refused(f"{where}: {exc}") from None
+    return endpoints, username, password, tls, sink
 
 
 async def _record(session: Session, name: str, result: Verification) -> None:
@@ -231,7 +243,7 @@ async def verify(session: Session, args: argparse.Namespace) -> int:
         raise Failed(str(exc)) from None
     why = "; ".join(f"{c.type}: {c.message}" for c in cf.conditions if c.type in STUCK and c.status == "True")
     revision = choose_revision(cf.checkpoint_ts, args.revision, name, why)
-    endpoints, username, password, tls, dsn = await _connection(session, args, raw, name)
+    endpoints, username, password, tls, sink = await _connection(session, args, raw, name)
     snap = await session.snapshot((CHANGEFEEDS, SPANS))
     for w in snap.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -242,7 +254,7 @@ async def verify(session: Session, args: argparse.Namespace) -> int:
         async with check.EtcdReader(endpoints, username, password, tls=tls) as reader:
             # The default revision (the checkpoint, read before the sink's snapshot) is raised to the tables'
             # tombstone horizon if one passed it meanwhile; one asked for is refused below it (check.verify).
-            results = await check.verify(reader, dsn, name, revision, spans, raise_to_horizon=args.revision is None)
+            results = await check.verify(reader, sink, revision, spans, raise_to_horizon=args.revision is None)
     except check.VerifyError as exc:
         raise (Refused if exc.refused else Failed)(str(exc)) from None
     except ValueError as exc:  # e.g. a DSN libpq cannot parse (psycopg raises ProgrammingError, a psycopg.Error)

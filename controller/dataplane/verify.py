@@ -52,9 +52,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.dataplane import etcd, horizon, schema
+from controller.dataplane import etcd
 from controller.model.keys import KeyRange
 from controller.model.states import Mode
+from controller.sinks.api import Sink, StoredRow
 
 #: Keys per page of etcd's range read at R.
 PAGE = 1000
@@ -62,14 +63,8 @@ PAGE = 1000
 POINT_READS = 32
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    """A downstream row, as ``schema.rows_in_range`` returns it."""
-
-    key: bytes
-    value: bytes | None
-    revision: int
-    deleted: bool
+#: A downstream row (``Snapshot.rows``).
+Row = StoredRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,60 +355,31 @@ class TableResult:
 
 
 async def read_rows(
-    dsn: str, changefeed: str, spans: Sequence[SpanToVerify]
+    sink: Sink, spans: Sequence[SpanToVerify]
 ) -> tuple[dict[SpanToVerify, list[Row]], set[tuple[int, Mode]], dict[tuple[int, Mode], int]]:
-    """Every span's downstream rows, in one REPEATABLE READ, read-only transaction (one snapshot of the
-    sink); the (table, mode) pairs the sink has no table for; and the tombstone horizons of the sink's tables,
+    """Every span's downstream rows, in one snapshot of the sink (``Sink.snapshot``: a REPEATABLE READ, read-only
+    transaction); the (table, mode) pairs the sink has no table for; and the tombstone horizons of the sink's tables,
     read in the same snapshot."""
-    import psycopg
-
     out: dict[SpanToVerify, list[Row]] = {}
     absent: set[tuple[int, Mode]] = set()
-    horizons: dict[tuple[int, Mode], int] = {}
     try:
-        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=10)
-    except psycopg.Error as exc:
-        # The DSN is never printed (it may hold a password): only where it failed.
-        raise VerifyError(f"cannot connect to PostgreSQL: {_pg_message(exc)}") from None
-    try:
-        async with conn:
-            await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
-            await conn.set_read_only(True)
-            async with conn.transaction():
-                horizons = await horizon.read(conn, changefeed)  # the snapshot's first read: rows and horizons in it
-                for span in spans:
-                    if (span.table_id, span.mode) in absent:
-                        out[span] = []
-                        continue
-                    name = schema.qualified(changefeed, span.table_id, span.mode)
-                    cur = await conn.execute("SELECT to_regclass(%s)", (name,))
-                    found = await cur.fetchone()
-                    if found is None or found[0] is None:
-                        absent.add((span.table_id, span.mode))
-                        out[span] = []
-                        continue
-                    cur = await conn.execute(
-                        schema.rows_in_range(changefeed, span.table_id, span.mode),
-                        (span.key_range.start, span.key_range.end),
-                    )
-                    out[span] = [Row(bytes(k), None if v is None else bytes(v), int(r), bool(d))
-                                 for k, v, r, d in await cur.fetchall()]  # fmt: skip
-    except psycopg.Error as exc:
-        raise VerifyError(f"reading PostgreSQL: {_pg_message(exc)}") from None
+        async with sink.snapshot() as snap:
+            horizons = await snap.horizons()  # the snapshot's first read: rows and horizons in it
+            for span in spans:
+                table = (span.table_id, span.mode)
+                found = None if table in absent else await snap.rows(table, span.key_range.start, span.key_range.end)
+                if found is None:
+                    absent.add(table)
+                out[span] = found or []
+    except sink.errors() as exc:
+        # The DSN is never printed (it may hold a password): the sink's own words, scrubbed.
+        raise VerifyError(f"cannot read the sink ({sink.describe()}): {sink.trouble(exc)[1]}") from None
     return out, absent, horizons
-
-
-def _pg_message(exc: BaseException) -> str:
-    diag = getattr(exc, "diag", None)
-    primary = getattr(diag, "message_primary", None) if diag is not None else None
-    text = primary or str(exc)
-    return " ".join(str(text).split()) or type(exc).__name__
 
 
 async def verify(
     etcd: EtcdReader,
-    dsn: str,
-    changefeed: str,
+    sink: Sink,
     revision: int,
     spans: Sequence[SpanToVerify],
     *,
@@ -424,7 +390,7 @@ async def verify(
     the highest (each result's ``revision`` says which was compared)."""
     if await etcd.compacted_below(revision):
         raise VerifyError(f"revision {revision} is compacted in etcd: choose a newer one (--revision)", refused=True)
-    rows, absent, horizons = await read_rows(dsn, changefeed, spans)
+    rows, absent, horizons = await read_rows(sink, spans)
     tables = {(s.table_id, s.mode) for s in spans}
     top = max(((h, t) for t, h in horizons.items() if t in tables), default=(0, (0, Mode.DEFAULT)), key=lambda x: x[0])
     if top[0] > revision:

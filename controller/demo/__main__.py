@@ -193,7 +193,7 @@ class DataPlane:
         """Live rows in the sink's tables of changefeed demo (0 before the first commit)."""
         import psycopg
 
-        from controller.dataplane import schema
+        from controller.sinks.postgres import schema
 
         total = 0
         with psycopg.connect(self.postgres.dsn, connect_timeout=5) as conn:

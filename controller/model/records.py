@@ -182,6 +182,7 @@ class Changefeed(Record):
         "start_ts",
         "scheduler",
         "source_secret",
+        "sink_kind",
         "sink_secret",
     )
     STATUS_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -203,10 +204,12 @@ class Changefeed(Record):
     redo: bool = False
     start_ts: int = 0
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    #: The Secret naming the etcd source (``spec.source.etcd.secretRef.name``) and the one naming the
-    #: PostgreSQL sink (``spec.sink.postgres.secretRef.name``): both "" for a changefeed that replicates
-    #: nothing (the logical clock runtime). With a source, every ts of the changefeed is an etcd revision.
+    #: The Secret naming the etcd source (``spec.source.etcd.secretRef.name``), the sink's kind (``postgres`` or
+    #: ``mysql``: the one key of ``spec.sink``) and the Secret naming it (``spec.sink.<kind>.secretRef.name``): all
+    #: "" for a changefeed that replicates nothing (the logical clock runtime). With a source, every ts of the
+    #: changefeed is an etcd revision.
     source_secret: str = ""
+    sink_kind: str = ""
     sink_secret: str = ""
 
     epoch: int = 0

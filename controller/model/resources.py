@@ -368,7 +368,7 @@ def _changefeed_parts(cf: Changefeed) -> tuple[Obj, Obj]:
     if cf.source_secret:
         spec["source"] = {"etcd": {"secretRef": {"name": cf.source_secret}}}
     if cf.sink_secret:
-        spec["sink"] = {"postgres": {"secretRef": {"name": cf.sink_secret}}}
+        spec["sink"] = {cf.sink_kind or SINK_KINDS[0]: {"secretRef": {"name": cf.sink_secret}}}
     spec["scheduler"] = {resource_paths(f.name)[0]: getattr(cf.scheduler, f.name) for f in fields(SchedulerConfig)}
     status: Obj = {}
     _put(status, "epoch", cf.epoch)
@@ -542,7 +542,8 @@ _RENAMED: dict[str, tuple[str, ...]] = {
     "status_reason": ("reason",),
     "last_transition": ("lastTransitionTime",),
     "source_secret": ("source.etcd.secretRef.name",),
-    "sink_secret": ("sink.postgres.secretRef.name",),
+    "sink_kind": ("sink",),
+    "sink_secret": ("sink.<kind>.secretRef.name",),
 }
 
 
@@ -931,8 +932,27 @@ def _secret_name(reader: _Reader, spec: Mapping[str, Any], part: str, kind: str)
     return reader.str_(ref, "name", f"spec.{part}.{kind}.secretRef.name")
 
 
+#: The sink kinds a Changefeed may name (``spec.sink.<kind>``; the CRD admits exactly one).
+SINK_KINDS = ("postgres", "mysql")
+
+
+def _sink(reader: _Reader, spec: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, Secret name) from ``spec.sink``: the one kind it names (none: both "")."""
+    sink = reader.obj(spec, "sink", "spec.sink")
+    named = [kind for kind in SINK_KINDS if kind in sink]
+    unknown = sorted(set(sink) - set(SINK_KINDS))
+    if unknown:
+        reader.fail(f"spec.sink.{unknown[0]}", f"unknown sink kind (known: {', '.join(SINK_KINDS)})")
+    if len(named) > 1:
+        reader.fail("spec.sink", f"names {len(named)} sinks ({', '.join(named)}): a changefeed writes to exactly one")
+    if not named:
+        return "", ""
+    return named[0], _secret_name(reader, spec, "sink", named[0])
+
+
 def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
     reader, common, spec, status = _start(obj, Kind.CHANGEFEED)
+    sink = _sink(reader, spec)
     sched = reader.obj(spec, "scheduler", "spec.scheduler")
     defaults = SchedulerConfig()
     knobs: dict[str, Any] = {}
@@ -956,7 +976,8 @@ def changefeed_from_resource(obj: Mapping[str, Any]) -> Changefeed:
         start_ts=reader.int_(spec, "startTs", "spec.startTs"),
         scheduler=scheduler,
         source_secret=_secret_name(reader, spec, "source", "etcd"),
-        sink_secret=_secret_name(reader, spec, "sink", "postgres"),
+        sink_kind=sink[0],
+        sink_secret=sink[1],
         epoch=reader.int_(status, "epoch", "status.epoch"),
         holder=reader.str_(status, "holder", "status.holder"),
         checkpoint_ts=reader.int_(status, "checkpointTs", "status.checkpointTs"),

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.dataplane.servers import EtcdServer, MariaDBServer, PostgresServer
+from controller.sinks import api as sinks
 from tests.integration.harness import CRD_DIR, Api, System, embedded_api
 
 #: etcd's progress-notification interval on the test servers (its default is 10 minutes).
@@ -36,6 +37,44 @@ def etcd() -> Iterator[EtcdServer]:
 def postgres() -> Iterator[PostgresServer]:
     with PostgresServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDBServer]:
+    with MariaDBServer() as server:
+        yield server
+
+
+#: The sink servers every sink-generic test runs against: the fixture's name, and its sink kind.
+SINK_SERVERS = ("postgres", "mariadb")
+SinkServer = PostgresServer | MariaDBServer
+
+
+@pytest.fixture(params=SINK_SERVERS)
+def sink_server(request: pytest.FixtureRequest) -> SinkServer:
+    """Each sink's shared server in turn (a test taking it runs once per sink kind)."""
+    server: SinkServer = request.getfixturevalue(request.param)
+    return server
+
+
+def sink_of(server: SinkServer, changefeed: str) -> sinks.Sink:
+    """The sink ``changefeed`` writes on ``server``, as a capture makes it from its Secret."""
+    return sinks.from_secret(server.sink_kind, changefeed, {"dsn": server.dsn})
+
+
+@pytest.fixture
+def start_sink(request: pytest.FixtureRequest) -> Iterator[Callable[..., SinkServer]]:
+    """Start a private server of a sink kind (``start("mysql", **kwargs)``), stopped when the test ends."""
+    servers: list[SinkServer] = []
+
+    def start(kind: str, **kwargs: Any) -> SinkServer:
+        server: SinkServer = MariaDBServer(**kwargs) if kind == "mysql" else PostgresServer(**kwargs)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
 @pytest.fixture

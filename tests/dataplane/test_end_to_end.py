@@ -23,10 +23,10 @@ import psycopg
 import pytest
 
 from controller.cli.__main__ import main as kubectl_changefeed
-from controller.dataplane import schema
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import table_key
 from controller.model.states import OpPhase
+from controller.sinks.postgres import schema
 from tests.integration.harness import CHANGEFEED, Api, System, Watch
 
 TABLE = 4242

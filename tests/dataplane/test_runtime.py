@@ -19,12 +19,13 @@ import pytest
 from controller.apiserver.tls import self_signed
 from controller.capture.dataplane import DataplaneRuntime, Endpoints, _Feed
 from controller.capture.etcdwatch import ChannelClosed, rpc
-from controller.dataplane import etcd, schema
+from controller.dataplane import etcd
 from controller.dataplane.servers import EtcdServer, PostgresServer, free_port
 from controller.model.keys import KeyRange, table_key
 from controller.model.progress import SINK, SOURCE
 from controller.model.records import Dispatcher
 from controller.model.states import Mode
+from controller.sinks.postgres import PostgresSink, schema
 
 T = TypeVar("T")
 CF = "cf-runtime"
@@ -42,7 +43,7 @@ def client(server: EtcdServer) -> aetcd.Client:
 
 
 def endpoints(etcd: EtcdServer, postgres: PostgresServer) -> Endpoints:
-    return Endpoints(etcd=(etcd.endpoint,), dsn=postgres.dsn)
+    return Endpoints(etcd=(etcd.endpoint,), sink=PostgresSink(CF, postgres.dsn))
 
 
 def dispatcher(table_id: int, name: str, start_ts: int, key_range: KeyRange | None = None,
@@ -285,7 +286,7 @@ def test_a_sink_that_refuses_writes_holds_the_checkpoint(
             assert rt.troubles.report() == ()
             assert len(rows(pg, table_id)) == 51  # b and x00..x49: nothing lost
 
-    run(with_runtime(Endpoints(etcd=(etcd.endpoint,), dsn=pg.dsn), body))
+    run(with_runtime(Endpoints(etcd=(etcd.endpoint,), sink=PostgresSink(CF, pg.dsn)), body))
 
 
 def test_compaction_past_a_paused_dispatcher_is_reported(
@@ -310,7 +311,7 @@ def test_compaction_past_a_paused_dispatcher_is_reported(
             assert rt.checkpoint("d'") == held  # not skipped
             assert rows(postgres, table_id)[k(table_id, b"a")][1] == r1
 
-    run(with_runtime(Endpoints(etcd=(server.endpoint,), dsn=postgres.dsn), body))
+    run(with_runtime(Endpoints(etcd=(server.endpoint,), sink=PostgresSink(CF, postgres.dsn)), body))
 
 
 def test_pause_holds_and_resume_goes_on(etcd: EtcdServer, postgres: PostgresServer, table_id: int) -> None:
@@ -426,7 +427,9 @@ def test_a_tls_source_with_a_client_certificate_replicates(
                 said = [getattr(r, "fields", {}) for r in caplog.records if r.msg == "source unavailable"]
                 assert [f.get("changefeed") for f in said] == [CF], said
 
-            no_cert = Endpoints(etcd=(server.client_url,), dsn=postgres.dsn, tls=etcd.Tls(ca=server.ca_pem))
+            no_cert = Endpoints(
+                etcd=(server.client_url,), sink=PostgresSink(CF, postgres.dsn), tls=etcd.Tls(ca=server.ca_pem)
+            )
             await with_runtime(no_cert, refused)
 
             async def replicate(rt: DataplaneRuntime) -> None:
@@ -439,7 +442,9 @@ def test_a_tls_source_with_a_client_certificate_replicates(
                 assert got[k(table_id, b"before")][0] == b"scanned"
                 assert got[k(table_id, b"after")][0] == b"watched"
 
-            await with_runtime(Endpoints(etcd=(server.client_url,), dsn=postgres.dsn, tls=full), replicate)
+            await with_runtime(
+                Endpoints(etcd=(server.client_url,), sink=PostgresSink(CF, postgres.dsn), tls=full), replicate
+            )
         finally:
             await writer.close()
 
@@ -447,7 +452,9 @@ def test_a_tls_source_with_a_client_certificate_replicates(
 
 
 def test_endpoints_never_show_credentials() -> None:
-    e = Endpoints(etcd=("http://10.0.0.1:2379",), dsn="postgresql://u:s3cret@h/db", username="u", password="pw")
+    e = Endpoints(
+        etcd=("http://10.0.0.1:2379",), sink=PostgresSink(CF, "postgresql://u:s3cret@h/db"), username="u", password="pw"
+    )
     assert "s3cret" not in repr(e)
     assert "pw" not in str(e)
 
@@ -540,7 +547,9 @@ def test_a_source_with_a_username_and_password_replicates(
                               options=options)  # fmt: skip
         async with authed as c:
             await c.put(k(table_id, b"before"), b"scanned")
-            e = Endpoints(etcd=(server.endpoint,), dsn=postgres.dsn, username="root", password="secret")
+            e = Endpoints(
+                etcd=(server.endpoint,), sink=PostgresSink(CF, postgres.dsn), username="root", password="secret"
+            )
 
             async def replicate(rt: DataplaneRuntime) -> None:
                 rt.start(dispatcher(table_id, "d", 0))  # 0: the initial scan first
@@ -597,7 +606,7 @@ def test_a_call_on_a_connection_closed_under_it_is_a_transport_error_and_a_stale
         await conn.close()
 
         rt = DataplaneRuntime(batch_interval=0.02)
-        feed = _Feed(rt, CF, Endpoints(etcd=(endpoint,), dsn="host=unused"))
+        feed = _Feed(rt, CF, Endpoints(etcd=(endpoint,), sink=PostgresSink(CF, "host=unused")))
         first = await feed.etcd()
         await feed.reset_etcd(first)
         second = await feed.etcd()
@@ -630,7 +639,9 @@ def test_new_values_that_do_not_work_leave_the_working_connection_in_use(
             r1 = (await c.put(k(table_id, b"b"), b"1")).header.revision
             await until(lambda: rt.checkpoint("d") >= r1, what="the first write")
             nobody = f"127.0.0.1:{free_port()}"
-            broken = Endpoints(etcd=(nobody,), dsn=f"host=127.0.0.1 port={free_port()} dbname=x user=y")
+            broken = Endpoints(
+                etcd=(nobody,), sink=PostgresSink(CF, f"host=127.0.0.1 port={free_port()} dbname=x user=y")
+            )
             problems = await rt.reconfigure(CF, broken)
             assert set(problems) == {SOURCE, SINK}, problems
             refused = "the sink Secret's new dsn does not work: cannot write the sink: "
@@ -643,7 +654,9 @@ def test_new_values_that_do_not_work_leave_the_working_connection_in_use(
             await until(lambda: rt.checkpoint("d") >= r2, what="a write after the refused values")
             assert rt.troubles.report() == ()
             # Values that work (the same servers, named another way) are taken: the stream starts again on them.
-            other = Endpoints(etcd=(f"http://{etcd.endpoint}",), dsn=postgres.dsn + " application_name=rotated")
+            other = Endpoints(
+                etcd=(f"http://{etcd.endpoint}",), sink=PostgresSink(CF, postgres.dsn + " application_name=rotated")
+            )
             assert await rt.reconfigure(CF, other) == {}
             r3 = (await c.put(k(table_id, b"d"), b"1")).header.revision
             await until(lambda: rt.checkpoint("d") >= r3, what="a write after the new values")
@@ -651,7 +664,7 @@ def test_new_values_that_do_not_work_leave_the_working_connection_in_use(
                 names = [r[0] for r in conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()]
             assert "rotated" in names
             assert set(rows(postgres, table_id)) == {k(table_id, x) for x in (b"b", b"c", b"d")}
-            moved = Endpoints(etcd=(elsewhere.endpoint,), dsn=postgres.conninfo(f"other{table_id}"))
+            moved = Endpoints(etcd=(elsewhere.endpoint,), sink=PostgresSink(CF, postgres.conninfo(f"other{table_id}")))
             problems = await rt.reconfigure(CF, moved)
             assert "reaches another database than the one this changefeed writes" in problems[SINK], problems
             assert "belongs to another etcd cluster" in problems[SOURCE], problems

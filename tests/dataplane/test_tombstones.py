@@ -1,4 +1,4 @@
-"""Tombstone collection against a real etcd and PostgreSQL (controller/dataplane/horizon.py,
+"""Tombstone collection against a real etcd and PostgreSQL (controller/sinks/postgres/horizon.py,
 controller/capture/collector.py; the argument in docs/architecture.md, "Tombstone collection").
 
 A collected tombstone never comes back as an older put: not from a successor started below it, nor from a
@@ -20,14 +20,16 @@ import aetcd.rpc
 import psycopg
 import pytest
 
+from controller.capture.batcher import Scan
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
-from controller.capture.sink import Row, Scan
-from controller.dataplane import horizon, schema
 from controller.dataplane import verify as check
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
 from controller.model.states import Mode
+from controller.sinks import api
+from controller.sinks.api import Row
+from controller.sinks.postgres import PostgresSink, horizon, schema
 
 T = TypeVar("T")
 CF = "cf-tombstones"
@@ -60,7 +62,7 @@ def dispatcher(table_id: int, name: str, start_ts: int, key_range: KeyRange | No
 
 def runtime(etcd: EtcdServer, postgres: PostgresServer, gc_interval: float = GC) -> DataplaneRuntime:
     rt = DataplaneRuntime(batch_interval=0.02, gc_interval=gc_interval)
-    rt.configure(CF, Endpoints(etcd=(etcd.endpoint,), dsn=postgres.dsn))
+    rt.configure(CF, Endpoints(etcd=(etcd.endpoint,), sink=PostgresSink(CF, postgres.dsn)))
     return rt
 
 
@@ -111,7 +113,8 @@ async def verify(
 ) -> list[check.TableResult]:
     spans = [check.SpanToVerify(table_id, m, KeyRange.of_table(table_id)) for m in modes]
     async with check.EtcdReader([etcd.endpoint]) as reader:
-        return await check.verify(reader, postgres.dsn, CF, revision, spans, raise_to_horizon=raise_to_horizon)
+        sink = PostgresSink(CF, postgres.dsn)
+        return await check.verify(reader, sink, revision, spans, raise_to_horizon=raise_to_horizon)
 
 
 def differences(results: list[check.TableResult]) -> list[check.Difference]:
@@ -152,19 +155,19 @@ async def commit_by_hand(rt: DataplaneRuntime, late: Late) -> None:
 def test_the_frontier_of_a_table_is_the_lowest_of_the_highest_checkpoints_covering_each_point() -> None:
     t = KeyRange.of_table(7)
     a, m, z = k(7, b"a"), k(7, b"m"), k(7, b"z")
-    assert horizon.frontier(t, []) == 0  # a new table: nothing committed
-    assert horizon.frontier(t, [(t.start, t.end, 50)]) == 50
-    assert horizon.frontier(t, [(t.start, m, 50)]) == 0  # the right half not covered yet: 0
-    assert horizon.frontier(t, [(t.start, m, 50), (m, t.end, 30)]) == 30
+    assert api.frontier(t, []) == 0  # a new table: nothing committed
+    assert api.frontier(t, [(t.start, t.end, 50)]) == 50
+    assert api.frontier(t, [(t.start, m, 50)]) == 0  # the right half not covered yet: 0
+    assert api.frontier(t, [(t.start, m, 50), (m, t.end, 30)]) == 30
     # A successor's row over a part covered by an older row: the higher counts there (both claims are true).
-    assert horizon.frontier(t, [(t.start, t.end, 20), (t.start, m, 50), (m, t.end, 40)]) == 40
-    assert horizon.frontier(t, [(t.start, t.end, 20), (a, m, 90)]) == 20
+    assert api.frontier(t, [(t.start, t.end, 20), (t.start, m, 50), (m, t.end, 40)]) == 40
+    assert api.frontier(t, [(t.start, t.end, 20), (a, m, 90)]) == 20
     # Rows outside the table (another table's) count for nothing; rows beyond it are clipped.
-    assert horizon.frontier(t, [(table_key(8), table_key(9), 99)]) == 0
-    assert horizon.frontier(t, [(table_key(6), z, 70), (z, table_key(9), 60)]) == 60
+    assert api.frontier(t, [(table_key(8), table_key(9), 99)]) == 0
+    assert api.frontier(t, [(table_key(6), z, 70), (z, table_key(9), 60)]) == 60
     # A hole in the middle.
-    assert horizon.frontier(t, [(t.start, a, 10), (m, t.end, 10)]) == 0
-    assert horizon.above([(a, b"v", 5, False), (m, None, 6, True)], 5) == [(m, None, 6, True)]
+    assert api.frontier(t, [(t.start, a, 10), (m, t.end, 10)]) == 0
+    assert api.above([(a, b"v", 5, False), (m, None, 6, True)], 5) == [(m, None, 6, True)]
 
 
 # -- no resurrection ----------------------------------------------------------------------------------------

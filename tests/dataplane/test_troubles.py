@@ -27,7 +27,6 @@ import pytest
 
 from controller.apiserver.tls import self_signed
 from controller.cli.__main__ import main as kubectl_changefeed
-from controller.dataplane import schema
 from controller.dataplane.etcd import Connection, Tls
 from controller.dataplane.servers import EtcdServer, PostgresServer, free_port
 from controller.engine.maintainer import (
@@ -41,6 +40,7 @@ from controller.engine.maintainer import (
 from controller.model.keys import table_key
 from controller.model.records import Condition
 from controller.model.resources import changefeed_from_resource
+from controller.sinks.postgres import schema
 from tests.integration.harness import Api, System
 
 #: How soon a trouble must show, and a fix be used.
@@ -202,7 +202,7 @@ def test_every_broken_changefeed_says_why_within_30_s_and_replicates_once_fixed(
     cases = [
         Case("no-sink-secret", "sink", CONFIGURATION_ERROR, "the sink Secret dp/no-sink-secret-sink does not exist",
              good_source, None, fix_secret("no-sink-secret", sink=good_sink)),
-        Case("no-dsn", "sink", CONFIGURATION_ERROR, "the sink Secret dp/no-dsn-sink has no key dsn",
+        Case("no-dsn", "sink", CONFIGURATION_ERROR, "the sink Secret dp/no-dsn-sink: no key dsn",
              good_source, {"url": dsn(pg)}, fix_secret("no-dsn", sink=good_sink)),
         Case("bad-dsn", "sink", CONFIGURATION_ERROR, "dsn is not a libpq connection string",
              good_source, {"dsn": "host=x password=hunter2 user"}, fix_secret("bad-dsn", sink=good_sink)),

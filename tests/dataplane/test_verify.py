@@ -20,7 +20,6 @@ import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
 from controller.cli.__main__ import main
-from controller.dataplane import schema
 from controller.dataplane import verify as check
 from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.kube.client import RESOURCES, Client, Config
@@ -29,6 +28,7 @@ from controller.model.keys import KeyRange, table_key
 from controller.model.records import Changefeed, Span
 from controller.model.states import Kind, Mode, SpanState
 from controller.model.verification import LAST_VERIFY_ANNOTATION, verification_from_json
+from controller.sinks.postgres import PostgresSink, schema
 from tests.kube.conftest import CRDS
 
 T = TypeVar("T")
@@ -90,7 +90,7 @@ class Feed:
 
         async def body() -> list[check.TableResult]:
             async with check.EtcdReader([self.etcd.endpoint]) as reader:
-                return await check.verify(reader, self.postgres.dsn, self.changefeed, revision, targets)
+                return await check.verify(reader, PostgresSink(self.changefeed, self.postgres.dsn), revision, targets)
 
         return run(body())
 
@@ -173,7 +173,7 @@ async def _compact(server: EtcdServer, revision: int) -> None:
 def test_unreachable_servers_fail(postgres: PostgresServer, table_id: int) -> None:
     async def body() -> None:
         async with check.EtcdReader(["127.0.0.1:1"], timeout=2) as reader:
-            await check.verify(reader, postgres.dsn, "none", 1, [])
+            await check.verify(reader, PostgresSink("none", postgres.dsn), 1, [])
 
     with pytest.raises(check.VerifyError, match="etcd") as failed:
         run(body())

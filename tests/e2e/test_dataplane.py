@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from controller.dataplane import schema
 from controller.dataplane.writer import Writer, row_key
+from controller.sinks.postgres import schema
 from tests.e2e.conftest import ROOT
 from tests.e2e.kube import Kube, wait_for
 from tests.e2e.test_failover import API, HOLD_CLOSE, MAINTAINER, operator, table

@@ -120,7 +120,7 @@ def working() -> Api:
     [
         (lambda o: o.pop("dst"), SINK, "the sink Secret ns/dst does not exist"),
         (lambda o: o.pop("src"), SOURCE, "the source Secret ns/src does not exist"),
-        (lambda o: o.update(dst=_secret(url="x")), SINK, "the sink Secret ns/dst has no key dsn (a libpq connection "
+        (lambda o: o.update(dst=_secret(url="x")), SINK, "the sink Secret ns/dst: no key dsn (a libpq connection "
          "string or postgresql:// URI)"),
         (lambda o: o.update(dst=_secret(dsn="host=pg password=hunter2 user")), SINK,
          "the sink Secret ns/dst: dsn is not a libpq connection string (key=value ...) nor a URI"),

@@ -1,13 +1,13 @@
-"""One changefeed's sink on a capture: PostgreSQL, written in group-committed transactions.
+"""One changefeed's writer on a capture: group commit into its sink, whichever kind (``controller.sinks.api``).
 
-One writer task on one psycopg connection takes what every dispatcher of this capture received since the last
+One writer task on one sink session takes what every dispatcher of this capture received since the last
 transaction (at most ``batch_interval`` apart, sooner once ``batch_rows`` rows wait), keeps the newest change per
-key, writes them per table with a binary COPY into a temporary table and one merge (``schema.stage``,
-``schema.merge``: only if newer than the row; deletes as tombstones) and saves the included dispatchers' resolved
-revisions with one more statement (``schema.save_checkpoints``), all in one transaction. Only after the commit does a
+key, and hands the sink one :class:`~controller.sinks.api.Batch`: the changes per table, the initial scans' sweeps,
+and the included dispatchers' resolved revisions as checkpoints, written in one transaction
+(``Session.write``). Only after the commit does a
 dispatcher's checkpoint (``durable``) move: a checkpoint is never claimed before the rows it covers are committed.
 A failed transaction is rolled back, its rows go back in front of what arrived meanwhile, and it is retried with
-back-off (``error`` says why meanwhile, and the capture's ``troubles`` report it: ``diagnosis.sink_trouble``): the
+back-off (``error`` says why meanwhile, and the capture's ``troubles`` report it: ``Sink.trouble``): the
 checkpoint stays where it was and nothing is lost. A changed DSN (``use``) is taken between two transactions.
 When no dispatcher of a batch has a row waiting (idle spans whose checkpoints only moved with progress
 notifications), there is no transaction at all: every row each received up to its resolved revision is already
@@ -16,6 +16,10 @@ committed.
 Tombstone collection (``collector.Collector``, ``controller.dataplane.horizon``): every transaction first reads the
 horizons of the tables it writes (``FOR SHARE``) and applies only the changes above them, so a put older than a
 collected tombstone never lands; and between its transactions the writer collects the tombstones below them.
+
+A dispatcher is held back (its watcher stopped) while ``MAX_PENDING_ROWS`` of its rows wait: above what one catch-up
+response of etcd 3.5 carries for a wide range (about 47,000 events measured), so a span catching up is not held back
+after every response.
 """
 
 from __future__ import annotations
@@ -27,30 +31,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import psycopg
-
 from controller.capture.collector import Collector
 from controller.capture.logs import fields
 from controller.capture.troubles import CONNECTION, Troubles
-from controller.dataplane import diagnosis, schema
 from controller.model.progress import SINK
 from controller.model.records import Dispatcher
 from controller.model.states import Mode
+from controller.sinks.api import Batch, Checkpoint, Row, Session, Sink, Superseded, Sweep
 
 log = logging.getLogger("controller.capture.dataplane")
-
-#: One row as ``schema.apply`` takes it: key, value, revision, deleted.
-Row = tuple[bytes, bytes | None, int, bool]
-
-
-class _ScanSuperseded(Exception):
-    """A transaction holding the scan of a dispatcher closed meanwhile: rolled back (``Sink._commit``)."""
 
 
 @dataclass(frozen=True)
 class Scan:
     """An initial scan waiting to be committed with its rows: its revision and every key it found. Its transaction
-    also turns the live rows of the range that the scan did not find into tombstones (``schema.sweep``)."""
+    also turns the live rows of the range that the scan did not find into tombstones (``api.Sweep``)."""
 
     at: int
     keys: list[bytes]
@@ -58,9 +53,7 @@ class Scan:
 
 #: Back-off of a failed transaction: first wait, cap (seconds).
 BACKOFF = (0.1, 5.0)
-#: A dispatcher stops receiving while this many of its rows wait for the sink (back-pressure). Above what one
-#: catch-up response of etcd 3.5 carries for a wide range (about 47,000 events measured): a span catching up is not
-#: held back after every response.
+#: A dispatcher stops receiving while this many of its rows wait for the sink (back-pressure).
 MAX_PENDING_ROWS = 100_000
 
 
@@ -82,11 +75,11 @@ class Pending(Protocol):
     scan: Scan | None
 
 
-class Sink:
+class Writer:
     def __init__(
         self,
         changefeed: str,
-        dsn: str,
+        sink: Sink,
         dispatchers: dict[str, Any],
         *,
         batch_interval: float,
@@ -98,7 +91,8 @@ class Sink:
         self.changefeed = changefeed
         #: Where a failing transaction says why (``diagnosis.sink_trouble``), cleared by the next commit.
         self.troubles = troubles
-        self.dsn = dsn
+        #: Where it writes (``use`` changes it, between two transactions).
+        self.sink = sink
         #: The feed's dispatchers by name (the sink reads it; the feed adds and removes).
         self.dispatchers = dispatchers
         self.batch_interval = batch_interval
@@ -112,13 +106,13 @@ class Sink:
         #: Something waits (the writer gathers a group for ``batch_interval``), and a full batch waits (it goes now).
         self.wake = asyncio.Event()
         self.full = asyncio.Event()
-        self.conn: psycopg.AsyncConnection[Any] | None = None
-        #: A changed DSN (``use``): the connection to take at the next transaction, and whether to.
-        self._replacement: psycopg.AsyncConnection[Any] | None = None
+        self.conn: Session | None = None
+        #: A changed sink (``use``): the session to take at the next transaction, and whether to.
+        self._replacement: Session | None = None
         self._reconnect = False
         #: ``release`` asked to close the connection (every dispatcher paused).
         self._release = False
-        #: The sink's identity (``schema.identity``), read once the schema was ensured ("" until then): a changed DSN
+        #: The sink's identity (``Session.ensure``), read once the layout was ensured ("" until then): a changed DSN
         #: must reach the database holding it.
         self.identity = ""
         self.ensured: set[tuple[int, Mode]] = set()
@@ -158,11 +152,11 @@ class Sink:
             with contextlib.suppress(Exception):
                 await self.conn.close()
 
-    def use(self, dsn: str, conn: psycopg.AsyncConnection[Any] | None) -> None:
-        """Write with ``dsn`` from the next transaction on (a changed sink Secret), on ``conn`` (already made with
-        it and found working) or on a new connection: the one in use is closed between two transactions, never
+    def use(self, sink: Sink, conn: Session | None) -> None:
+        """Write to ``sink`` from the next transaction on (a changed sink Secret), on ``conn`` (already made with
+        it and found working) or on a new session: the one in use is closed between two transactions, never
         under one."""
-        self.dsn = dsn
+        self.sink = sink
         previous, self._replacement = self._replacement, conn
         self._reconnect = True
         if previous is not None and previous is not conn:
@@ -188,7 +182,7 @@ class Sink:
                 await conn.close()
             log.info("sink connection closed: the changefeed is paused", extra=fields(changefeed=self.changefeed))
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+    async def _connection(self) -> Session:
         if self._reconnect:
             self._reconnect = False
             old, self.conn, self._replacement = self.conn, self._replacement, None
@@ -196,8 +190,10 @@ class Sink:
                 with contextlib.suppress(Exception):
                     await old.close()
             self.ensured.clear()  # the new DSN may name another database
-        if self.conn is None or self.conn.closed:
-            self.conn = await psycopg.AsyncConnection.connect(self.dsn, connect_timeout=5)
+        if self.conn is None or not self.conn.usable:
+            if self.conn is not None:
+                await self.conn.close()
+            self.conn = await self.sink.connect()
             self.ensured.clear()
         return self.conn
 
@@ -225,20 +221,19 @@ class Sink:
                 d.scan = None
             try:
                 await self._commit(batch, taken, scans)
-            except _ScanSuperseded:
+            except Superseded:
                 self._put_back(batch, taken, scans)  # the others' rows go in the next transaction, at once
                 self.wake.set()
                 continue
-            except (psycopg.Error, OSError) as exc:
+            except self.sink.errors() as exc:
                 self._put_back(batch, taken, scans)
-                transient, self.error = diagnosis.sink_trouble(exc, self.dsn)
+                transient, self.error = self.sink.trouble(exc)
                 self.troubles.set(self.changefeed, SINK, CONNECTION, transient, self.error)
                 log.debug(
                     "sink transaction failed; retrying", extra=fields(changefeed=self.changefeed, error=self.error)
                 )
-                if self.conn is not None and (self.conn.closed or self.conn.broken):
-                    with contextlib.suppress(Exception):
-                        await self.conn.close()
+                if self.conn is not None and not self.conn.usable:
+                    await self.conn.close()
                     self.conn = None
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])
@@ -286,8 +281,10 @@ class Sink:
         checkpoint may move with no transaction at all. The ``checkpoints`` table is brought up to date by the next
         transaction with rows. Not before its table exists (the first transaction creates it), so that verify finds
         every span's table."""
-        if self.error or any(d.rows or d.scan is not None for d in batch) or any(
-            (d.dispatcher.table_id, d.dispatcher.mode) not in self.ensured for d in batch
+        if (
+            self.error
+            or any(d.rows or d.scan is not None for d in batch)
+            or any((d.dispatcher.table_id, d.dispatcher.mode) not in self.ensured for d in batch)
         ):
             return False
         for d in batch:
@@ -295,12 +292,12 @@ class Sink:
         return True
 
     async def _commit(self, batch: list[Any], taken: dict[str, tuple[list[Row], int]], scans: dict[str, Scan]) -> None:
-        conn = await self._connection()
-        cf = self.changefeed
+        session = await self._connection()
         for d in batch:
             key = (d.dispatcher.table_id, d.dispatcher.mode)
             if key not in self.ensured:
-                await self._ensure(conn, *key)
+                self.identity = await session.ensure(key) or self.identity
+                self.ensured.add(key)
         per_table: dict[tuple[int, Mode], dict[bytes, Row]] = {}
         for d in batch:
             latest = per_table.setdefault((d.dispatcher.table_id, d.dispatcher.mode), {})
@@ -308,63 +305,26 @@ class Sink:
                 old = latest.get(row[0])
                 if old is None or old[2] < row[2]:
                     latest[row[0]] = row
-        async with conn.transaction(), conn.cursor() as cur:
-            # First the fence: the horizons of the tables written, share-locked. Changes at or below one are committed
-            # already (or superseded), and one older than a tombstone collected would resurrect its key: dropped. A
-            # scan at or below it has nothing left to sweep.
-            horizons = await self.tombstones.fence(cur, per_table)
-            for d in batch:  # before the rows: what the scan found is not swept, whatever this batch holds of it
-                scan = scans.get(d.name)
-                if scan is not None and scan.at > horizons[(d.dispatcher.table_id, d.dispatcher.mode)]:
-                    r = d.dispatcher.key_range
-                    await cur.execute(
-                        schema.sweep(cf, d.dispatcher.table_id, d.dispatcher.mode),
-                        {"lo": r.start, "hi": r.end, "at": scan.at, "keys": scan.keys},
-                    )
-            for (table_id, mode), rows in per_table.items():
-                fresh = self.tombstones.above(rows.values(), horizons[(table_id, mode)])
-                if fresh:  # per table: a binary COPY into the staging table and one merge (keys distinct)
-                    create, copy_in = schema.stage()
-                    await cur.execute(create)
-                    async with cur.copy(copy_in) as copy:
-                        copy.set_types(list(schema.STAGED_TYPES))
-                        for row in fresh:
-                            await copy.write_row(row)
-                    await cur.execute(schema.merge(cf, table_id, mode))
-            await cur.execute(
-                schema.save_checkpoints(cf),
-                [
-                    [d.name for d in batch],
-                    [d.dispatcher.table_id for d in batch],
-                    [d.dispatcher.mode.value for d in batch],
-                    [d.dispatcher.key_range.start for d in batch],
-                    [d.dispatcher.key_range.end for d in batch],
-                    [taken[d.name][1] for d in batch],
-                ],
-            )
-            # Last: a scan whose dispatcher closed while this transaction ran is not committed. Its close reported a
-            # final checkpoint of 0 (nothing committed yet), so its successor starts at 0 and scans again; rows of this
-            # older scan landing after that successor's (for keys etcd deleted in between, which its sweep cannot see
-            # yet) would stay live behind its checkpoint. What is left is the COMMIT's own round trip: a close then
-            # reports 0 while this commits, milliseconds before any successor could have scanned.
-            closed = [d.name for d in batch if d.name in scans and self.dispatchers.get(d.name) is not d]
-            if closed:
-                raise _ScanSuperseded(closed)
+        sweeps = [
+            Sweep((d.dispatcher.table_id, d.dispatcher.mode), d.dispatcher.key_range.start, d.dispatcher.key_range.end,
+                  scans[d.name].at, scans[d.name].keys)
+            for d in batch if d.name in scans
+        ]  # fmt: skip
+        checkpoints = [
+            Checkpoint(d.name, d.dispatcher.table_id, d.dispatcher.mode, d.dispatcher.key_range.start,
+                       d.dispatcher.key_range.end, taken[d.name][1])
+            for d in batch
+        ]  # fmt: skip
+
+        def superseded() -> bool:
+            # A scan whose dispatcher closed while this transaction ran is not committed. Its close reported a final
+            # checkpoint of 0 (nothing committed yet), so its successor starts at 0 and scans again; rows of this older
+            # scan landing after that successor's (for keys etcd deleted in between, which its sweep cannot see yet)
+            # would stay live behind its checkpoint. What is left is the COMMIT's own round trip: a close then reports
+            # 0 while this commits, milliseconds before any successor could have scanned.
+            return any(d.name in scans and self.dispatchers.get(d.name) is not d for d in batch)
+
+        written = await session.write(Batch(per_table, sweeps, checkpoints, superseded))
+        self.tombstones.dropped += written.dropped
         self.commits += 1
         self.committed_rows += sum(len(r) for r in per_table.values())
-
-    async def _ensure(self, conn: psycopg.AsyncConnection[Any], table_id: int, mode: Mode) -> None:
-        for attempt in range(3):
-            try:
-                async with conn.transaction():
-                    for statement in schema.create_schema(self.changefeed).split(";\n"):
-                        await conn.execute(statement)
-                    await conn.execute(schema.create_table(self.changefeed, table_id, mode))
-                    await self.tombstones.ensure(conn, table_id, mode)
-                    row = await (await conn.execute(schema.read_identity(self.changefeed))).fetchone()
-                break
-            except psycopg.errors.UniqueViolation:  # another capture created it at the same moment
-                if attempt == 2:
-                    raise
-        self.ensured.add((table_id, mode))
-        self.identity = str(row[0]) if row else self.identity

@@ -22,16 +22,16 @@ writer retries the transaction: never a stale horizon.)
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection
 from typing import Any
 
 import psycopg
 
-from controller.dataplane import schema
 from controller.model.keys import KeyRange
 from controller.model.states import Mode
+from controller.sinks.api import Collected, Figures, frontier
+from controller.sinks.api import Table as Table
+from controller.sinks.postgres import schema
 
 #: How long a collection waits for a lock (the horizon row behind an open writing transaction, a tombstone a
 #: writer is updating) before it gives up until its next turn: a capture stopped with a transaction open must not
@@ -45,38 +45,6 @@ DELETE_BATCHES = 10
 ADVISORY = 0x6366_6D74  # "cfmt"
 #: Live rows are counted exactly below this table size (bytes); above it, estimated (:func:`figures`).
 EXACT_COUNT_BYTES = 16 * 1024 * 1024
-
-Table = tuple[int, Mode]
-
-
-def frontier(key_range: KeyRange, spans: Iterable[tuple[bytes, bytes, int]]) -> int:
-    """The sink's committed frontier of ``key_range`` from checkpoint rows (span start, span end, revision), each
-    saying "every change of [start, end) up to revision is committed": for every point of the range the highest
-    revision of the rows covering it, and the lowest of those over the range. 0 if any part of the range is covered
-    by no row."""
-    lo, hi = key_range.start, key_range.end
-    clipped = sorted((max(s, lo), min(e, hi), r) for s, e, r in spans if s < hi and e > lo and s < e)
-    points = sorted({lo, hi, *(s for s, _, _ in clipped), *(e for _, e, _ in clipped)})
-    covering: list[tuple[int, bytes]] = []  # (-revision, end): the highest revision on top
-    low: int | None = None
-    i = 0
-    for point in points[:-1]:  # each elementary piece [point, next point)
-        while i < len(clipped) and clipped[i][0] <= point:
-            heapq.heappush(covering, (-clipped[i][2], clipped[i][1]))
-            i += 1
-        while covering and covering[0][1] <= point:
-            heapq.heappop(covering)  # the highest ends before this piece; the next highest may cover it
-        if not covering:
-            return 0
-        best = -covering[0][0]
-        low = best if low is None else min(low, best)
-    return max(low or 0, 0)
-
-
-def above(rows: Iterable[Any], horizon: int) -> list[Any]:
-    """The changes (key, value, revision, deleted) with revision above ``horizon``: those at or below it are
-    committed already or superseded, and one of them older than a collected tombstone would resurrect its key."""
-    return [row for row in rows if row[2] > horizon]
 
 
 async def ensure(conn: psycopg.AsyncConnection[Any], changefeed: str, table_id: int, mode: Mode) -> None:
@@ -115,24 +83,11 @@ async def read(conn: psycopg.AsyncConnection[Any], changefeed: str) -> dict[Tabl
     return {(int(t), Mode(m)): int(r) for t, m, r in await cur.fetchall()}
 
 
-@dataclass(frozen=True)
-class Collected:
-    """One collection of a table: its horizon after it, the tombstones it deleted, and whether some at or below the
-    horizon are left for the next one (more than ``DELETE_BATCH * DELETE_BATCHES``)."""
-
-    table_id: int
-    mode: Mode
-    horizon: int
-    deleted: int
-    more: bool = False
-    #: The horizon this collection computed: min(checkpoint, frontier).
-    target: int = 0
-
-
-async def frontiers(conn: psycopg.AsyncConnection[Any], changefeed: str, tables: Collection[Table]) -> dict[Table, int]:
-    """The committed :func:`frontier` of each of ``tables`` from the ``checkpoints`` rows, read once for all of them
-    (in a transaction of its own). A row read early is no worse than one read late: what a row says stays true, and
-    it only moves up."""
+async def checkpoint_spans(
+    conn: psycopg.AsyncConnection[Any], changefeed: str, tables: Collection[Table]
+) -> dict[Table, list[tuple[bytes, bytes, int]]]:
+    """Every ``checkpoints`` row of ``tables`` (span start, span end, revision), read once for all of them (in a
+    transaction of its own)."""
     wanted = {(t, m.value): (t, m) for t, m in tables}
     spans: dict[Table, list[tuple[bytes, bytes, int]]] = {t: [] for t in wanted.values()}
     if wanted:
@@ -146,6 +101,13 @@ async def frontiers(conn: psycopg.AsyncConnection[Any], changefeed: str, tables:
                 table = wanted.get((int(table_id), str(mode)))
                 if table is not None:
                     spans[table].append((bytes(start), bytes(end), int(revision)))
+    return spans
+
+
+async def frontiers(conn: psycopg.AsyncConnection[Any], changefeed: str, tables: Collection[Table]) -> dict[Table, int]:
+    """The committed :func:`~controller.sinks.api.frontier` of each of ``tables`` from the ``checkpoints`` rows. A row
+    read early is no worse than one read late: what a row says stays true, and it only moves up."""
+    spans = await checkpoint_spans(conn, changefeed, tables)
     return {table: frontier(KeyRange.of_table(table[0]), rows) for table, rows in spans.items()}
 
 
@@ -211,17 +173,6 @@ async def collect(
                 break
             more = n == batches - 1
     return Collected(table_id, mode, horizon, deleted, more, target)
-
-
-@dataclass(frozen=True)
-class Figures:
-    """A table's size after a collection: tombstones held (exact, through the partial index) and live rows (exact
-    while the table is under ``EXACT_COUNT_BYTES``, else PostgreSQL's ``reltuples`` estimate less the tombstones,
-    as fresh as its last VACUUM or ANALYZE; None before the table was ever analyzed)."""
-
-    tombstones: int
-    live_rows: int | None
-    live_rows_exact: bool
 
 
 async def figures(conn: psycopg.AsyncConnection[Any], changefeed: str, table_id: int, mode: Mode) -> Figures:
