@@ -40,7 +40,7 @@ mutants:
 test: lint typecheck chart-check prometheus
 	CFM_PROMETHEUS_BIN=$(PROMETHEUS_BIN) CFM_REQUIRE_PROMETHEUS=1 $(PY) -m pytest -q
 
-# --- Monitoring (issue 14): prometheus + promtool from Debian's package, unpacked into .cache (no service, no
+# --- Monitoring: prometheus + promtool from Debian's package, unpacked into .cache (no service, no
 # system install); the Prometheus operator's schema validators from npm, installed into .cache. Both idempotent.
 PROMETHEUS_BIN := $(CURDIR)/.cache/prometheus/bin
 PO_SCHEMAS := $(CURDIR)/.cache/prometheus-operator-schemas
@@ -51,7 +51,7 @@ prometheus:
 po-schemas:
 	hack/fetch-po-schemas.sh >/dev/null
 
-# --- Image, chart and kind (issue 5). No cluster is needed for chart-check; the rest needs docker and kind.
+# --- Image, chart and kind. No cluster is needed for chart-check; the rest needs docker and kind.
 CLUSTER ?= cfm
 KIND_NODE_IMAGE ?= kindest/node:v1.33.1
 IMAGE ?= changefeed-maintainer:e2e

@@ -41,7 +41,7 @@ Key = tuple[tuple[str, str], str, str]  # (storage key, namespace, name)
 log = logging.getLogger(__name__)
 
 #: Seconds between a namespace's deletion and the namespace controller's first pass over it (deleting its
-#: content, or removing the finalizer of an empty one): about what a real v1.36 cluster took (issue 36).
+#: content, or removing the finalizer of an empty one): about what a real v1.36 cluster takes.
 NAMESPACE_DELAY = 5.0
 
 

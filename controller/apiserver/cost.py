@@ -3,8 +3,8 @@
 The embedded API answers every write at once; a real kube-apiserver answers a write only once etcd has
 committed it, and etcd commits the writes that arrived while the previous commit ran in one batch (one raft
 round and one fsync for them all). So concurrency pays on a real server and nothing can show it here
-without a model (issue 25): on the recorded server, sequential create + status-patch pairs ran at 130/s and
-16 concurrent clients at 261/s (issue 25's measurements; bench/README.md).
+without a model: on the recorded server, sequential create + status-patch pairs ran at 130/s and
+16 concurrent clients at 261/s (bench/README.md).
 
 The model: commits run one after another; each takes every write waiting when it starts, and lasts
 ``latency + per_write * n`` for ``n`` writes (the round and fsync, then each write's apply, which on the

@@ -1,7 +1,7 @@
 """HTTPS for the embedded API server: a self-signed certificate made at start, as a real kube-apiserver serves.
 
 A real cluster is reached over TLS only, and a client's TLS connections behave differently from plain ones
-(closing one is a shutdown exchange that can outlive the event loop: a transport left unclosed, issue 36);
+(closing one is a shutdown exchange that can outlive the event loop, leaving a transport unclosed);
 ``start_server(tls=True)`` makes the double serve the same way. The certificate is its own CA (valid for the
 host it listens on, ``127.0.0.1`` and ``localhost``), handed to clients in the kubeconfig's
 ``certificate-authority-data``, so that they verify it as they verify a real cluster's.

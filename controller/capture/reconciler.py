@@ -59,7 +59,7 @@ WORKING, STOPPED, REJECTED = DispatcherState.WORKING, DispatcherState.STOPPED, D
 #: hundreds of dispatchers at once, and one pass takes the burst with one strong read of the epoch.
 PASS_MIN_INTERVAL = 0.1
 #: Seconds between full passes (every dispatcher held): the level-triggered backstop of the passes that visit only
-#: what changed (issue 25: a pass every 2 s made three captures cost 0.39 of a core at 50,000 spans).
+#: what changed (a full pass every 2 s made three captures cost 0.39 of a core at 50,000 spans).
 FULL_PASS_INTERVAL = 60.0
 #: How many dispatchers one pass works on at once (each step is a few API requests).
 STEP_CONCURRENCY = 16

@@ -234,7 +234,7 @@ class Session:
             error: JSON | None = None
             with self.errors(f"watching SpanOperator {name!r}"):
                 # Closed with this generator (not left to the collector: its connection must be closed while
-                # the event loop still runs, issue 36).
+                # the event loop still runs).
                 events = self.client.watch(
                     OPERATORS, self.namespace, rv, label_selector=label_selector, timeout_seconds=60
                 )

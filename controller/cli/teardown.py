@@ -26,7 +26,7 @@ not start one), and one whose maintainer or any of whose captures still runs (th
 ``--wait`` waits for that or for their Leases to lapse).
 
 **A namespace being deleted** marks its Changefeeds for deletion itself, but not at once: its namespace
-controller comes a few seconds after the namespace's DELETE (about 5 s on a v1.36 cluster, issue 36). So
+controller comes a few seconds after the namespace's DELETE (about 5 s on a v1.36 cluster). So
 ``teardown --wait`` right after ``kubectl delete namespace`` finds the namespace Terminating and its
 Changefeeds not yet marked: it waits until every one of them (or the ``-c`` one) is marked
 (:func:`awaiting_marks`), then tears down as usual. A namespace that is not being deleted never marks

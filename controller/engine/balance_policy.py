@@ -1,11 +1,11 @@
 """Scale-out: the balance policy of one maintainer replica, as a pure step. The runner and the balance simulator run it.
 
 ``controller.engine.shards`` has the rules of the share (``counts``, ``may_bid``, ``hand_over``, ``held_back``...);
-this module composes them with the rate limits around them, which were the runner's glue and a transcription of
-it in the balance simulator (issue 37): a regression of a rate limit there passed the simulator. Now the runner
-(``controller.maintainer.runner``) builds a ``View`` from its informer's Leases and applies what ``step`` decides,
-and the simulator (``controller.sim.balance``) builds the same ``View`` from its simulated world and calls the same
-``step``. The rules:
+this module composes them with the rate limits around them, in one place, so that no rule of the balance is held
+twice (a copy of the rate limits in the balance simulator would let a regression of the runner's pass it). The
+runner (``controller.maintainer.runner``) builds a ``View`` from its informer's Leases and applies what ``step``
+decides, and the simulator (``controller.sim.balance``) builds the same ``View`` from its simulated world and calls
+the same ``step``. The rules:
 
 - *Settle*: no bid and no handoff in the replica's first ``retry`` (balancing only): replicas started together see
   each other's member Leases within a renewal or two, and bidding before that let the first take everything.
@@ -203,8 +203,8 @@ def _bid_order(view: View, tally: Mapping[str, int], mutants: Collection[str]) -
     """The asking changefeeds in the order this replica bids for them. Replicas with room share the free changefeeds
     out instead of herding: the free ones (no live holder) in name order, rotated by this replica's place among the
     live members, so that with k changefeeds freed at once (a SIGKILLed replica's) and k replicas with room for one
-    each, each bids for a different one first. In one order they all bid for the same one, one won, and the last
-    was taken k retry periods after the lapse (balance simulator seed 6026569: past lease duration + 5 s). Views that
+    each, each bids for a different one first. In one order they all bid for the same one, one wins, and the last
+    is taken k retry periods after the lapse (past lease duration + 5 s). Views that
     differ a little only make a collision possible again, never a bid impossible."""
     asking = sorted(view.asking)
     free = _free(view, mutants)

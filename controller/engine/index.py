@@ -13,11 +13,11 @@ record and the few records they depend on (a span's facts depend on the dispatch
 on its table and on the changefeed's modes and thresholds; a dispatcher's on its span and the spans
 that name it). The facts carry their record, so each span and dispatcher is held once, in one table by name
 (``spans`` and ``dispatchers`` read it), and a span and its own dispatcher find each other through their
-records: no second table by name grows in step with it (issue 37: tables of 100,000 names doubling together
-in one write-through were the longest stalls of the event loop; the sets per rule, capture and table are
-split by their key). An event retracts the facts of every record whose facts it can change and asserts
-them afresh. Nothing here is an edge ("this changed, look at it once"): a set holds a span for as long
-as the rule may apply to it, so a decision that fails to act leaves it there for the next one.
+records: no second table by name grows in step with it (tables of 100,000 names doubling together in one
+write-through stall the event loop; the sets per rule, capture and table are split by their key). An event
+retracts the facts of every record whose facts it can change and asserts them afresh. Nothing here is an edge
+("this changed, look at it once"): a set holds a span for as long as the rule may apply to it, so a decision
+that fails to act leaves it there for the next one.
 
 Who uses it: ``decide`` (``World.index``) iterates these candidate sets instead of every record, and
 applies each rule's full predicate to the candidates, so a candidate too many costs a lookup and a
@@ -155,13 +155,13 @@ def exact_partition(outer: KeyRange, parts: list[KeyRange]) -> bool:
 class MinTracker:
     """The lowest value over named entries, with updates in O(log n): ``(value, name)`` pairs kept in order in
     a ``SortedList`` (sortedcontainers: short sublists, so no update moves or compares more than a few
-    thousand entries). The heap with lazy deletion it replaces was rebuilt whole once its stale entries
-    outnumbered the live ones: at 100,000 spans a ``heapify`` of 100,000 pairs, one C call that held the GIL
-    and the event loop up to 73 ms during a placement (issue 25).
+    thousand entries). A heap with lazy deletion would be rebuilt whole once its stale entries outnumber the live
+    ones: at 100,000 spans a ``heapify`` of 100,000 pairs, one C call that holds the GIL and the event loop up to
+    73 ms during a placement.
 
     It keeps no map of its own from name to value: the caller says what an entry was (``set(name, value, old)``),
-    which the index has in the span's previous facts (issue 37: a second name-keyed table of every span's
-    checkpoint, beside ``span_facts``, grew in step with it)."""
+    which the index has in the span's previous facts (a second name-keyed table of every span's checkpoint,
+    beside ``span_facts``, would grow in step with it)."""
 
     def __init__(self) -> None:
         self._ordered: SortedList = SortedList()
@@ -245,9 +245,9 @@ R = TypeVar("R", Span, Dispatcher)
 
 class RecordView(Mapping[str, R]):
     """name -> record, read from the index's facts (each carries its record): the spans and dispatchers are held
-    once, in the map of their facts, not also in a second map by name growing in step with it (issue 37: at
-    100,000 dispatchers, the records, their facts and a third map each doubled their table in the same
-    write-through, 2,817 page faults in one event-loop callback)."""
+    once, in the map of their facts, not also in a second map by name growing in step with it (at 100,000
+    dispatchers, three such maps each doubling their table in the same write-through made 2,817 page faults in
+    one event-loop callback)."""
 
     __slots__ = ("_facts",)
 
@@ -351,7 +351,7 @@ class Index:
         self.working: dict[ReportKey, dict[str, str]] = {}
         #: Per (capture, mode): the sum of the ``uid_hash``es of its Working dispatchers (``working_digest``, kept
         #: current per change), and the legacy digest of those uids when a report still carries one (computed when
-        #: first asked after a change: only while captures from before issue 37 run).
+        #: first asked after a change: only while captures of an older version, which send it, run).
         self._sums: dict[ReportKey, int] = {}
         self._legacy: dict[ReportKey, str] = {}
         # -- operators
@@ -608,7 +608,7 @@ class Index:
         # Only what changed is touched: an entry taken out of a map keyed by name and put back is a deletion and
         # an insertion, and a dict or set of 100,000 names that churns so grows a fresh table now and then
         # (about 10 MB, first touched there) though its size never changes: 40-80 ms in one write-through at
-        # 100,000 spans, several such maps resizing in the same refresh (issue 25).
+        # 100,000 spans, several such maps resizing in the same refresh.
         old = self.span_facts.get(name)
         new = self._span_facts(span) if span is not None else None
         if old == new:  # the same facts (compared without the record)
@@ -869,7 +869,7 @@ class Index:
 
     def covers(self, key: ReportKey, reported: str) -> bool:
         """Whether a report's digest is the digest of ``key``'s Working dispatchers (a set digest: O(1); a legacy one,
-        from a capture of before issue 37: hashed over them when first asked after a change)."""
+        from a capture of an older version: hashed over them when first asked after a change)."""
         if reported.startswith(SET_DIGEST):
             return reported == self.working_digest(key)
         found = self._legacy.get(key)

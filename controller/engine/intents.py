@@ -152,8 +152,8 @@ class ConfirmPresent:
 
     Why: a rule that removes something because of another object (an overlap no operator explains removes the newer
     span because of the older one) must not act on a view that still shows that object after it was deleted: a
-    person's ``kubectl delete``, or another maintainer's, delivered late by its watch (simulator seed 300908: a
-    Merge's new span removed as overlapping a source a person had deleted, its DELETED 3 s late).
+    person's ``kubectl delete``, or another maintainer's, delivered late by its watch (else a Merge's new span is
+    removed as overlapping a source a person had deleted, its DELETED 3 s late).
 
     With ``resource_version``: also unchanged since this view (``record_unchanged``). A dispatcher created from a
     record the chain does not write itself (an operator's recorded target, a placement's recorded name) rests on

@@ -174,8 +174,8 @@ def decide(world: World, memory: Memory, options: Options | None = None) -> Deci
     if world.stale and "decides-on-stale-view" not in options.mutants:
         # A view in doubt (a kind's watch broke and it has not been listed since: Informer.in_doubt) may still hold
         # what is gone and lack what is new, on any kind: removing on it undoes what others did (a finished Split's
-        # children removed as overlapping its deleted parent, issue 36), and adding on it makes two owners (a span
-        # placed beside a dispatcher the Dispatcher view does not show yet, simulator seed 318736). Nothing is
+        # children removed as overlapping its deleted parent), and adding on it makes two owners (a span placed
+        # beside a dispatcher the Dispatcher view does not show yet). Nothing is
         # decided until every kind is listed again; the LIST's end wakes the next decision.
         return Decision((), memory)
     first = not memory.bootstrapped

@@ -80,7 +80,7 @@ def _planned_ranges(tick: Tick) -> tuple[dict[tuple[int, Mode], list[KeyRange]],
     mean they are gone: its own deletes took the old ones out of the view at once, while the new ones another
     maintainer created (a deposed one driving the same operator) may not have arrived yet. Its keys are then
     neither covered nor planned in this view, and a hole fill there would create the old span's range again under
-    its old name (simulator seed 867345). Those tables wait (their table is read from the targets' keys)."""
+    its old name. Those tables wait (their table is read from the targets' keys)."""
     planned: dict[tuple[int, Mode], list[KeyRange]] = defaultdict(list)
     unseen: set[int] = set()
     if tick.index is not None:
@@ -438,7 +438,7 @@ def _new_span(tick: Tick, table: Table, mode: Mode, rng: KeyRange) -> None:
     if existing is not None:
         # The hole's deterministic name is taken by a span refused earlier (it overlapped something
         # that is gone now, e.g. a deposed maintainer's span): it fits exactly, so accept it. Otherwise
-        # the hole could never be filled (simulator seed 34720).
+        # the hole could never be filled.
         if existing.state is SpanState.INVALID and existing.key_range == rng and not existing.deleting:
             tick.emit(
                 f"span {existing.name} re-accepted",

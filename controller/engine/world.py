@@ -211,28 +211,21 @@ MUTANTS = frozenset(
         *progress.MUTANTS,  # the capture's report: minimum over the wrong set; kept from a previous process
     }
 )
-#: Mutants whose race the sweep no longer reaches, each killed by a test of the engine that drives the race
-#: directly instead (named here; ``python -m controller.sim --mutants`` skips them and says so).
-#: ``release-under-an-old-take``: it needs a Lease watch lagging the Dispatcher watch across a zombie's take and
-#: the capture's re-acquiring; 1 history of 50,000 had it (seed 11660) before the history stream changed and
-#: nothing was decided on a view in doubt, none of the roughly 20,000 searched since with the mutant (seeds from
-#: 1,500 and from 100,000, 2026-12-04):
-#: tests/unit/test_fencing.py::test_the_old_rule_releases_from_a_view_older_than_the_dispatcher (the mutant releases
-#: the finalizer that test_a_release_from_a_view_older_than_the_dispatcher_does_not_land shows the rule keeping).
-#: ``decides-on-stale-view``, ``creates-from-an-unconfirmed-record``, ``fills-a-hole-an-unseen-operator-plans``: the
-#: sweep caught each at a seed of a long run (318736 and 320624, 738533, 867345) until a new table's join (seed
-#: 805239) added a decision to every history that adds a table, and none of those seeds reaches its race since. The
-#: long run of 2026-12-06 on the join's code (49,644 histories from 900000 and 925000) listed the histories in which
-#: each can act (``--find``: a held decision on a view in doubt that would place keys twice, 287; a read of an
-#: unchanged record that stopped a chain, 75; a running Split or Merge with no span in view, 224); the mutant failed
-#: none of them. Killed by: tests/unit/test_regressions.py::test_a_finished_split_is_not_undone_by_a_repair_on_a_span_
-#: view_still_showing_its_parent (issue 36's scenario: the mutant removes the children on the view in doubt),
-#: tests/unit/test_bootstrap.py::test_the_mutant_creates_from_a_record_without_reading_it_again, and
-#: tests/unit/test_split.py::test_each_half_of_the_unseen_children_fix_is_needed (seed 867345's sequence).
-#: ``spans-before-the-join``: seed 805239 caught it until the histories changed with the changefeed's data-path
-#: troubles (reported for both sides) and the two pause flags; about 7,000 histories from 800000 with the mutant
-#: (2026-12-07) found none. Killed by tests/unit/test_joining.py::test_without_the_join_the_first_spans_are_created_at_
-#: once (the mutant creates a new table's spans before any join) beside ..._joins_before_its_first_spans_... and
+#: Mutants whose race the sweep's histories do not reach (searches of tens of thousands of histories with each found
+#: none it fails), each killed instead by a test of the engine that drives the race directly; ``python -m
+#: controller.sim --mutants`` skips them and says so. The tests:
+#: ``release-under-an-old-take`` (a Lease watch lagging the Dispatcher watch across a zombie's take and the capture's
+#: re-acquiring): tests/unit/test_fencing.py::test_the_old_rule_releases_from_a_view_older_than_the_dispatcher (the
+#: mutant releases the finalizer that test_a_release_from_a_view_older_than_the_dispatcher_does_not_land shows the
+#: rule keeping).
+#: ``decides-on-stale-view``: tests/unit/test_regressions.py::test_a_finished_split_is_not_undone_by_a_repair_on_a_
+#: span_view_still_showing_its_parent (the mutant removes the children on the view in doubt).
+#: ``creates-from-an-unconfirmed-record``: tests/unit/test_bootstrap.py::test_the_mutant_creates_from_a_record_
+#: without_reading_it_again.
+#: ``fills-a-hole-an-unseen-operator-plans``: tests/unit/test_split.py::test_each_half_of_the_unseen_children_fix_is_
+#: needed.
+#: ``spans-before-the-join``: tests/unit/test_joining.py::test_without_the_join_the_first_spans_are_created_at_once
+#: (the mutant creates a new table's spans before any join) beside ..._joins_before_its_first_spans_... and
 #: test_the_new_leader_counts_a_join_of_a_table_it_has_not_seen (the rule, and why it holds the checkpoint).
 DIRECT_MUTANTS = frozenset(
     {
@@ -452,7 +445,7 @@ class Tick:
         """Nothing the capture runs can resume: its Lease does not name it, or there is no Lease (nor Capture)
         at all and the dispatcher was assigned to it ``UNKNOWN_CAPTURE_GRACE`` ago. A capture missing from this
         view may simply be newer than the view (a deposed maintainer's stale cache, before it stops, sees a
-        dispatcher its successor placed on a capture that joined since: simulator seed 265); a capture registers
+        dispatcher its successor placed on a capture that joined since); a capture registers
         its Lease before anything is assigned to it, so one still unknown that long after does not exist."""
         capture = self.world.captures.get(name)
         if capture is None:
@@ -475,9 +468,9 @@ class Tick:
     def table_holds_checkpoint(self, table_id: int) -> bool:
         """Its spans hold the changefeed checkpoint back: the table is live, or this maintainer has not seen
         it (yet). Informers of different kinds are independent, so a Span can arrive before its Table: one
-        a deposed maintainer made for a table whose creation this one's Table watch has not delivered
-        (simulator seed 3023). Only a table seen being deleted lets its spans go from the minimum; a span
-        of a table that never shows up is removed by the safety net, and holds the checkpoint until then."""
+        a deposed maintainer made for a table whose creation this one's Table watch has not delivered. Only a
+        table seen being deleted lets its spans go from the minimum; a span of a table that never shows up is
+        removed by the safety net, and holds the checkpoint until then."""
         table = self.tables_by_id.get(table_id)
         return table is None or not table.deleting
 
@@ -696,7 +689,7 @@ class Tick:
         the dispatcher. A capture whose Lease merely lapsed has stopped delivering, yet would resume its
         dispatchers in place if it reached the API again; and a view that shows its Lease taken may be older
         than the dispatcher (each kind has its own watch): a restarted process of the capture may hold the
-        Lease again by now and run a dispatcher created since (simulator seed 11660). So the release comes
+        Lease again by now and run a dispatcher created since. So the release comes
         in the same chain as a ``FenceCapture``: a compare-and-swap on the Lease version of this view that
         takes the Lease (or, already taken, writes it again). If it lands, the Lease did not name the
         capture at a moment after this view was read, hence after ``d`` was created, and no process of the

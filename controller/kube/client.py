@@ -366,7 +366,7 @@ async def end_stream(resp: aiohttp.ClientResponse) -> None:
     """Close the connection of a streamed response left before its end (a watch closed or cancelled by its
     reader) and wait until it is closed: it cannot be reused, and no session tracks it any more, so nobody
     else would wait for it. Over TLS a close is a shutdown exchange that takes a few turns of the event loop;
-    a loop ended first (``asyncio.run`` returning) left the socket unclosed, a ResourceWarning (issue 36).
+    a loop ended first (``asyncio.run`` returning) would leave the socket unclosed, a ResourceWarning.
     A peer that does not answer the shutdown within :data:`STREAM_CLOSE_TIMEOUT` has the connection aborted.
     A response read to its end has released its connection to the pool already: nothing to do."""
     connection = resp.connection

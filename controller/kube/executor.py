@@ -1,8 +1,8 @@
 """Apply the engine's intended writes to the API, exactly as ``controller.engine.intents`` specifies.
 
 Chains run concurrently (bounded: ``concurrency`` chains of all decisions at once, each decision's started
-in order by as many workers, never one task per chain: a decision placing 1,000 spans used to start 1,000
-tasks in one turn of the event loop); the writes of one chain run in order and the chain stops at its first
+in order by as many workers, never one task per chain: a task per chain, a decision placing 1,000 spans would
+start 1,000 tasks in one turn of the event loop); the writes of one chain run in order and the chain stops at its first
 failure. Each write, and each response's write-through, waits its turn on the informer's pacer
 (``controller.kube.pacing``), so that completions arriving together do not make one long turn of the loop.
 Idempotence rules: AlreadyExists on create (unless the create is exclusive) and NotFound on delete are success;

@@ -1,12 +1,12 @@
 """Heap reserve: memory the event loop will need is paged in by another thread, ahead of time.
 
-At 100,000 spans the maintainer's last long stalls (issue 25) were not Python's: they were the kernel's, in
-page faults. A dict or a set keyed by span name grows its table in one step (past 87,381 entries a dict's table
-doubles to 2^18 slots, about 4 MB with string keys), and several such maps (the informer's records, the index,
-the trackers) cross the same size on the same insert. glibc serves a block that large with fresh pages (mmap, or
-brk past what the process ever touched), and the first write to each 4 KiB page faults: 3,756 faults (15 MB),
-75 ms of system time and no user time, in one informer write-through on this machine (20-34 us a fault under
-load, about 3 us alone). That time is the event loop's: no Lease renewal, watch event or decision runs meanwhile.
+At 100,000 spans the maintainer's longest stalls of the event loop can be the kernel's, in page faults, not
+Python's. A dict or a set keyed by span name grows its table in one step (past 87,381 entries a dict's table
+doubles to 2^18 slots, about 4 MB with string keys). glibc serves a block that large with fresh pages (mmap, or
+brk past what the process ever touched), and the first write to each 4 KiB page faults: about 940 faults for one
+such table in one informer write-through, more when several maps cross that size on the same insert, at 20-34 us
+a fault under load on a VM (about 3 us alone). That time is the event loop's: no Lease renewal, watch event or
+decision runs meanwhile.
 
 :class:`HeapReserve` keeps a reserve of free memory at the top of glibc's main heap that has already been
 written to, so such a table is carved out of resident pages and its growth costs a copy, not thousands of
@@ -29,10 +29,10 @@ For this to work, three of glibc's settings change (:func:`configure`, once, bef
   TRIM_THRESHOLD; ``M_TRIM_THRESHOLD``), so the reserve is not returned as soon as it is freed. Memory freed
   meanwhile stays with the process up to that much (and blocks up to 32 MiB are no longer unmapped when freed).
 
-What it costs: the reserve is resident (a quarter of the heap, at most ``ceiling``, 32 MiB by default; the top
-after a refill at most 1.75 times that: up to 0.56 KiB a span at 100,000 spans), and a refill's faults are CPU time
-of the other core. It does nothing where the C library is not glibc
-(``available()`` is false: musl, macOS) or with ``--heap-reserve 0``.
+What it costs: the reserve is resident (a quarter of the heap, at most ``ceiling``, of which CEILING is a good
+start; the top after a refill at most 1.75 times that: up to 0.56 KiB a span at 100,000 spans), and a refill's
+faults are CPU time of the other core. It does nothing where the C library is not glibc (``available()`` is false:
+musl, macOS) or with ``--heap-reserve 0``, the default.
 """
 
 from __future__ import annotations

@@ -12,14 +12,14 @@ a view); 410 Gone relists. The resourceVersion a stream resumes from moves past 
 the event is applied: a LIST page or an event the cache fails to apply (an exception from the store, the index or
 ``on_change``: a bug, never taken for a transport error) is logged with its traceback, counted
 (``apply_failures``), and the stream relists whatever its kind (a kind of records is in doubt until then): what
-failed arrives with that LIST instead of being skipped in silence (issue 37).
+failed arrives with that LIST instead of being skipped in silence.
 
 Watches are ended by the server, as client-go's are: each asks for a ``timeoutSeconds`` drawn between
 ``watch_timeout`` and twice that (5 to 10 minutes by default: the streams of a restarted API server do not all
 end at once), and when the server ends a stream the informer resumes it from its last resourceVersion (a
 resume, not a relist). A real kube-apiserver guarantees no BOOKMARKs, at any interval or at all (its watch
 cache sends none for a kind it has seen no event for), so a quiet stream is normal: silence is never a reason
-to restart a process (issue 36: "no event or bookmark for Capture in 131s" restarted an idle maintainer). The
+to restart a process (a probe that required events would restart an idle maintainer on a real cluster). The
 client-side idle limit of a stream, the server's timeout plus ``IDLE_MARGIN``, only catches a connection that
 died without an error.
 
@@ -250,7 +250,7 @@ class Store:
     dead: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
     #: The Changefeed records by name. The records of the other kinds live in their changefeed's ``Index`` only
     #: (``index.tables``, ``spans``, ``dispatchers``, ``operators``): one home each, not a second name-keyed table
-    #: beside the index's growing in step with it (issue 37). ``records`` reads them all by kind.
+    #: beside the index's growing in step with it. ``records`` reads them all by kind.
     _changefeeds: dict[str, Record] = field(default_factory=dict)
     #: name -> (resourceVersion, message, changefeed) of an object that could not be converted; the changefeed
     #: its label (what a shard selects by) or else its ``spec.changefeed`` names ("" if neither), so that a
@@ -1182,7 +1182,7 @@ class Informer:
         is the zombie of nolar/kopf#1276), or when the API has answered no request of ours for ``window`` seconds
         (``progress_window`` by default; ``Client.last_success``). Never because a watch is quiet: a real server
         may send no event and no BOOKMARK for as long as nothing changes, and the server's own timeout ends and
-        renews the stream (issue 36)."""
+        renews the stream."""
         for t in self._tasks.values():
             if t.done():
                 return False, f"watch task {t.get_name()} ended"
@@ -1357,7 +1357,7 @@ class _Feed:
         if self.stream.kind in RECORD_ONLY and self.informer.freeze:
             # The records of a page live as long as their objects do: out of the garbage collector's full
             # passes from now on (they hold no reference cycles; reference counting still frees them). Each
-            # full pass over 200,000 records held the loop for hundreds of milliseconds (issue 25). The young
+            # full pass over 200,000 records holds the loop for hundreds of milliseconds. The young
             # generations are collected first, so that no fresh garbage cycle is frozen with them for good.
             gc.collect(1)
             gc.freeze()

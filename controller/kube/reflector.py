@@ -18,8 +18,8 @@ cache holds; the cache knows nothing of the network. The rules it keeps, and why
 * **Nothing is skipped in silence.** The resourceVersion moves past an event only once the target has applied
   it. Anything the target raises while applying a LIST or an event (``ApplyFailed``: a bug of ours, never a
   transport error, whatever its type) is logged with its traceback, counted (``Target.failed_to_apply``), and the
-  stream lists again after a back-off (``MAX_APPLY_BACKOFF``): what failed arrives with that LIST (issue 37: an
-  event whose application raised was once resumed past, and the cache never held it).
+  stream lists again after a back-off (``MAX_APPLY_BACKOFF``): what failed arrives with that LIST (resumed past
+  instead, an event whose application raised would never be in the cache).
 * **One LIST at a time** when a ``list_gate`` is shared by several reflectors (the maintainer's: at 50,000 spans a
   LIST's raw objects are a few hundred MB until converted), each waiting at most ``LIST_PATIENCE`` for another.
 * **Short turns.** LIST pages are handed over ``CHUNK`` objects at a time and each chunk and each event is

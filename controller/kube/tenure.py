@@ -2,7 +2,7 @@
 
 CPython's garbage collector makes a full (generation 2) pass whenever the objects promoted since the last
 one exceed a quarter of those it found then; a pass visits every tracked object, so its pause grows with the
-heap: about 1 s at 100,000 spans in one maintainer (issue 25), which is a second no Lease renewal, watch
+heap: about 1 s at 100,000 spans in one maintainer, which is a second no Lease renewal, watch
 event or decision gets. The records are not garbage (they live as long as their objects) and hold no
 reference cycles (reference counting frees them when they are replaced or deleted), so visiting them again
 and again buys nothing.

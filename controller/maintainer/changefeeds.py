@@ -275,8 +275,8 @@ class Changefeeds:
 
         Every decision runs in a thread while the informer is frozen, so that it sees one snapshot and the event
         loop keeps renewing Leases, reading watches (they wait, not the loop) and deciding for other changefeeds
-        meanwhile. A heavy one (the audit, a bootstrap: every record visited, seconds at 100,000 spans) held the
-        loop for 1.5 to 2.7 s at 50,000 spans (issue 25), and one that places a 1,000-span Table for 90 ms; at rest
+        meanwhile. In the loop, a heavy one (the audit, a bootstrap: every record visited, seconds at 100,000 spans)
+        would hold it for 1.5 to 2.7 s at 50,000 spans, and one that places a 1,000-span Table for 90 ms; at rest
         a decision is under a millisecond, and the thread costs about 0.1 ms more."""
         async with self.informer.frozen():
             decision, check = await asyncio.to_thread(decide_and_compare, world, memory, options)

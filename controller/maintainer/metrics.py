@@ -60,7 +60,7 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.
 INITIAL_WRITE_ERROR_REASONS = ("Conflict", "ClientTimeout", "ConnectionError")
 #: How long a scrape the relay has no recent collection for waits for the event loop to collect before it is
 #: answered with the latest. The loop's longest turns at 100,000 spans are 50-60 ms; a scrape that waited for them
-#: took as long (issue 37).
+#: took as long.
 FRESH_WITHIN = 0.015
 #: While scrapes come, the relay asks for a collection this often (seconds), and answers a scrape at once with the
 #: latest if it is at most twice as old: at 100,000 spans a collection costs the loop at most about 3 ms of CPU (p99).
@@ -202,7 +202,7 @@ class ProcessReadings(Collector):
     of ``stat`` and ``limits``, a listing of ``fd``), and each lets the GIL go. While the decision's thread runs,
     the loop's thread then waits up to a switch interval (5 ms) to get it back, after every one of them:
     0.13 ms of work took 10.7 ms (median) and up to 37 ms beside a busy thread, and at 100,000 spans the whole
-    scrape 35-53 ms in the loop (bench/README.md, issue 37). A reading older than ``max_age`` (no server, or its
+    scrape 35-53 ms in the loop (bench/README.md). A reading older than ``max_age`` (no server, or its
     thread late) is replaced at scrape time, so the series are never staler than that."""
 
     def __init__(self, max_age: float = 5.0) -> None:

@@ -1,6 +1,6 @@
 """The process that answers ``/metrics`` for a maintainer (``python -m controller.maintainer.metrics_relay``).
 
-Why a process of its own (issue 37): served by a thread of the maintainer, a scrape still shared the GIL with the
+Why a process of its own: served by a thread of the maintainer, a scrape still shared the GIL with the
 event loop and the decision's thread. It took the GIL at least five times (the socket readable, the loop woken,
 the collection back, the encoding, the answer sent) and waited up to a switch interval (5 ms) each time, then for
 the OS on a busy machine: 55-66 ms at worst at 100,000 spans. This process shares no GIL with the maintainer.

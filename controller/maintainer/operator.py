@@ -7,15 +7,14 @@ Changefeed would, keeping the object undeletable whenever the operator is down).
 informer's (see ``controller.kube.informer`` for why), and the liveness probe reports progress
 (``Informer.healthy``): a watch task that ended, or no request answered by the API for ``--liveness-window``
 seconds, makes the pod restart instead of leaving a zombie operator; a quiet watch does not (a real API server
-promises no BOOKMARKs; issue 36).
+promises no BOOKMARKs).
 
 The readiness endpoint (``--readiness``, :mod:`controller.kube.probes`) answers 200 once every kind is
 listed and every Changefeed's Lease is being competed for, so ``helm install --wait`` means working.
 
-The Prometheus endpoint (``--metrics-port``, see ``controller.maintainer.metrics``) is an HTTP server of its
-own, on an event loop of its own in a thread, serving what the maintainer's event loop collects, on a port
-other than Kopf's liveness endpoint; it is started before the maintainer (a port that cannot be bound stops
-the process at once) and stopped at cleanup.
+The Prometheus endpoint (``--metrics-port``, on a port other than Kopf's liveness endpoint) serves what the
+maintainer's event loop collects, as ``controller.maintainer.metrics`` describes (:class:`MetricsServer`); it is
+started before the maintainer (a port that cannot be bound stops the process at once) and stopped at cleanup.
 
 Logging (:func:`setup_logging`): every record, Kopf's included, goes through the schema of
 ``controller.logs``, the one the capture agent writes too; ``kopf.configure`` (Kopf's own formats) is not

@@ -176,7 +176,7 @@ def regions_touched(table_regions: int, span: KeyRange, table: KeyRange) -> int:
     overlapping a span, so a region crossing a span's boundary counts for the spans on both sides of it.
     So the counts of adjacent spans add up to at least the count of the span they would merge into: a
     merge of spans judged small enough never makes a span the split scheduler would cut again (rounding to
-    nearest did, and the two schedulers took turns on one table forever: simulator seed 20626). Counted
+    nearest would, and the two schedulers would take turns on one table for ever). Counted
     exactly, in integers from the keys' offsets (a span ``[a, b)`` of a table of width ``w`` touches the
     regions ``floor(a*R/w)`` to ``ceil(b*R/w) - 1``): floats of the shares could put a merged span a hair
     over the sum of its parts and add a region (the property test found 6 regions, pieces [2, 1])."""

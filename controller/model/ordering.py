@@ -3,8 +3,8 @@
 Why: a decision runs in a thread beside the maintainer's event loop (``controller.maintainer.runner``), and
 the two share the GIL. Python code lets the GIL go every few milliseconds, but one C call never does, and
 ``sorted`` compares in C: at 100,000 spans one sort of every dispatcher by ``(created, name)`` held the GIL
-(and so the loop: no Lease renewal, no watch event) for about 90 ms of the full audit (issue 25, measured
-with ``py-spy record --gil``). Sorted in runs of ``RUN`` and merged by ``heapq.merge`` (Python code), no
+(and so the loop: no Lease renewal, no watch event) for about 90 ms of the full audit (measured with
+``py-spy record --gil``). Sorted in runs of ``RUN`` and merged by ``heapq.merge`` (Python code), no
 one call compares more than ``RUN`` items, and the result is exactly ``sorted``'s: ``heapq.merge`` is
 stable (equal keys come in run order, and the runs are in input order), as ``sorted`` is.
 """

@@ -91,16 +91,15 @@ def sweep(
     return 1 if failed else 0
 
 
-#: Mutants of a race too rare for the sweep's first histories, with the seeds of a long run whose histories the mutant
-#: fails: tried first. Seed 900494 (the long run of 2026-12-06, seeds from 900000, listed by ``--find 'read stopped
-#: ConfirmGone'``): a Split recorded a new span as deleted by hand that another maintainer had created, unseen by its
-#: view. Rare races the sweep no longer reaches are killed by tests
-#: of the engine instead (``engine.world.DIRECT_MUTANTS``, with what was searched). The others pinned are the first
-#: seeds of the sweep that catch mutants it otherwise reaches only after 30 to 260 histories (``--mutants`` of
-#: 2026-12-07): CI's mutation check ran 70 of its 115 s on them. Each pinned seed is run first, with the mutant and
-#: (if it fails) without; should it no longer catch its mutant, the sweep from 0 goes on as before.
+#: Seeds tried first for a mutant, each with the mutant and (if it fails) without; should one no longer catch its
+#: mutant, the sweep from 0 goes on. Mutants whose race the sweep does not reach at all are killed by tests of the
+#: engine instead (``engine.world.DIRECT_MUTANTS``).
 PINNED: dict[str, tuple[int, ...]] = {
+    # A race too rare for the sweep: a Split records a new span as deleted by hand that another maintainer had
+    # created, unseen by its view.
     "gives-up-a-span-unseen": (900494,),
+    # The rest: the first seeds of the sweep that catch a mutant it otherwise reaches only after 30 to 260
+    # histories (without them most of the mutation check's time went to those).
     "failures-not-reported": (262,),
     "capture-resumes-after-takeover": (181,),
     "reshape-without-capture-skips-new-spans": (161,),

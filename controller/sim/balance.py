@@ -47,14 +47,17 @@ EVENTS_UNTIL = 200.0
 MUTANT_SEEDS = 300
 #: Seconds a taker takes to bootstrap a changefeed (a fresh process: 30 changefeeds x 1,000 spans in 4.9 s).
 BOOTSTRAP = 5.0
-#: Seconds past the lease duration by which a SIGKILLed replica's changefeeds must be taken over (issue 23: lease
+#: Seconds past the lease duration by which a SIGKILLed replica's changefeeds must be taken over (lease
 #: duration + 5 s): the survivors see its member Lease lapse, bid within a retry period, and may lose one race.
 LED_AGAIN = 5.0
-#: Mutants too rare for the first ``MUTANT_SEEDS`` histories: the seed that found the bug each plants back is tried
-#: first (the long sweep found it; the sweep of the mutation check then shows the check still sees it).
 #: The bugs the checks must catch: the share's rules' and the policy's.
 MUTANTS = shards.MUTANTS | balance_policy.MUTANTS
-PINNED = {"bid-past-a-shortfall": 11368, "handed-over-held-back-long": 14152, "bids-herd": 6026569}
+#: Mutants too rare for the first ``MUTANT_SEEDS`` histories, each with a seed whose history catches it, tried first.
+PINNED = {
+    "bid-past-a-shortfall": 11368,  # two replicas take turns with a Lease handed over for the one below floor
+    "handed-over-held-back-long": 14152,  # a changefeed handed to a replica that dies meanwhile waits unled too long
+    "bids-herd": 6026569,  # a SIGKILLed replica's changefeeds taken one per retry period, the last past lease + 5 s
+}
 
 
 @dataclass

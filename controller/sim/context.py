@@ -137,9 +137,9 @@ class Ctx:
     #: stale view, in which a Span watch lags the SpanOperator watch: the outcome check exempts them).
     zombie_written_ops: set[str] = field(default_factory=set)
     #: Spans whose status a superseded maintainer wrote. Its successor may judge one from a view the
-    #: zombie's write has just made stale (seed 2981 on the final code of issue 12: the zombie took a lost
-    #: capture's span off it as the successor, whose clock had not yet called that capture lost, finished a
-    #: Move to it as AlreadyOnTarget): such a Move's intent is not judged.
+    #: zombie's write has just made stale (the zombie took a lost capture's span off it as the successor,
+    #: whose clock had not yet called that capture lost, finished a Move to it as AlreadyOnTarget): such a Move's
+    #: intent is not judged.
     zombie_span_writes: set[str] = field(default_factory=set)
     #: Spans a person deleted by hand: an operator that owned one cannot keep its intent for it.
     user_deleted: set[str] = field(default_factory=set)

@@ -123,7 +123,7 @@ class Sim:
         self.start_maintainer()
         if self.current is not None and self.ctx.rng.random() < 0.7:
             # The successor started across a control plane restart: its record kinds relist one by one, while the
-            # zombie, its view current, finishes what it had in flight (the real cluster's undone Split, issue 36).
+            # zombie, its view current, finishes what it had in flight (as a real cluster undid a finished Split).
             # Dispatchers listed last: its Span view shows the zombie's placements before it sees their dispatchers.
             self.current.break_watch(Kind.DISPATCHER, self.ctx.rng.uniform(1.0, RELIST_SPREAD))
             for kind in (Kind.SPAN, Kind.OPERATOR):
@@ -527,9 +527,9 @@ class Sim:
         # An operator the successor admitted on a span a zombie had just deleted for another operator (seed
         # 117032: the zombie's CreateSpans of one Split replaced the span; the successor, its Span watch behind,
         # admitted a second Split of it, which then fails SpanNotFound: the right outcome for it). Two maintainers
-        # acting at once no longer excuse a Split or Merge Failed as SpanDeleted: the one that finishes it may see
-        # its record before its Span watch shows the new spans (seeds 322, 1960), but it reads them before it takes
-        # them for deleted by hand (``ConfirmGone``, seed 867345).
+        # acting at once do not excuse a Split or Merge Failed as SpanDeleted: the one that finishes it may see
+        # its record before its Span watch shows the new spans, but it reads them before it takes them for deleted
+        # by hand (``ConfirmGone``).
         exempt = (
             touched
             or op.name in ctx.zombie_ops

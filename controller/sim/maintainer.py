@@ -288,7 +288,7 @@ class SimMaintainer:
         """A rule that removes acts on a premise that holds in the API, not only in a view that lags: a span removed
         as an overlap no operator explains overlaps another span in the API at that moment. A view that still holds
         a deleted span (a Split's parent, its watch down) shows an overlap that is not there, and removing the
-        newer span then undoes the Split (issue 36; the mutant ``decides-on-stale-view``). A zombie's view is
+        newer span then undoes the Split (the mutant ``decides-on-stale-view``). A zombie's view is
         stale by nature (its successor resolves what it does)."""
         if self.zombie:
             return

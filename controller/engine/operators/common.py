@@ -50,9 +50,10 @@ def record(tick: Tick, op: SpanOperator, **changes: object) -> tuple[SpanOperato
 def cancel(tick: Tick, op: SpanOperator, reason: str, message: str) -> Write:
     """The write that cancels ``op``, built on the operator as the view has it, not as another chain of this
     decision left it: chains fail independently, so a cancel must not carry what an earlier chain concluded behind a
-    read that stopped it (simulator seed 922845: an AddSpans chain recorded a new span as deleted by hand behind a
-    ``ConfirmGone`` that found it; the teardown's cancel, in a chain of its own, wrote that record). If the earlier
-    chain lands, this write fails on the resourceVersion and the next decision cancels the newer record."""
+    read that stopped it (an AddSpans chain whose ``ConfirmGone`` finds the span stops before it records the span as
+    deleted by hand; a cancel built on what that chain concluded, in a chain of its own, would write that record all
+    the same). If the earlier chain lands, this write fails on the resourceVersion and the next decision cancels the
+    newer record."""
     base = tick.world.operators.get(op.name, op)
     _, write = record(tick, base, phase=OpPhase.CANCELED, status_reason=reason, message=message, finished_at=tick.now)
     return write

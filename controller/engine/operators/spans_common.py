@@ -65,7 +65,7 @@ def create_spans(tick: Tick, op: SpanOperator, *replaced: str) -> list[Write]:
         # Every replaced span was deleted by hand and none of the new ones exists yet: there is nothing
         # to take the table and mode from. The safety net re-covers the range; this operator ends.
         # Absent from the view is not deleted (another maintainer may have made the new spans, unseen yet): a
-        # consistent read confirms each is gone first (simulator seed 867345).
+        # consistent read confirms each is gone first.
         gone = ", ".join(replaced)
         message = f"span(s) {gone} deleted by hand before the new spans existed; the safety net re-covers the keys"
         reads: list[Write] = []
