@@ -39,6 +39,7 @@ from controller.model.progress import SINK, SOURCE, Side
 from controller.model.resources import InvalidResource, changefeed_from_resource
 from controller.model.states import Kind
 from controller.sinks import api as sinks
+from controller.sinks import kinds
 
 log = logging.getLogger("controller.capture")
 CHANGEFEEDS = RESOURCES[Kind.CHANGEFEED]
@@ -204,7 +205,7 @@ class Sources:
         if problem:
             return _Problem(SOURCE, f"{where}: {problem}")
         try:
-            target = sinks.from_secret(sink_kind, changefeed, sink)
+            target = kinds.from_secret(sink_kind, changefeed, sink)
         except sinks.Unusable as exc:
             return _Problem(SINK, f"the sink Secret {self.namespace}/{sink_secret}: {exc}")
         username, password = source.get("username") or None, source.get("password") or None

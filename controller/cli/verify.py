@@ -30,6 +30,7 @@ from controller.model import resources as conv
 from controller.model.states import Kind
 from controller.model.verification import LAST_VERIFY_ANNOTATION, Verification
 from controller.sinks import api as sinks
+from controller.sinks import kinds
 
 JSON = dict[str, Any]
 CHANGEFEEDS, SPANS = RESOURCES[Kind.CHANGEFEED], RESOURCES[Kind.SPAN]
@@ -55,7 +56,7 @@ def secret_names(cf: Mapping[str, Any]) -> tuple[str | None, str | None]:
 def sink_kind(cf: Mapping[str, Any]) -> str | None:
     """The sink kind the raw Changefeed names (``spec.sink``'s one key), None if it names none."""
     sink = _get(cf, "spec", "sink")
-    named = [k for k in sinks.KINDS if isinstance(sink, Mapping) and k in sink]
+    named = [k for k in kinds.KINDS if isinstance(sink, Mapping) and k in sink]
     return named[0] if named else None
 
 
@@ -215,7 +216,7 @@ async def _connection(
     else:
         raise Refused(f"changefeed {name!r} names no sink (spec.sink.postgres or spec.sink.mysql): pass --dsn")
     try:
-        sink = sinks.from_secret(kind, name, data)
+        sink = kinds.from_secret(kind, name, data)
     except sinks.Unusable as exc:
         where = "--dsn" if args.dsn else f"Secret {sink_secret!r}"
         raise Refused(f"{where}: {exc}") from None

@@ -373,7 +373,8 @@ async def read_rows(
                 out[span] = found or []
     except sink.errors() as exc:
         # The DSN is never printed (it may hold a password): the sink's own words, scrubbed.
-        raise VerifyError(f"cannot read the sink ({sink.describe()}): {sink.trouble(exc)[1]}") from None
+        words = sink.trouble(exc)[1].removeprefix("cannot write the sink: ")
+        raise VerifyError(f"cannot read the sink ({sink.describe()}): {words}") from None
     return out, absent, horizons
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -253,20 +253,3 @@ def frontier(key_range: KeyRange, spans: Iterable[tuple[bytes, bytes, int]]) -> 
 class Unusable(ValueError):
     """A sink Secret's values cannot be used (a key missing, a DSN malformed): the message says which, quoting no
     value."""
-
-
-#: The sink kinds: the Changefeed's ``spec.sink.<kind>``, and the package implementing it.
-KINDS = ("postgres", "mysql")
-
-
-def from_secret(kind: str, changefeed: str, data: Mapping[str, str]) -> Sink:
-    """The :class:`Sink` of ``kind`` from its Secret's decoded data; :class:`Unusable` says what is wrong."""
-    if kind == "postgres":
-        from controller.sinks import postgres
-
-        return postgres.from_secret(changefeed, data)
-    if kind == "mysql":
-        from controller.sinks import mysql
-
-        return mysql.from_secret(changefeed, data)
-    raise Unusable(f"unknown sink kind {kind!r} (known: {', '.join(KINDS)})")

@@ -19,6 +19,7 @@ import pytest
 from controller.apiserver import ApiServerHandle, start_server
 from controller.dataplane.servers import EtcdServer, MariaDBServer, PostgresServer
 from controller.sinks import api as sinks
+from controller.sinks import kinds
 from tests.integration.harness import CRD_DIR, Api, System, embedded_api
 
 #: etcd's progress-notification interval on the test servers (its default is 10 minutes).
@@ -59,7 +60,7 @@ def sink_server(request: pytest.FixtureRequest) -> SinkServer:
 
 def sink_of(server: SinkServer, changefeed: str) -> sinks.Sink:
     """The sink ``changefeed`` writes on ``server``, as a capture makes it from its Secret."""
-    return sinks.from_secret(server.sink_kind, changefeed, {"dsn": server.dsn})
+    return kinds.from_secret(server.sink_kind, changefeed, {"dsn": server.dsn})
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from controller.dataplane.servers import EtcdServer, PostgresServer
 from controller.model.keys import table_key
 from controller.model.states import OpPhase
 from controller.sinks.postgres import schema
+from tests.dataplane.conftest import SinkServer
 from tests.integration.harness import CHANGEFEED, Api, System, Watch
 
 TABLE = 4242
@@ -41,15 +42,16 @@ def secret(api: Api, name: str, data: dict[str, str]) -> None:
     assert stored["type"] == "Opaque"
 
 
-def create_changefeed(api: Api, etcd: EtcdServer, postgres: PostgresServer, *, redo: bool = False) -> None:
-    """Changefeed ``cf`` from ``etcd`` to ``postgres``, their endpoints in the Secrets it names."""
+def create_changefeed(api: Api, etcd: EtcdServer, sink: SinkServer, *, redo: bool = False) -> None:
+    """Changefeed ``cf`` from ``etcd`` to ``sink`` (a server of either sink kind), their endpoints in the Secrets it
+    names."""
     secret(api, "source", {"endpoints": etcd.client_url})
-    secret(api, "sink", {"dsn": postgres.dsn})
+    secret(api, "sink", {"dsn": sink.dsn})
     api.create("changefeeds", "Changefeed", CHANGEFEED, {
         "redo": redo,
         "scheduler": {"balanceIntervalSeconds": 0},
         "source": {"etcd": {"secretRef": {"name": "source"}}},
-        "sink": {"postgres": {"secretRef": {"name": "sink"}}},
+        "sink": {sink.sink_kind: {"secretRef": {"name": "sink"}}},
     })  # fmt: skip
 
 

@@ -1,6 +1,8 @@
-"""Failures on real data, each ending with ``kubectl changefeed verify`` finding 0 differences (issue 38).
+"""Failures on real data, each ending with ``kubectl changefeed verify`` finding 0 differences, each run against
+both sinks.
 
-A real etcd is the source and a real PostgreSQL the sink (the session's servers, conftest.py); the embedded
+A real etcd is the source and a real PostgreSQL or MariaDB the sink (the session's servers, conftest.py:
+``sink_server``); the embedded
 Kubernetes API runs the maintainer and captures as processes. A writer puts, overwrites and deletes keys across
 every span of the table at a steady rate throughout, and is still writing when verify runs: verify compares
 etcd at a revision at or below the changefeed's checkpoint with the sink, online.
@@ -21,11 +23,12 @@ import pytest
 
 from controller.apiserver import ApiServerHandle
 from controller.cli.__main__ import main as kubectl_changefeed
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.dataplane.servers import EtcdServer
 from controller.dataplane.writer import Writer
 from controller.engine.maintainer import FAILED_EVENT, REPLICATION_FAILED, RETRYING, SINK_EVENT, SINK_UNAVAILABLE
 from controller.model.states import DispatcherState, OpPhase, Stage
 from controller.model.verification import LAST_VERIFY_ANNOTATION, verification_from_json
+from tests.dataplane.conftest import SinkServer
 from tests.dataplane.test_end_to_end import create_changefeed
 from tests.integration.harness import CHANGEFEED, Api, Snap, System, Watch, set_hooks
 
@@ -48,12 +51,12 @@ def written_through(w: Writer, since: int) -> None:
     w.wait_for(since + CHANGES, touched=CHANGES)
 
 
-def verify(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServer) -> tuple[int, str]:
+def verify(api: Api, capsys: pytest.CaptureFixture[str], sink_server: SinkServer) -> tuple[int, str]:
     """``kubectl changefeed verify -c cf`` (its endpoints and credentials from the Changefeed's Secrets)."""
     capsys.readouterr()
     rc = kubectl_changefeed(["--kubeconfig", str(api.kubeconfig), "-n", api.namespace, "verify", "-c", CHANGEFEED])
     out, err = capsys.readouterr()
-    assert postgres.dsn not in out + err
+    assert sink_server.dsn not in out + err
     return rc, out + err
 
 
@@ -61,15 +64,15 @@ def start_feed(
     api: Api,
     system: System,
     etcd: EtcdServer,
-    postgres: PostgresServer,
+    sink_server: SinkServer,
     table_id: int,
     *,
     redo: bool = False,
     maintainers: tuple[str, ...] = ("m0",),
 ) -> Watch:
-    """A Changefeed from ``etcd`` to ``postgres`` (through Secrets; ``redo``: with redo-mode spans too), captures
+    """A Changefeed from ``etcd`` to ``sink_server`` (through Secrets; ``redo``: with redo-mode spans too), captures
     c0 and c1, the ``maintainers`` replicas, and the table pre-split into 4 spans (per mode)."""
-    create_changefeed(api, etcd, postgres, redo=redo)
+    create_changefeed(api, etcd, sink_server, redo=redo)
     for c in ("c0", "c1"):
         system.capture(c)
     for m in maintainers:
@@ -88,9 +91,9 @@ def checkpoint_past(watch: Watch, revision: int, what: str, timeout: float = 60)
     )
 
 
-def verified(api: Api, capsys: pytest.CaptureFixture[str], postgres: PostgresServer, table_id: int) -> None:
+def verified(api: Api, capsys: pytest.CaptureFixture[str], sink_server: SinkServer, table_id: int) -> None:
     """verify exits 0 and says 0 differences for the table."""
-    rc, out = verify(api, capsys, postgres)
+    rc, out = verify(api, capsys, sink_server)
     assert rc == 0, out
     assert re.fullmatch(CLEAN.format(table=table_id), out), out
 
@@ -138,11 +141,11 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
     api: Api,
     system: System,
     etcd: EtcdServer,
-    postgres: PostgresServer,
+    sink_server: SinkServer,
     table_id: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    watch = start_feed(api, system, etcd, postgres, table_id)
+    watch = start_feed(api, system, etcd, sink_server, table_id)
     with writer(etcd, table_id) as w:
         snap = watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         first, second, third, fourth = sorted(snap.spans_of(table_id), key=lambda sp: sp.key_range.start)
@@ -173,10 +176,10 @@ def test_a_maintainer_and_a_capture_sigkilled_with_a_move_a_split_and_a_merge_in
         written_through(w, failure)
         during = w.last
         checkpoint_past(watch, during, "the checkpoint to pass what was written through the failures", 60)
-        verified(api, capsys, postgres, table_id)
+        verified(api, capsys, sink_server, table_id)
     last = w.last
     checkpoint_past(watch, last, "the checkpoint to pass the writer's last revision", 60)
-    rc, out = verify(api, capsys, postgres)
+    rc, out = verify(api, capsys, sink_server)
     assert rc == 0, out
     recorded = verification_from_json(
         (api.get("changefeeds", CHANGEFEED) or {})["metadata"]["annotations"][LAST_VERIFY_ANNOTATION]
@@ -201,7 +204,7 @@ def test_three_maintainer_replicas_with_redo_lose_no_row_when_the_leader_is_sigk
     api: Api,
     system: System,
     etcd: EtcdServer,
-    postgres: PostgresServer,
+    sink_server: SinkServer,
     table_id: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -209,7 +212,7 @@ def test_three_maintainer_replicas_with_redo_lose_no_row_when_the_leader_is_sigk
     has a redo twin writing t<id>_redo), a Move, a Split and a Merge held in RemoveOrigin: the replica that leads
     is SIGKILLed, another takes the Lease over and finishes every operator with its intent, and verify finds both
     modes equal to etcd while the writer still writes."""
-    watch = start_feed(api, system, etcd, postgres, table_id, redo=True, maintainers=("m0", "m1", "m2"))
+    watch = start_feed(api, system, etcd, sink_server, table_id, redo=True, maintainers=("m0", "m1", "m2"))
     with writer(etcd, table_id) as w:
         both = ("default", "redo")
         snap = watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id, both), "the spans of both modes Working", 60)
@@ -242,11 +245,11 @@ def test_three_maintainer_replicas_with_redo_lose_no_row_when_the_leader_is_sigk
         assert taker in {"m0", "m1", "m2"} - {leader}
         written_through(w, failure)
         checkpoint_past(watch, w.last, "the checkpoint to pass what was written through the failover", 60)
-        rc, out = verify(api, capsys, postgres)
+        rc, out = verify(api, capsys, sink_server)
         assert rc == 0, out
         assert re.fullmatch(CLEAN_BOTH.format(table=table_id), out), out
     checkpoint_past(watch, w.last, "the checkpoint to pass the writer's last revision", 60)
-    rc, out = verify(api, capsys, postgres)
+    rc, out = verify(api, capsys, sink_server)
     assert rc == 0, out
     assert re.fullmatch(CLEAN_BOTH.format(table=table_id), out), out
 
@@ -256,11 +259,13 @@ def sink_condition(s: Snap, status: str) -> object:
     return (cond is not None and cond.status == status) or f"SinkUnavailable: {cond}"
 
 
-def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
+@pytest.mark.parametrize("kind", ["postgres", "mysql"])
+def test_the_sink_crashed_and_restarted_mid_stream_loses_no_row(
     api: Api,
     system: System,
     etcd: EtcdServer,
-    start_postgres: Callable[..., PostgresServer],
+    start_sink: Callable[..., SinkServer],
+    kind: str,
     table_id: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -269,15 +274,15 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
     so (condition SinkUnavailable, a warning Event) until the sink is back, and then everything written
     arrives. A durable server (fsync on): the rows a sink committed survive its
     crash (test_servers.py shows a throwaway one losing them)."""
-    postgres = start_postgres(fsync=True)
-    watch = start_feed(api, system, etcd, postgres, table_id)
+    sink_server = start_sink(kind, fsync=True)
+    watch = start_feed(api, system, etcd, sink_server, table_id)
     with writer(etcd, table_id) as w:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         before = w.last
         checkpoint_past(watch, before, "the checkpoint to pass the writes before the crash", 30)
         failure = w.changes
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sink-down") as pool:
-            down = pool.submit(postgres.restart, 10.0, crash=True)
+            down = pool.submit(sink_server.restart, 10.0, crash=True)
             try:  # the captures retry, their reports say why, and the Changefeed shows it
                 unavailable = "the Changefeed to say the sink is unavailable"
                 snap = watch.until(lambda s: sink_condition(s, "True"), unavailable, 9)
@@ -288,7 +293,7 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
         assert cond is not None
         assert "cannot use the sink" in cond.message, cond
         assert cond.reason == RETRYING, cond
-        assert postgres.dsn not in cond.message
+        assert sink_server.dsn not in cond.message
         retried = sum(proc.count("sink unavailable") for proc in system.procs.values())
         assert retried > 0, system.tails()  # the captures saw the sink down, and said so
         events = api.ok("GET", f"/api/v1/namespaces/{api.namespace}/events")["items"]
@@ -297,10 +302,10 @@ def test_postgresql_crashed_and_restarted_mid_stream_loses_no_row(
         written_through(w, failure)
         after = w.last
         checkpoint_past(watch, after, "the checkpoint to pass what was written while the sink was down", 60)
-        verified(api, capsys, postgres, table_id)
+        verified(api, capsys, sink_server, table_id)
     last = w.last
     checkpoint_past(watch, last, "the checkpoint to pass the writer's last revision", 60)
-    verified(api, capsys, postgres, table_id)
+    verified(api, capsys, sink_server, table_id)
 
 
 def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
@@ -308,7 +313,7 @@ def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
     api: Api,
     system: System,
     etcd: EtcdServer,
-    postgres: PostgresServer,
+    sink_server: SinkServer,
     table_id: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -318,7 +323,7 @@ def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
     the captures pause their dispatchers at their renew deadline, and resume them once their Leases are theirs
     again): the writer writes through both. A drain proper (spans moved off while the capture still runs) is
     tests/integration/test_capture.py's."""
-    watch = start_feed(api, system, etcd, postgres, table_id)
+    watch = start_feed(api, system, etcd, sink_server, table_id)
     with writer(etcd, table_id) as w:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         system.capture("c2")
@@ -326,7 +331,7 @@ def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
         assert system.signal("c0", signal.SIGTERM, wait=60) == 0, system.tails()
         watch.until(lambda s: settled_on(s, {"c1", "c2"}, table_id), "the table replicated on c1 and c2", 60)
         checkpoint_past(watch, w.last, "the checkpoint to pass what was written through the drain")
-        verified(api, capsys, postgres, table_id)
+        verified(api, capsys, sink_server, table_id)
 
         written_through(w, failure)
         failure = w.changes
@@ -335,16 +340,16 @@ def test_a_capture_drained_by_sigterm_and_a_30_s_api_outage_lose_no_row(
         watch.until(lambda s: settled_on(s, {"c1", "c2"}, table_id), "the table replicated again after the outage", 60)
         written_through(w, failure)
         checkpoint_past(watch, w.last, "the checkpoint to pass what was written through the outage")
-        verified(api, capsys, postgres, table_id)
+        verified(api, capsys, sink_server, table_id)
     checkpoint_past(watch, w.last, "the checkpoint to pass the writer's last revision")
-    verified(api, capsys, postgres, table_id)
+    verified(api, capsys, sink_server, table_id)
 
 
 def test_etcd_compacted_past_the_checkpoint_stops_the_changefeed_with_a_clear_failure(
     api: Api,
     system: System,
     start_etcd: Callable[..., EtcdServer],
-    postgres: PostgresServer,
+    sink_server: SinkServer,
     table_id: int,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -354,7 +359,7 @@ def test_etcd_compacted_past_the_checkpoint_stops_the_changefeed_with_a_clear_fa
     ReplicationFailed, a DispatcherFailed Event), its checkpoint does not move past what was delivered, and
     verify refuses to compare at a revision etcd no longer has, rather than report differences."""
     etcd = start_etcd()
-    watch = start_feed(api, system, etcd, postgres, table_id)
+    watch = start_feed(api, system, etcd, sink_server, table_id)
     with writer(etcd, table_id) as w:
         watch.until(lambda s: settled_on(s, {"c0", "c1"}, table_id), "4 spans Working", 60)
         checkpoint_past(watch, w.last, "the checkpoint to pass the first writes")
@@ -369,7 +374,7 @@ def test_etcd_compacted_past_the_checkpoint_stops_the_changefeed_with_a_clear_fa
     told = [e for e in events if e.get("reason") == FAILED_EVENT and e["involvedObject"]["name"] == CHANGEFEED]
     assert told, [e.get("reason") for e in events]
     assert told[0]["type"] == "Warning"
-    rc, out = verify(api, capsys, postgres)
+    rc, out = verify(api, capsys, sink_server)
     assert rc != 0, out
     assert "compacted" in out, out
 

@@ -500,10 +500,10 @@ def test_a_dispatcher_held_back_for_its_rows_watches_again_from_its_position(
 ) -> None:
     """Back-pressure on a shared stream: a dispatcher whose rows pile up has its watcher cancelled (the others go on)
     and created again from its position once the sink drained it. Nothing is lost or skipped."""
-    from controller.capture import dataplane, sink
+    from controller.capture import batcher, dataplane
 
     monkeypatch.setattr(dataplane, "MAX_PENDING_ROWS", 5)
-    monkeypatch.setattr(sink, "MAX_PENDING_ROWS", 5)
+    monkeypatch.setattr(batcher, "MAX_PENDING_ROWS", 5)
 
     async def body(rt: DataplaneRuntime) -> None:
         async with client(etcd) as c:

@@ -268,7 +268,7 @@ def test_the_command(
     for args, message in [
         ((*flags, "--revision", str(r + 1)), "above the changefeed's checkpoint"),
         (("--dsn", postgres.dsn), "names no etcd source"),
-        (("--etcd-endpoints", etcd.endpoint), "names no PostgreSQL sink"),
+        (("--etcd-endpoints", etcd.endpoint), "names no sink"),
         ((*flags[:1], f"https://{etcd.endpoint},{etcd.endpoint}", *flags[2:]), "mix http:// and https://"),
         ((*flags, "--etcd-cert", str(pem)), "needs its key"),
         ((*flags, "--etcd-cacert", str(pem)), "use https:// endpoints for TLS"),
@@ -288,5 +288,5 @@ def test_the_command(
     # An unreachable sink: exit 1, without the DSN.
     rc, out, err = cli("--etcd-endpoints", etcd.endpoint, "--dsn", "host=127.0.0.1 port=1 user=secret-user")
     assert rc == 1
-    assert err.startswith("error: cannot connect to PostgreSQL")
+    assert err.startswith("error: cannot read the sink (postgres host=127.0.0.1 port=1 dbname=): "), err
     assert "secret-user" not in err

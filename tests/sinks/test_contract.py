@@ -12,7 +12,7 @@ import pytest
 
 from controller.model.keys import KeyRange
 from controller.model.states import Mode
-from controller.sinks import api
+from controller.sinks import api, kinds
 from controller.sinks.api import Batch, Checkpoint, Row, Session, StoredRow, Superseded, Sweep
 from tests.dataplane.conftest import SinkServer, sink_of
 
@@ -81,6 +81,7 @@ def test_checkpoints_never_move_back_and_commit_with_rows(sink_server: SinkServe
     async def body() -> None:
         sink, s = await session_of(sink_server, "cf-checkpoints", table_id)
         r = KeyRange.of_table(table_id)
+        table = (table_id, Mode.DEFAULT)
         cp = Checkpoint("d-1", table_id, Mode.DEFAULT, r.start, r.end, 10)
         await s.write(batch(table_id, [(k(table_id, b"x"), b"1", 10, False)], checkpoints=[cp]))
         await s.save_checkpoints([Checkpoint("d-1", table_id, Mode.DEFAULT, r.start, r.end, 4)])  # older: kept 10
@@ -92,10 +93,10 @@ def test_checkpoints_never_move_back_and_commit_with_rows(sink_server: SinkServe
             await s.write(batch(table_id, [(k(table_id, b"y"), b"2", 20, False)], checkpoints=[later],
                                 superseded=lambda: True))  # fmt: skip
         assert [row.key for row in await rows_of(sink, table_id) or []] == [k(table_id, b"x")]
-        assert (await s.checkpoint_spans([(table_id, Mode.DEFAULT)]))[(table_id, Mode.DEFAULT)] == [(r.start, r.end, 10)]
+        assert (await s.checkpoint_spans([table]))[table] == [(r.start, r.end, 10)]
         # The session is usable after the rollback.
         await s.write(batch(table_id, [(k(table_id, b"y"), b"2", 20, False)], checkpoints=[later]))
-        assert (await s.checkpoint_spans([(table_id, Mode.DEFAULT)]))[(table_id, Mode.DEFAULT)] == [(r.start, r.end, 20)]
+        assert (await s.checkpoint_spans([table]))[table] == [(r.start, r.end, 20)]
         await s.close()
 
     run(body())
@@ -162,7 +163,8 @@ def test_long_keys_and_large_values(sink_server: SinkServer, table_id: int) -> N
         await s.write(batch(table_id, [(long_b, b"b", 2, False), (long_a, big, 3, False), (small, b"", 4, False)]))
         got = await rows_of(sink, table_id) or []
         assert [row.key for row in got] == [small, long_a, long_b]
-        assert got[1].value == big and got[0].value == b""
+        assert got[1].value == big
+        assert got[0].value == b""
         r = KeyRange(long_a, long_b)  # a range that starts and ends inside the indexed prefix's ties
         async with sink.snapshot() as snap:
             assert [row.key for row in await snap.rows((table_id, Mode.DEFAULT), r.start, r.end) or []] == [long_a]
@@ -186,7 +188,8 @@ def test_a_key_postgresql_cannot_index(postgres: Any, table_id: int) -> None:
         raise AssertionError("PostgreSQL indexed a 10,000-byte incompressible key")
 
     transient, message = run(body())
-    assert not transient and "longer than PostgreSQL can index" in message, message
+    assert not transient, message
+    assert "longer than PostgreSQL can index" in message, message
 
 
 def test_a_batch_larger_than_one_statement(sink_server: SinkServer, table_id: int) -> None:
@@ -211,7 +214,8 @@ def test_identity_and_a_table_that_does_not_exist(sink_server: SinkServer, table
             assert await snap.rows((table_id, Mode.DEFAULT), b"", b"\xff") is None
             assert await snap.horizons() == {}
         first = await s.ensure((table_id, Mode.DEFAULT))
-        assert first and await s.ensure((table_id, Mode.REDO)) == first == await s.identity()
+        assert first
+        assert await s.ensure((table_id, Mode.REDO)) == first == await s.identity()
         other = await sink.connect()
         assert await other.identity() == first
         await s.close()
@@ -241,7 +245,7 @@ def test_a_wrong_mysql_password_needs_a_person_and_is_never_quoted(mariadb: Any)
 
     async def body() -> tuple[bool, str]:
         await asyncio.to_thread(mariadb.sql, "CREATE USER IF NOT EXISTS 'cfmuser'@'%' IDENTIFIED BY 'right-one'")
-        sink = api.from_secret("mysql", "cf-auth", {"dsn": mariadb.url("cfmuser", "Wr0ng-hunter2")})
+        sink = kinds.from_secret("mysql", "cf-auth", {"dsn": mariadb.url("cfmuser", "Wr0ng-hunter2")})
         try:
             await sink.connect()
         except sink.errors() as exc:
@@ -250,12 +254,13 @@ def test_a_wrong_mysql_password_needs_a_person_and_is_never_quoted(mariadb: Any)
 
     transient, message = run(body())
     assert not transient, message
-    assert "Wr0ng-hunter2" not in message and "credentials" in message, message
+    assert "Wr0ng-hunter2" not in message, message
+    assert "credentials" in message, message
 
 
 def test_strict_sql_and_read_committed_on_every_mysql_session(mariadb: Any, table_id: int) -> None:
     async def body() -> tuple[Any, ...]:
-        sink, s = await session_of(mariadb, "cf-strict", table_id)
+        _, s = await session_of(mariadb, "cf-strict", table_id)
         async with s.conn.cursor() as cur:  # type: ignore[attr-defined]
             await cur.execute("SELECT @@SESSION.sql_mode, @@SESSION.tx_isolation")
             row = await cur.fetchone()
@@ -263,7 +268,8 @@ def test_strict_sql_and_read_committed_on_every_mysql_session(mariadb: Any, tabl
         return tuple(row)
 
     sql_mode, isolation = run(body())
-    assert "STRICT_ALL_TABLES" in sql_mode and isolation == "READ-COMMITTED"
+    assert "STRICT_ALL_TABLES" in sql_mode
+    assert isolation == "READ-COMMITTED"
 
 
 @pytest.mark.parametrize(
@@ -282,16 +288,17 @@ def test_strict_sql_and_read_committed_on_every_mysql_session(mariadb: Any, tabl
 )
 def test_a_mysql_secret_that_cannot_be_used_says_why(dsn: str, data: dict[str, str], problem: str) -> None:
     with pytest.raises(api.Unusable, match=problem) as refused:
-        api.from_secret("mysql", "cf", {"dsn": dsn, **data})
+        kinds.from_secret("mysql", "cf", {"dsn": dsn, **data})
     assert "p@" not in str(refused.value)
 
 
 def test_mysql_sinks_compare_by_value_and_never_show_the_password() -> None:
-    one = api.from_secret("mysql", "cf", {"dsn": "mysql://u:s3cret@db:3307/"})
-    assert one == api.from_secret("mysql", "cf", {"dsn": "mysql://u:s3cret@db:3307/"})
-    assert one != api.from_secret("mysql", "cf", {"dsn": "mysql://u:other@db:3307/"})
-    assert "s3cret" not in repr(one) and "s3cret" not in one.describe()
+    one = kinds.from_secret("mysql", "cf", {"dsn": "mysql://u:s3cret@db:3307/"})
+    assert one == kinds.from_secret("mysql", "cf", {"dsn": "mysql://u:s3cret@db:3307/"})
+    assert one != kinds.from_secret("mysql", "cf", {"dsn": "mysql://u:other@db:3307/"})
+    assert "s3cret" not in repr(one)
+    assert "s3cret" not in one.describe()
     assert (one.host, one.port, one.user) == ("db", 3307, "u")  # type: ignore[attr-defined]
     # The userinfo ends at the last @: an unencoded @ in the password is still the password's.
-    odd = api.from_secret("mysql", "cf", {"dsn": "mysql://u:pa@ss%2Fw@db/"})
+    odd = kinds.from_secret("mysql", "cf", {"dsn": "mysql://u:pa@ss%2Fw@db/"})
     assert (odd.host, odd.password) == ("db", "pa@ss/w")  # type: ignore[attr-defined]

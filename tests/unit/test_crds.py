@@ -483,6 +483,8 @@ def _sample(tp: Any, owner: type, f: Field[Any]) -> Any:
         return 7
     if tp is float:
         return 42.0
+    if tp is str and f.name == "sink_kind":
+        return "mysql"  # one of the kinds the CRD admits (postgres is what an empty one renders as)
     if tp is str:
         return "x" + f.name.replace("_", "")
     if tp is KeyRange:
@@ -694,6 +696,11 @@ REMOVE = {"changefeed": "demo", "type": "Remove", "spans": ["s1", "s2", "s3"]}
 ADD = {"changefeed": "demo", "type": "Add", "spans": ["s"], "target": "c1"}
 
 Case = tuple[dict[str, Any], dict[str, Any] | None]  # (new, old or None for a create)
+PG = {"postgres": {"secretRef": {"name": "pg"}}}
+MY = {"mysql": {"secretRef": {"name": "my"}}}
+FEED = {"source": {"etcd": {"secretRef": {"name": "src"}}}, "sink": PG}
+ONE_SINK = "spec.sink names exactly one sink kind: postgres or mysql"
+SINK_KIND_FIXED = "the sink kind cannot change (its checkpoints are rows of that sink): create a new changefeed"
 
 
 def updated(kind: str, spec: dict[str, Any], **changes: Any) -> Case:
@@ -703,6 +710,14 @@ def updated(kind: str, spec: dict[str, Any], **changes: Any) -> Case:
 #: For each rule (kind, message): objects it must admit and objects it must refuse (with that message only).
 TABLE_ID_MAX = "tableID must be at most 9223372036854775806 (its range ends at t<tableID+1>)"
 CEL_CASES: dict[tuple[str, str], tuple[list[Case], list[Case]]] = {
+    ("Changefeed", ONE_SINK): (
+        [(obj("Changefeed", FEED), None), (obj("Changefeed", FEED, sink=MY), None), (obj("Changefeed", {}), None)],
+        [(obj("Changefeed", FEED, sink={**PG, **MY}), None), (obj("Changefeed", FEED, sink={}), None)],
+    ),
+    ("Changefeed", SINK_KIND_FIXED): (
+        [updated("Changefeed", FEED, sink={"postgres": {"secretRef": {"name": "rotated"}}})],
+        [(obj("Changefeed", FEED, sink=MY), obj("Changefeed", FEED))],
+    ),
     ("Span", "startKey must be below endKey"): (
         [
             (obj("Span", SPAN), None),

@@ -7,7 +7,8 @@ import grpc
 import psycopg
 import pytest
 
-from controller.dataplane.diagnosis import sink_trouble, source_trouble
+from controller.dataplane.diagnosis import source_trouble
+from controller.sinks.postgres.errors import sink_trouble
 
 
 class RpcError(Exception):
@@ -99,3 +100,31 @@ def test_no_credential_is_quoted() -> None:
     assert "<hidden>@db" in got[1]
     leaky = operational("connection failed: FATAL:  the password hunter2 is wrong")
     assert "hunter2" not in sink_trouble(leaky, DSN)[1]
+
+
+@pytest.mark.parametrize(
+    ("number", "words", "transient", "said"),
+    [
+        (1045, "Access denied for user 'u'@'10.0.0.1' (using password: YES)", False, "refused the credentials"),
+        (1142, "INSERT command denied to user 'u'@'%' for table 't1'", False, "lacks a grant"),
+        (1054, "Unknown column 'v' in 'field list'", False, "altered by hand"),
+        (1146, "Table 'cfm_cf.t1' doesn't exist", False, "altered by hand"),
+        (1153, "Got a packet bigger than 'max_allowed_packet' bytes", False, "refused the transaction"),
+        (1290, "The MariaDB server is running with the --read-only option", False, "refused the transaction"),
+        (2003, "Can't connect to MySQL server on '127.0.0.1' (111)", True, "cannot write the sink"),
+        (2013, "Lost connection to MySQL server during query", True, "cannot write the sink"),
+        (1213, "Deadlock found when trying to get lock; try restarting transaction", True, "cannot write the sink"),
+        (1205, "Lock wait timeout exceeded; try restarting transaction", True, "cannot write the sink"),
+        (2026, "SSL connection error: certificate verify failed", False, "TLS with the sink failed"),
+    ],
+)
+def test_mysql_errors(number: int, words: str, transient: bool, said: str) -> None:
+    import asyncmy.errors
+
+    from controller.sinks.mysql.errors import sink_trouble as mysql_trouble
+
+    got = mysql_trouble(asyncmy.errors.OperationalError(number, words + " s3cret"), "s3cret")
+    assert got[0] is transient, got
+    assert said in got[1], got
+    assert "s3cret" not in got[1]
+    assert str(number) in got[1]

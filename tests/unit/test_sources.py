@@ -131,7 +131,7 @@ def working() -> Api:
         (lambda o: o.update(src=_secret(endpoints="etcd:port")), SOURCE,
          "the source Secret ns/src: etcd endpoint 'etcd:port' is not host:port"),
         (lambda o: o["cf"]["spec"].pop("sink"), SINK,
-         "the changefeed names a source but no sink (spec.sink.postgres.secretRef)"),
+         "the changefeed names a source but no sink (spec.sink.postgres or spec.sink.mysql)"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_used_is_a_trouble_of_its_side_that_says_what_and_where(
@@ -160,7 +160,7 @@ def test_a_fixed_secret_clears_its_trouble_and_a_forgotten_changefeed_has_none(m
         await asyncio.sleep(0.06)
         assert await s.ready("cf")
         assert troubles.report() == ()
-        assert routed.given["cf"].dsn == "host=pg user=cdc password=hunter2"
+        assert routed.given["cf"].sink.dsn == "host=pg user=cdc password=hunter2"
         api.objects.pop("dst")
         s.waiting["cf"] = (0.0, 0.05)
         s.read.discard("cf")
@@ -184,7 +184,7 @@ def test_the_secrets_are_read_again_and_new_values_handed_over(monkeypatch: pyte
         task = asyncio.create_task(s.run(stop))
         api.objects["dst"] = _secret(dsn="host=pg user=cdc password=rotated")
         await asyncio.sleep(0.12)
-        assert routed.reconfigured[-1].dsn == "host=pg user=cdc password=rotated"
+        assert routed.reconfigured[-1].sink.dsn == "host=pg user=cdc password=rotated"
         assert routed.checkpoints[-1] == 1234  # the published checkpoint goes along
         # New values that do not work: a trouble of that side, said by the data plane, kept until they work.
         routed.problems = {SINK: "the sink Secret's new dsn does not work: password authentication failed"}
