@@ -37,7 +37,7 @@ mutants:
 # Everything CI checks: lint, layering, types, the chart, then the whole test suite. The monitoring tests need
 # Debian's prometheus and promtool (`make prometheus`); CFM_REQUIRE_PROMETHEUS=1 makes their absence a failure,
 # where a bare `pytest` only skips them with a message.
-test: lint typecheck chart-check prometheus
+test: lint typecheck chart-check prometheus mariadb
 	CFM_PROMETHEUS_BIN=$(PROMETHEUS_BIN) CFM_REQUIRE_PROMETHEUS=1 $(PY) -m pytest -q
 
 # --- Monitoring: prometheus + promtool from Debian's package, unpacked into .cache (no service, no
@@ -45,7 +45,10 @@ test: lint typecheck chart-check prometheus
 PROMETHEUS_BIN := $(CURDIR)/.cache/prometheus/bin
 PO_SCHEMAS := $(CURDIR)/.cache/prometheus-operator-schemas
 
-.PHONY: prometheus po-schemas
+.PHONY: prometheus po-schemas mariadb
+# The MySQL sink's tests need Debian's mariadb-server (installed as root, no service left running).
+mariadb:
+	hack/install-mariadb.sh >/dev/null
 prometheus:
 	hack/fetch-prometheus.sh >/dev/null
 po-schemas:

@@ -2,25 +2,28 @@
 steady rate, an idle capture's CPU. Prints figures; asserts nothing about speed.
 
     .venv/bin/python bench/dataplane.py                      # 1, 100, 1000 dispatchers; lag at 1,000 writes/s
-    .venv/bin/python bench/dataplane.py --changes 20000 --dispatchers 1,100 --rounds 1 --lag-seconds 10
+    .venv/bin/python bench/dataplane.py --sinks mysql --changes 20000 --dispatchers 1,100 --rounds 1 --lag-seconds 10
 
-A real etcd and a real PostgreSQL start on loopback (controller.dataplane.servers), both stopped at the end.
+A real etcd and a real server of each sink kind (``--sinks``: PostgreSQL, MariaDB) start on loopback
+(controller.dataplane.servers), all stopped at the end.
 
-1. **Throughput, side by side.** Each round writes ``--changes`` changes to etcd first (transactions of 50 keys
-   over 65,536 keys of one table: puts, overwrites, deletes); then every consumer replays them from the revision
+1. **Throughput, side by side, per sink.** Each round writes ``--changes`` changes to etcd first (transactions of 50
+   keys over 65,536 keys of one table: puts, overwrites, deletes); then every consumer replays them from the revision
    before them, one after the other, timed until every change is committed downstream:
    - *read alone* (the source's ceiling): one watch over the table, every event decoded into a row;
    - *write alone* (the sink's ceiling), per statement form: the rows already read, cut into the runtime's
-     batches (2,000 changes, the newest per key), one transaction each with a checkpoint row, either one
-     ``INSERT ... SELECT FROM unnest(arrays) ON CONFLICT DO UPDATE WHERE newer`` or a binary COPY into a temporary
-     table and one merge (``schema.stage``, ``schema.merge``: what the sink uses);
+     batches (2,000 changes, the newest per key), one transaction each with a checkpoint row and the sink's exact
+     semantics: the form ``sink`` is the sink's own ``Session.write`` (PostgreSQL: a binary COPY into a temporary
+     table and one merge; MySQL: one multi-row ``INSERT ... ON DUPLICATE KEY UPDATE``; both after the fence's read
+     of the horizons), and for PostgreSQL the form ``unnest``, one ``INSERT ... SELECT FROM unnest(arrays) ON
+     CONFLICT DO UPDATE WHERE newer``;
    - *raw pipeline*, per statement form: one watch into one connection, reading and writing overlapped, batched
      as the runtime batches (a transaction every 50 ms or 2,000 changes); the faster is "the best raw pipeline";
    - *the runtime*: one capture's ``DataplaneRuntime`` with N dispatchers over N equal key ranges of the table.
    Each consumer's best of ``--rounds`` rounds is printed as changes/s, as ratios to the best raw pipeline and to
    the limit (the slower of reading alone and writing alone with the faster form), and with this process's CPU
    seconds (the client side: the servers are processes of their own) against the best raw pipeline's.
-2. **Lag at a steady rate.** A writer at ``--rate`` changes/s over 100 dispatchers for ``--lag-seconds``; the
+2. **Lag at a steady rate**, per sink. A writer at ``--rate`` changes/s over 100 dispatchers for ``--lag-seconds``; the
    lag of every dispatcher (``DataplaneRuntime.lag_seconds``: now minus when the head first passed its
    checkpoint) sampled every 50 ms; p50, p99 and max over all samples of the slowest dispatcher.
 3. **Idle.** 1,000 dispatchers caught up, nothing written: the process's CPU (user + system) over
@@ -53,12 +56,15 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.dataplane.servers import EtcdServer, MariaDBServer, PostgresServer
 from controller.dataplane.writer import Writer, row_key
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
-from controller.sinks.postgres import PostgresSink
+from controller.model.states import Mode
+from controller.sinks import api, kinds
 from controller.sinks.postgres import schema
+
+SinkServer = PostgresServer | MariaDBServer
 
 OPTIONS = {"grpc.enable_http_proxy": 0}
 BATCH_INTERVAL = 0.05
@@ -188,45 +194,74 @@ async def _apply_unnest(cur: psycopg.AsyncCursor[Any], changefeed: str, table_id
     )
 
 
-async def _apply_copy(cur: psycopg.AsyncCursor[Any], changefeed: str, table_id: int, rows: list[Row]) -> None:
-    """A binary COPY into a temporary table, then one merge (only-if-newer): the sink's own statements."""
-    create, copy_in = schema.stage()
-    await cur.execute(create)
-    async with cur.copy(copy_in) as copy:
-        copy.set_types(list(schema.STAGED_TYPES))
-        for row in rows:
-            await copy.write_row(row)
-    await cur.execute(schema.merge(changefeed, table_id))
+class Form:
+    """A statement form of a sink: a connection that commits one batch at a time with the sink's semantics."""
+
+    async def open(self, sink: api.Sink, table_id: int) -> None: ...
+
+    async def commit(self, table_id: int, rows: list[Row]) -> None: ...
+
+    async def close(self) -> None: ...
 
 
-STATEMENTS = {"unnest": _apply_unnest, "copy": _apply_copy}
+class SessionForm(Form):
+    """The sink's own statements: ``Session.write`` of a batch with its checkpoint (the fence included)."""
+
+    async def open(self, sink: api.Sink, table_id: int) -> None:
+        self.session = await sink.connect()
+        await self.session.ensure((table_id, Mode.DEFAULT))
+
+    async def commit(self, table_id: int, rows: list[Row]) -> None:
+        r = KeyRange.of_table(table_id)
+        cp = api.Checkpoint("raw", table_id, Mode.DEFAULT, r.start, r.end, max(row[2] for row in rows))
+        rows_by_key = {row[0]: row for row in rows}
+        await self.session.write(api.Batch({(table_id, Mode.DEFAULT): rows_by_key}, [], [cp], lambda: False))
+
+    async def close(self) -> None:
+        await self.session.close()
 
 
-async def _commit(
-    conn: psycopg.AsyncConnection[Any], how: str, changefeed: str, table_id: int, rows: list[Row]
-) -> None:
-    """One transaction as the sink's: the rows, and a checkpoint row, committed together."""
-    async with conn.transaction(), conn.cursor() as cur:
-        await STATEMENTS[how](cur, changefeed, table_id, rows)
-        await cur.execute(schema.save_checkpoints(changefeed), [["raw"], [table_id], ["default"], [b""], [b""],
-                                                                 [max(r[2] for r in rows)]])  # fmt: skip
+class UnnestForm(Form):
+    """PostgreSQL only: one ``INSERT ... SELECT FROM unnest(arrays)`` and a checkpoint row per transaction."""
+
+    async def open(self, sink: api.Sink, table_id: int) -> None:
+        self.changefeed = sink.changefeed
+        self.conn = await psycopg.AsyncConnection.connect(sink.dsn)  # type: ignore[attr-defined]
+        await _prepare(self.conn, sink.changefeed, table_id)
+
+    async def commit(self, table_id: int, rows: list[Row]) -> None:
+        async with self.conn.transaction(), self.conn.cursor() as cur:
+            await _apply_unnest(cur, self.changefeed, table_id, rows)
+            await cur.execute(schema.save_checkpoints(self.changefeed), [["raw"], [table_id], ["default"], [b""],
+                                                                          [b""], [max(r[2] for r in rows)]])  # fmt: skip
+
+    async def close(self) -> None:
+        await self.conn.close()
 
 
-async def write_alone(dsn: str, how: str, changefeed: str, table_id: int, cut: list[list[Row]]) -> None:
-    """The sink's ceiling with the statement form ``how``: the batches, already read and decoded, one transaction
-    each, on one connection."""
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        await _prepare(conn, changefeed, table_id)
+def forms(kind: str) -> dict[str, type[Form]]:
+    return {"sink": SessionForm, "unnest": UnnestForm} if kind == "postgres" else {"sink": SessionForm}
+
+
+async def write_alone(sink: api.Sink, form: type[Form], table_id: int, cut: list[list[Row]]) -> None:
+    """The sink's ceiling with a statement form: the batches, already read and decoded, one transaction each, on one
+    connection."""
+    f = form()
+    await f.open(sink, table_id)
+    try:
         for rows in cut:
-            await _commit(conn, how, changefeed, table_id, rows)
+            await f.commit(table_id, rows)
+    finally:
+        await f.close()
 
 
-async def raw_pipeline(etcd: EtcdServer, dsn: str, how: str, changefeed: str, table_id: int, start: int,
+async def raw_pipeline(etcd: EtcdServer, sink: api.Sink, form: type[Form], table_id: int, start: int,
                        last: int) -> None:  # fmt: skip
     """The best raw pipeline: one watch into one connection, reading and writing overlapped (the reader decodes
-    into a queue while the writer commits), batched as the runtime batches, with the statement form ``how``."""
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        await _prepare(conn, changefeed, table_id)
+    into a queue while the writer commits), batched as the runtime batches, with a statement form."""
+    f = form()
+    await f.open(sink, table_id)
+    try:
         async with aetcd.Client(host=etcd.host, port=etcd.port, timeout=10, options=OPTIONS) as c:
             queue: asyncio.Queue[list[Row]] = asyncio.Queue()
             call = rpc.WatchStub(c.channel).Watch(_watch_requests(table_id, start))
@@ -257,13 +292,15 @@ async def raw_pipeline(etcd: EtcdServer, dsn: str, how: str, changefeed: str, ta
                                 rows[row[0]] = row
                         size += len(got)
                     if rows:
-                        await _commit(conn, how, changefeed, table_id, list(rows.values()))
+                        await f.commit(table_id, list(rows.values()))
                         applied = max(applied, max(r[2] for r in rows.values()))
             finally:
                 reader.cancel()
                 call.cancel()
                 with contextlib.suppress(BaseException):
                     await reader
+    finally:
+        await f.close()
 
 
 Figure = tuple[float, float]  # seconds, CPU seconds of this process
@@ -362,9 +399,18 @@ def pct(xs: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def throughput(a: argparse.Namespace, etcd: EtcdServer, pg: PostgresServer, endpoints: Endpoints) -> None:
+def sink_of(server: SinkServer, changefeed: str) -> api.Sink:
+    return kinds.from_secret(server.sink_kind, changefeed, {"dsn": server.dsn})
+
+
+def endpoints_of(etcd: EtcdServer, server: SinkServer, changefeed: str) -> Endpoints:
+    return Endpoints(etcd=(etcd.endpoint,), sink=sink_of(server, changefeed))
+
+
+async def throughput(a: argparse.Namespace, etcd: EtcdServer, server: SinkServer, tables: Any) -> None:
     """Every consumer of the same changes, side by side, best of ``--rounds`` each (figures: changes/s)."""
     runs = [int(x) for x in a.dispatchers.split(",") if x]
+    kind = server.sink_kind
     best: dict[str, Figure] = {}
 
     def keep(name: str, figure: Figure) -> None:
@@ -372,26 +418,28 @@ async def throughput(a: argparse.Namespace, etcd: EtcdServer, pg: PostgresServer
             best[name] = figure
 
     for round_ in range(a.rounds):
-        table = 1_000 + round_
+        table = next(tables)
         start, last, keys = await preload(etcd, table, a.changes)
         responses, figure = await timed(read_alone(etcd, table, start, last))
         keep("read alone", figure)
         cut = batches(responses)
-        for how in STATEMENTS:
-            _, figure = await timed(write_alone(pg.dsn, how, f"w{how}-{round_}", table, cut))
+        for how, form in forms(kind).items():
+            _, figure = await timed(write_alone(sink_of(server, f"w{how}-{round_}"), form, table, cut))
             keep(f"write alone ({how})", figure)
-        for how in STATEMENTS:
-            _, figure = await timed(raw_pipeline(etcd, pg.dsn, how, f"p{how}-{round_}", table, start, last))
+        for how, form in forms(kind).items():
+            _, figure = await timed(raw_pipeline(etcd, sink_of(server, f"p{how}-{round_}"), form, table, start, last))
             keep(f"raw pipeline ({how})", figure)
         for n in runs:
-            figure = await runtime_catch_up(endpoints, f"rt{n}-{round_}", table, n, start, keys)
+            cf = f"rt{n}-{round_}"
+            figure = await runtime_catch_up(endpoints_of(etcd, server, cf), cf, table, n, start, keys)
             keep(f"runtime, {n} dispatchers", figure)
     read = best["read alone"][0]
-    fastest_write = min(STATEMENTS, key=lambda how: best[f"write alone ({how})"][0])
-    fastest_raw = min(STATEMENTS, key=lambda how: best[f"raw pipeline ({how})"][0])
+    fastest_write = min(forms(kind), key=lambda how: best[f"write alone ({how})"][0])
+    fastest_raw = min(forms(kind), key=lambda how: best[f"raw pipeline ({how})"][0])
     limit = max(read, best[f"write alone ({fastest_write})"][0])  # the slower ceiling
     raw, raw_cpu = best[f"raw pipeline ({fastest_raw})"]
-    print(f"throughput, {a.changes:,} changes, best of {a.rounds} rounds (machine load {os.getloadavg()[0]:.2f}):")
+    print(f"{kind}: throughput, {a.changes:,} changes, best of {a.rounds} rounds "
+          f"(machine load {os.getloadavg()[0]:.2f}):")  # fmt: skip
     print(f"  {'consumer':<34} {'changes/s':>10} {'/ raw':>6} {'/ limit':>8} {'CPU s':>7} {'CPU / raw':>9}")
     for name, (wall, cpu) in best.items():
         mark = " (best raw)" if name == f"raw pipeline ({fastest_raw})" else ""
@@ -402,19 +450,28 @@ async def throughput(a: argparse.Namespace, etcd: EtcdServer, pg: PostgresServer
 
 
 async def main(a: argparse.Namespace) -> None:
-    with EtcdServer(progress_notify_interval=a.progress_notify) as etcd, PostgresServer() as pg:
-        endpoints = Endpoints(etcd=(etcd.endpoint,), sink=PostgresSink(CF, pg.dsn))
-        print(f"etcd {etcd.endpoint} (progress notifications every {a.progress_notify} s), PostgreSQL "
-              f"127.0.0.1:{pg.port}; commit {_commit_id()}")  # fmt: skip
-        if a.changes > 0:
-            await throughput(a, etcd, pg, endpoints)
-        if a.lag_seconds > 0:
-            samples = await lag_at_rate(etcd, endpoints, 2_000, a.rate, a.lag_seconds)
-            print(f"lag at {a.rate:.0f} changes/s over 100 dispatchers, {len(samples)} samples of the slowest: "
-                  f"p50 {statistics.median(samples):.3f} s, p99 {pct(samples, 0.99):.3f} s, "
-                  f"max {max(samples):.3f} s")  # fmt: skip
+    tables = itertools.count(1_000)
+    with contextlib.ExitStack() as stack:
+        etcd = stack.enter_context(EtcdServer(progress_notify_interval=a.progress_notify))
+        servers: list[SinkServer] = []
+        for kind in a.sinks.split(","):
+            server: SinkServer = MariaDBServer() if kind == "mysql" else PostgresServer()
+            stack.enter_context(server)
+            servers.append(server)
+        where = ", ".join(f"{s.sink_kind} 127.0.0.1:{s.port}" for s in servers)
+        print(f"etcd {etcd.endpoint} (progress notifications every {a.progress_notify} s), {where}; "
+              f"commit {_commit_id()}")  # fmt: skip
+        for server in servers:
+            if a.changes > 0:
+                await throughput(a, etcd, server, tables)
+            if a.lag_seconds > 0:
+                samples = await lag_at_rate(etcd, endpoints_of(etcd, server, "bench-lag"), next(tables), a.rate,
+                                            a.lag_seconds)  # fmt: skip
+                print(f"{server.sink_kind}: lag at {a.rate:.0f} changes/s over 100 dispatchers, {len(samples)} "
+                      f"samples of the slowest: p50 {statistics.median(samples):.3f} s, p99 {pct(samples, 0.99):.3f} "
+                      f"s, max {max(samples):.3f} s")  # fmt: skip
         if a.idle_seconds > 0:
-            share = await idle_cpu(etcd, endpoints, 2_001, a.idle_seconds)
+            share = await idle_cpu(etcd, endpoints_of(etcd, servers[0], "bench-idle"), next(tables), a.idle_seconds)
             print(f"idle, 1,000 dispatchers (watches) caught up: {100 * share:.2f} % of a core over "
                   f"{a.idle_seconds:.0f} s")  # fmt: skip
 
@@ -428,6 +485,7 @@ def _commit_id() -> str:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sinks", default="postgres,mysql", help="the sink kinds measured, in this order")
     p.add_argument("--changes", type=int, default=50_000)
     p.add_argument("--dispatchers", default="1,100,1000")
     p.add_argument("--rounds", type=int, default=3, help="each consumer's best of this many rounds")

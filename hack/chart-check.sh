@@ -58,6 +58,18 @@ for tls in 'ca.crt: "-----BEGIN CERTIFICATE-----\nnot-a-real-ca' 'tls.crt: "----
            'tls.key: "-----BEGIN PRIVATE KEY-----\nnot-a-real-key'; do
   grep -qF "$tls" "$OUT/dataplane.yaml" || { echo "the TLS source Secret lacks: $tls" >&2; exit 1; }
 done
+# A MySQL sink from fields: the DSN built with its credentials percent-encoded, its ssl-mode, its CA; or given whole.
+grep -qF 'dsn: "mysql://cdc:not%2Fa%3Areal%40password@tidb.db:4000/?ssl-mode=VERIFY_IDENTITY"' "$OUT/dataplane.yaml" \
+  || { echo "the MySQL sink Secret's dsn is not built from its fields" >&2; exit 1; }
+grep -qF 'dsn: "mysql://cdc:not-a-real-password@mariadb.db:3306/"' "$OUT/dataplane.yaml" \
+  || { echo "the MySQL sink Secret's dsn is not taken whole" >&2; exit 1; }
+# A MySQL sink with a PostgreSQL sink's keys: refused.
+if "$HELM" template cfm charts/changefeed-maintainer --kube-version "$KUBE_VERSION" \
+     --set 'dataplane.sinks[0].name=s' --set 'dataplane.sinks[0].dsn=host=x' \
+     --set 'dataplane.sinks[0].mysql.host=db' >/dev/null 2>"$OUT/mysql-dsn.err"; then
+  echo "a sink with both dsn and mysql rendered" >&2; exit 1
+fi
+grep -q "dataplane.sinks.0" "$OUT/mysql-dsn.err" || { cat "$OUT/mysql-dsn.err" >&2; exit 1; }
 # TLS material for http:// endpoints (most likely a forgotten https://): the chart refuses to render.
 if "$HELM" template cfm charts/changefeed-maintainer --kube-version "$KUBE_VERSION" \
      --set 'dataplane.sources[0].name=s' --set 'dataplane.sources[0].endpoints[0]=http://etcd:2379' \

@@ -158,14 +158,16 @@ class DataPlane:
 
     TABLES = (101, 102, 103)  # examples/tables.yaml
 
-    def __init__(self, rate: float, stack: contextlib.ExitStack) -> None:
-        from controller.dataplane.servers import EtcdServer, PostgresServer
+    def __init__(self, rate: float, stack: contextlib.ExitStack, sink: str = "postgres") -> None:
+        from controller.dataplane.servers import EtcdServer, MariaDBServer, PostgresServer
         from controller.dataplane.writer import Writer
 
-        print("starting etcd and PostgreSQL on loopback (from the pinned wheels)", flush=True)
+        server = "MariaDB (Debian's mariadb-server)" if sink == "mysql" else "PostgreSQL (from the pinned wheel)"
+        print(f"starting etcd and {server} on loopback", flush=True)
         self.etcd = stack.enter_context(EtcdServer(progress_notify_interval=0.5))
-        self.postgres = stack.enter_context(PostgresServer())
-        print(f"  etcd {self.etcd.client_url}, PostgreSQL on 127.0.0.1:{self.postgres.port}", flush=True)
+        self.sink: PostgresServer | MariaDBServer = MariaDBServer() if sink == "mysql" else PostgresServer()
+        stack.enter_context(self.sink)
+        print(f"  etcd {self.etcd.client_url}, {self.sink.sink_kind} sink on 127.0.0.1:{self.sink.port}", flush=True)
         self.writer = Writer(self.etcd.host, self.etcd.port, self.TABLES, rate=rate, batch=20, keys=2_000)
         stack.callback(self.stop_writer)
         #: What the captures' reports said of the source's head so far (the lag of the changefeed's checkpoint).
@@ -179,7 +181,7 @@ class DataPlane:
     async def secrets(self, client: Client, ns: str) -> None:
         for name, data in (
             ("demo-source", {"endpoints": self.etcd.client_url}),
-            ("demo-sink", {"dsn": self.postgres.dsn}),
+            ("demo-sink", {"dsn": self.sink.dsn}),
         ):
             body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data}
             try:
@@ -189,28 +191,27 @@ class DataPlane:
                     raise
                 await client.request("replace", "PUT", f"/api/v1/namespaces/{ns}/secrets/{name}", body=body)
 
-    def downstream_rows(self) -> int:
+    async def downstream_rows(self) -> int:
         """Live rows in the sink's tables of changefeed demo (0 before the first commit)."""
-        import psycopg
+        from controller.model.states import Mode
+        from controller.sinks import kinds
 
-        from controller.sinks.postgres import schema
-
+        sink = kinds.from_secret(self.sink.sink_kind, "demo", {"dsn": self.sink.dsn})
         total = 0
-        with psycopg.connect(self.postgres.dsn, connect_timeout=5) as conn:
+        session = await sink.connect()
+        try:
             for table_id in self.TABLES:
                 try:
-                    with conn.transaction():
-                        row = conn.execute(
-                            f"SELECT count(*) FROM {schema.qualified('demo', table_id)} WHERE NOT deleted"
-                        ).fetchone()
-                except psycopg.errors.UndefinedTable:
-                    continue
-                total += row[0] if row else 0
+                    total += (await session.figures((table_id, Mode.DEFAULT))).live_rows or 0
+                except sink.errors():
+                    continue  # not created yet
+        finally:
+            await session.close()
         return total
 
     async def line(self, checkpoint: int, leases: list[dict[str, Any]]) -> str:
         """Rows written and downstream, the source's head, the lag (from the captures' progress reports)."""
-        rows = await asyncio.to_thread(self.downstream_rows)
+        rows = await self.downstream_rows()
         entries: list[ProgressEntry] = []
         for lease in leases:
             report = progress_from_json(
@@ -334,7 +335,7 @@ async def failover(client: Client, system: System, ns: str, maintainer: str, mon
 
 async def run(a: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:  # the servers, whatever happens
-        data = DataPlane(a.rate, stack) if a.source == "etcd" else None
+        data = DataPlane(a.rate, stack, a.sink) if a.source == "etcd" else None
         return await run_system(a, data)
 
 
@@ -365,7 +366,7 @@ async def run_system(a: argparse.Namespace, data: DataPlane | None) -> int:
         if data is not None:
             await data.secrets(client, a.namespace)
             changefeed["spec"]["source"] = {"etcd": {"secretRef": {"name": "demo-source"}}}
-            changefeed["spec"]["sink"] = {"postgres": {"secretRef": {"name": "demo-sink"}}}
+            changefeed["spec"]["sink"] = {data.sink.sink_kind: {"secretRef": {"name": "demo-sink"}}}
             data.writer.start()
             print(f"writer: {a.rate:.0f} puts, overwrites and deletes a second over tables {data.TABLES}", flush=True)
         await apply_docs(client, a.namespace, [changefeed])
@@ -418,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", choices=["etcd", "none"], default="etcd",
                    help="etcd: replicate a real etcd into a real PostgreSQL (started on loopback); none: the logical "
                    "clock, which replicates nothing")  # fmt: skip
+    p.add_argument("--sink", choices=["postgres", "mysql"], default="postgres",
+                   help="with --source etcd: the sink, PostgreSQL (from the pinned wheel) or MariaDB (Debian's "
+                   "mariadb-server), started on loopback")  # fmt: skip
     p.add_argument("--rate", type=float, default=200.0, help="the writer's changes a second (with --source etcd)")
     p.add_argument("--duration", type=float, default=0.0, help="keep running and printing this many seconds")
     p.add_argument("--timeout", type=float, default=60.0)

@@ -1,4 +1,5 @@
-"""``make demo`` end to end (issue 38): the demo's own process starts a real etcd and PostgreSQL, the embedded
+"""``make demo`` end to end, with either sink: the demo's own process starts a real etcd and PostgreSQL or MariaDB,
+the embedded
 Kubernetes API, a maintainer and three captures, writes rows throughout, runs the failover scenario and ends
 with ``kubectl changefeed verify``; its exit code is verify's."""
 
@@ -9,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_demo_replicates_rows_through_the_failover_and_verifies_them(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "controller.demo", "--scenario", "failover", "--rate", "100",
+@pytest.mark.parametrize("sink", ["postgres", "mysql"])
+def test_the_demo_replicates_rows_through_the_failover_and_verifies_them(tmp_path: Path, sink: str) -> None:
+    cmd = [sys.executable, "-m", "controller.demo", "--scenario", "failover", "--rate", "100", "--sink", sink,
            "--log-dir", str(tmp_path / "logs")]  # fmt: skip
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
