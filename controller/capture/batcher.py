@@ -53,6 +53,10 @@ class Scan:
 
 #: Back-off of a failed transaction: first wait, cap (seconds).
 BACKOFF = (0.1, 5.0)
+#: Rows of one transaction, about (``Writer._take``): what one catch-up response of etcd carries for a wide range is
+#: committed at once (a transaction costs a few round trips whatever its size: measured, 2,000-row transactions wrote
+#: 44k rows/s where 30,000-row ones wrote 75k), and a long catch-up in pieces that overlap with its reading.
+MAX_TRANSACTION_ROWS = 50_000
 #: A dispatcher stops receiving while this many of its rows wait for the sink (back-pressure).
 MAX_PENDING_ROWS = 100_000
 
@@ -213,11 +217,10 @@ class Writer:
             batch = self._take_dirty()
             if not batch or self._advance_without_rows(batch):
                 continue
-            taken = {d.name: (d.rows, d.resolved) for d in batch}
+            batch, taken = self._take(batch)
             scans = {d.name: d.scan for d in batch if d.scan is not None}
             for d in batch:
-                self.pending_rows -= len(d.rows)
-                d.rows = []
+                self.pending_rows -= len(taken[d.name][0])
                 d.scan = None
             try:
                 await self._commit(batch, taken, scans)
@@ -246,7 +249,7 @@ class Writer:
                 d.durable = max(d.durable, taken[d.name][1])
                 if len(d.rows) < MAX_PENDING_ROWS:
                     self.drained(d)
-            if any(d.rows for d in batch):
+            if self.pending_rows > 0 and self._rows_wait():
                 self.wake.set()
 
     def _put_back(self, batch: list[Any], taken: dict[str, tuple[list[Row], int]], scans: dict[str, Scan]) -> None:
@@ -259,6 +262,45 @@ class Writer:
             d.scan = scans.get(d.name, d.scan)
             self.pending_rows += len(taken[d.name][0])
             self.dirty.add(d.name)
+
+    def _take(self, batch: list[Any]) -> tuple[list[Any], dict[str, tuple[list[Row], int]]]:
+        """What of ``batch`` goes into one transaction: at most about ``MAX_TRANSACTION_ROWS`` rows, so that a long
+        catch-up is committed in pieces while the rest is still being read. A dispatcher's rows are taken up to a
+        revision boundary (its checkpoint is then the last revision taken: its rows come in revision order, and every
+        change of that revision is among them); an initial scan goes whole (its sweep with it). What is left stays
+        with its dispatcher, which stays dirty. Every dispatcher without rows (only its resolved revision moved) goes
+        along: it costs nothing."""
+        budget = MAX_TRANSACTION_ROWS
+        chosen: list[Any] = []
+        taken: dict[str, tuple[list[Row], int]] = {}
+        for d in batch:
+            rows = d.rows
+            if rows and budget <= 0:
+                self.dirty.add(d.name)
+                continue
+            cut = len(rows)
+            if d.scan is None and cut > budget:
+                cut = budget
+                while cut < len(rows) and rows[cut][2] == rows[cut - 1][2]:
+                    cut += 1
+            if cut < len(rows):
+                taken[d.name] = (rows[:cut], rows[cut - 1][2])
+                d.rows = rows[cut:]
+                self.dirty.add(d.name)
+            else:
+                taken[d.name] = (rows, d.resolved)
+                d.rows = []
+            budget -= cut
+            chosen.append(d)
+        return chosen, taken
+
+    def _rows_wait(self) -> bool:
+        """Whether a dispatcher that is not paused has rows waiting (left by ``_take``, or received meanwhile)."""
+        for name in self.dirty:
+            d = self.dispatchers.get(name)
+            if d is not None and d.rows and d.paused_at is None:
+                return True
+        return False
 
     def _take_dirty(self) -> list[Any]:
         """The dispatchers with something to commit (resolved past durable), not paused (those stay dirty)."""

@@ -714,3 +714,45 @@ def test_a_batch_is_one_statement_applying_each_change_only_if_newer(postgres: P
         conn.execute(schema.save_checkpoints(cf), [["d1"], [table_id], ["default"], [a], [b], [8]])  # backwards
         saved = dict(conn.execute(f"SELECT dispatcher, revision FROM {schema.checkpoints(cf)}").fetchall())
     assert saved == {"d1": 9, "d2": 3}
+
+
+def test_a_backlog_is_committed_in_pieces_of_whole_revisions(
+    etcd: EtcdServer, postgres: PostgresServer, table_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog larger than a transaction's rows (``MAX_TRANSACTION_ROWS``) goes in several transactions, each cut
+    at a revision boundary: its checkpoint is the last revision it holds, and no revision is split between two (the
+    rows of one etcd transaction share a revision: a checkpoint between them would claim half of it)."""
+    from controller.capture import batcher
+    from controller.sinks import postgres as sink
+
+    monkeypatch.setattr(batcher, "MAX_TRANSACTION_ROWS", 7)
+    seen: list[tuple[list[int], list[int]]] = []
+    write = sink.PostgresSession.write
+
+    async def recorded(self: Any, b: Any) -> Any:
+        seen.append(([r[2] for rows in b.rows.values() for r in rows.values()], [c.revision for c in b.checkpoints]))
+        return await write(self, b)
+
+    monkeypatch.setattr(sink.PostgresSession, "write", recorded)
+
+    async def body(rt: DataplaneRuntime) -> None:
+        async with client(etcd) as c:
+            start = (await c.put(k(table_id, b"\x00"), b"x")).header.revision
+            last = start
+            for burst in range(6):  # etcd transactions of 3 keys: 3 rows of one revision each
+                ops = [aetcd.rpc.RequestOp(request_put=aetcd.rpc.PutRequest(key=k(table_id, b"%d-%d" % (burst, i)),
+                                                                            value=b"v")) for i in range(3)]  # fmt: skip
+                last = (await c.kvstub.Txn(aetcd.rpc.TxnRequest(success=ops), timeout=5)).header.revision
+            rt.start(dispatcher(table_id, "d", start))  # the whole backlog arrives in one catch-up response
+            await until(lambda: rt.checkpoint("d") >= last, what="the backlog")
+        assert len(rows(postgres, table_id)) == 18
+        pieces = [(revs, cps) for revs, cps in seen if revs]
+        assert len(pieces) >= 2, seen  # 18 rows, at most 7 (plus the rest of a revision) a transaction
+        committed: set[int] = set()
+        for revs, (checkpoint,) in pieces:
+            assert max(revs) == checkpoint, pieces  # the checkpoint claims exactly what the piece holds
+            assert not committed & set(revs), pieces  # no revision in two pieces
+            assert all(revs.count(r) == 3 for r in set(revs)), pieces  # each revision whole
+            committed |= set(revs)
+
+    run(with_runtime(endpoints(etcd, postgres), body))
