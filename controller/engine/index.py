@@ -33,7 +33,6 @@ simulator's cache, from the same calls (``put`` and ``remove``): the simulator d
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import Counter
 from collections.abc import Collection, ItemsView, Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any, TypeVar
 
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
+from controller.engine import coverage
 from controller.model.keys import KeyRange
 from controller.model.progress import SET_DIGEST, digest, legacy_digest, sum_digest, uid_hash
 from controller.model.records import Changefeed, Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
@@ -142,16 +142,6 @@ def span_counts(counts: Counter[SpanState | None]) -> SpanCounts:
     )
 
 
-def exact_partition(outer: KeyRange, parts: list[KeyRange]) -> bool:
-    """``parts`` cover ``outer`` exactly: no hole, no overlap, nothing outside."""
-    if not parts:
-        return False
-    ordered = sorted(parts)
-    if ordered[0].start != outer.start or ordered[-1].end != outer.end:
-        return False
-    return all(a.end == b.start for a, b in itertools.pairwise(ordered))
-
-
 class MinTracker:
     """The lowest value over named entries, with updates in O(log n): ``(value, name)`` pairs kept in order in
     a ``SortedList`` (sortedcontainers: short sublists, so no update moves or compares more than a few
@@ -200,7 +190,7 @@ class SpanFacts:
     state: SpanState | None
     capture: str
     table: TableKey
-    covered: bool  # counts in its table's coverage: not being deleted, not Invalid
+    covered: bool  # counts in its table's coverage, new or not (``coverage.counts``)
     key_range: KeyRange  # the spec cannot change, but a new incarnation (relisted) may replace the span
     dispatcher: str
     load: str  # the capture the span counts towards in the load ("" none): Replicating or a placement
@@ -557,7 +547,7 @@ class Index:
         )
         enabled = s.mode in self.modes()
         ours = s.table_id in self.tables_by_id
-        accepted = s.state not in (None, SpanState.INVALID)
+        validated = s.state not in (None, SpanState.INVALID)  # deleting or not (not ``Span.accepted``)
         measured = s.state is SpanState.REPLICATING and not s.deleting and working and d is not None
         split_rate, split_regions, merge_rate = self._thresholds()
         hot = (
@@ -570,7 +560,7 @@ class Index:
         cold = measured and d is not None and merge_rate > 0 and d.write_rate < merge_rate
         checkpoint: int | None = None
         reporter: ReportKey | None = None
-        if accepted and enabled and self.table_holds_checkpoint(s.table_id):
+        if validated and enabled and self.table_holds_checkpoint(s.table_id):
             if s.state is SpanState.REPLICATING and d is not None and d.state is DispatcherState.WORKING:
                 checkpoint = max(d.known_checkpoint, s.known_checkpoint)
                 reporter = self._pair(d.capture, d.mode)
@@ -582,14 +572,14 @@ class Index:
             state=s.state,
             capture=s.capture,
             table=self._pair(s.table_id, s.mode),
-            covered=not s.deleting and s.state is not SpanState.INVALID,
+            covered=coverage.counts(s, new=True),
             key_range=s.key_range,
             dispatcher=s.dispatcher,
             load=s.capture if s.capture and (s.state is SpanState.REPLICATING or placing) else "",
             placing=placing,
             holding=bool(s.capture) and s.state is not SpanState.ABSENT,
             suspect=s.state is SpanState.REPLICATING and not (working and belongs),
-            stray=not s.deleting and accepted and (not ours or not enabled),
+            stray=not s.deleting and validated and (not ours or not enabled),
             hot=hot,
             cold=cold,
             checkpoint=checkpoint,
@@ -941,20 +931,18 @@ class Index:
     # -- coverage ------------------------------------------------------------------------------------
 
     def coverage_problems(self) -> set[TableKey]:
-        """(table, mode) of live tables and enabled modes whose accepted spans do not partition the table's
-        range exactly (a hole, an overlap, no span at all). Recomputed for the tables events touched."""
+        """(table, mode) of live tables and enabled modes whose spans (new ones too: the coverage rule with
+        ``new``, engine/coverage.py) do not partition the table's range exactly (a hole, an overlap, no span at
+        all): the tables ``repair.coverage`` and the checkpoint's hole test look at. Recomputed for the tables
+        events touched."""
         modes = self.modes()
         for key in self._coverage_dirty:
             tid, mode = key
             self._coverage_problems.discard(key)
             if not self.table_live(tid) or mode not in modes:
                 continue
-            ranges = [
-                s.key_range
-                for s in (self.span_facts[n].record for n in self.spans_by_table.get(key, ()))
-                if not s.deleting and s.state is not SpanState.INVALID
-            ]
-            if not exact_partition(KeyRange.of_table(tid), ranges):
+            spans = (self.span_facts[n].record for n in self.spans_by_table.get(key, ()))
+            if not coverage.exact(KeyRange.of_table(tid), spans, new=True):
                 self._coverage_problems.add(key)
         self._coverage_dirty.clear()
         return self._coverage_problems
