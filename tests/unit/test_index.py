@@ -11,7 +11,8 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.engine.index import Index, MinTracker, MultiMap
+from controller.engine.containers import MinTracker, MultiMap
+from controller.engine.index import Index
 from controller.engine.maintainer import decide
 from controller.engine.world import World
 from controller.model.keys import KeyRange
