@@ -40,19 +40,16 @@ from typing import Any
 
 from controller.engine import coverage
 from controller.engine.containers import MinTracker, MultiMap, RecordView
+from controller.engine.digests import ReportKey, WorkingSets
 from controller.model.keys import KeyRange
-from controller.model.progress import SET_DIGEST, digest, legacy_digest, sum_digest, uid_hash
+from controller.model.progress import digest
 from controller.model.records import Changefeed, Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
 from controller.model.states import TABLE_FINALIZER, DispatcherState, Kind, Mode, OpPhase, OpSource, SpanState
 
-#: Set digests are sums modulo 2^64 (``controller.model.progress.digest``).
-SUM_MASK = (1 << 64) - 1
 #: Span states kept as sets (Replicating and Invalid spans are the bulk at rest and need no pass).
 TRACKED_STATES: tuple[SpanState | None, ...] = (None, SpanState.ABSENT, SpanState.SCHEDULING, SpanState.REMOVING)
 
 TableKey = tuple[int, Mode]
-#: A capture and a mode: the unit of a capture's progress report for this changefeed (engine/progress.py).
-ReportKey = tuple[str, Mode]
 
 
 def _add(index: dict[object, set[str]], key: object, name: str) -> None:
@@ -184,14 +181,9 @@ class Index:
         self.deleting_dispatchers: set[str] = set()
         #: Dispatchers their runtime stopped for good, not being deleted (the ReplicationFailed condition).
         self.failed_dispatchers: set[str] = set()
-        #: Per (capture, mode): the Working dispatchers (name -> uid) the maintainer believes that capture runs
-        #: for this changefeed, and the digest of their uids (computed when first asked after a change).
-        self.working: dict[ReportKey, dict[str, str]] = {}
-        #: Per (capture, mode): the sum of the ``uid_hash``es of its Working dispatchers (``working_digest``, kept
-        #: current per change), and the legacy digest of those uids when a report still carries one (computed when
-        #: first asked after a change: only while captures from before issue 37 run).
-        self._sums: dict[ReportKey, int] = {}
-        self._legacy: dict[ReportKey, str] = {}
+        #: Per (capture, mode): the Working dispatchers the maintainer believes that capture runs for this
+        #: changefeed, and the digest of their uids (engine/digests.py).
+        self.working = WorkingSets()
         # -- operators
         self.in_flight: set[str] = set()
         self.running: set[str] = set()
@@ -680,40 +672,10 @@ class Index:
         return out
 
     def _working_change(self, name: str, old: DispatcherFacts | None, new: DispatcherFacts | None) -> None:
-        """Keep ``working`` (and the digests' validity) current as dispatcher ``name`` goes from ``old`` to ``new``."""
+        """Keep ``working`` current as dispatcher ``name`` goes from ``old`` to ``new``."""
         before = (old.capture, old.table[1], old.uid) if old is not None and old.working else None
         after = (new.capture, new.table[1], new.uid) if new is not None and new.working else None
-        if before == after:
-            return
-        if before is not None:
-            key: ReportKey = (before[0], before[1])
-            group = self.working[key]
-            del group[name]
-            if not group:
-                del self.working[key]
-                del self._sums[key]
-            else:
-                self._sums[key] = (self._sums[key] - uid_hash(before[2])) & SUM_MASK
-            self._legacy.pop(key, None)
-        if after is not None:
-            key = (after[0], after[1])
-            self.working.setdefault(key, {})[name] = after[2]
-            self._sums[key] = (self._sums.get(key, 0) + uid_hash(after[2])) & SUM_MASK
-            self._legacy.pop(key, None)
-
-    def working_digest(self, key: ReportKey) -> str:
-        """The digest of the uids of the Working dispatchers of ``key`` (what an exact report carries): O(1)."""
-        return sum_digest(self._sums.get(key, 0))
-
-    def covers(self, key: ReportKey, reported: str) -> bool:
-        """Whether a report's digest is the digest of ``key``'s Working dispatchers (a set digest: O(1); a legacy one,
-        from a capture of before issue 37: hashed over them when first asked after a change)."""
-        if reported.startswith(SET_DIGEST):
-            return reported == self.working_digest(key)
-        found = self._legacy.get(key)
-        if found is None:
-            found = self._legacy[key] = legacy_digest(self.working.get(key, {}).values())
-        return reported == found
+        self.working.change(name, before, after)
 
     def lowest_reported(self, key: ReportKey, exclude: Collection[str] = ()) -> int | None:
         """The lowest value of the spans whose report group is ``key`` (not in ``exclude``)."""
@@ -863,12 +825,12 @@ class Index:
         for key in {*self.reported_checkpoints, *fresh.reported_checkpoints}:
             if self.lowest_reported(key) != fresh.lowest_reported(key):
                 problems.append(f"index lowest checkpoint of {key} differs from a rebuilt one")
-        if self.working != fresh.working:
-            diff = _diff(self.working, fresh.working)
+        if self.working.members != fresh.working.members:
+            diff = _diff(self.working.members, fresh.working.members)
             problems.append(f"index working dispatchers differ from a rebuilt one: {diff}")
-        for key in self.working:
-            if self.working_digest(key) != fresh.working_digest(key) or self.working_digest(key) != digest(
-                self.working[key].values()
+        for key, members in self.working.members.items():
+            if self.working.digest(key) != fresh.working.digest(key) or self.working.digest(key) != digest(
+                members.values()
             ):
                 problems.append(f"index digest of {key} differs from a rebuilt one")
         # The pairings found through the records (``spans_naming``, ``dispatchers_of``) against the records themselves.

@@ -164,7 +164,7 @@ def sum_digest(total: int) -> str:
 
 def digest(uids: Iterable[str]) -> str:
     """A short, order-independent digest of a set of uids: the sum, modulo 2^64, of each uid's 64-bit BLAKE2b. A sum
-    can be kept current as members come and go, one addition each (``Index.working_digest``): the maintainer no
+    can be kept current as members come and go, one addition each (engine/digests.py): the maintainer no
     longer hashes every Working dispatcher of a capture whenever one starts or stops (issue 37: a metrics scrape at
     100,000 spans did it in the event loop, up to 140 ms while spans were placed)."""
     return sum_digest(sum(uid_hash(u) for u in uids))
