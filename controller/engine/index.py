@@ -32,7 +32,6 @@ simulator's cache, from the same calls (``put`` and ``remove``): the simulator d
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -41,10 +40,11 @@ from typing import Any
 from controller.engine import coverage
 from controller.engine.containers import MinTracker, MultiMap, RecordView
 from controller.engine.digests import ReportKey, WorkingSets
+from controller.engine.operator_gc import GcQueue
 from controller.model.keys import KeyRange
 from controller.model.progress import digest
 from controller.model.records import Changefeed, Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
-from controller.model.states import TABLE_FINALIZER, DispatcherState, Kind, Mode, OpPhase, OpSource, SpanState
+from controller.model.states import TABLE_FINALIZER, DispatcherState, Kind, Mode, OpPhase, SpanState
 
 #: Span states kept as sets (Replicating and Invalid spans are the bulk at rest and need no pass).
 TRACKED_STATES: tuple[SpanState | None, ...] = (None, SpanState.ABSENT, SpanState.SCHEDULING, SpanState.REMOVING)
@@ -187,7 +187,8 @@ class Index:
         # -- operators
         self.in_flight: set[str] = set()
         self.running: set[str] = set()
-        self._gc: dict[bool, list[tuple[float, str]]] = {True: [], False: []}  # user? -> heap of (base, name)
+        #: Finished operators in order of when their retention ends (engine/operator_gc.py).
+        self.gc = GcQueue(self.operators)
         # -- tables
         self.tables_by_id: dict[int, Table] = {}
         self.table_names: dict[int, set[str]] = {}
@@ -698,45 +699,7 @@ class Index:
             self.in_flight.add(name)
         if op.phase is OpPhase.RUNNING:
             self.running.add(name)
-        if op.phase.terminal and not op.deleting:
-            heapq.heappush(self._gc[op.source is OpSource.USER], (max(op.finished_at, op.created), name))
-
-    def _gc_valid(self, name: str, base: float, user: bool) -> bool:
-        op = self.operators.get(name)
-        return (
-            op is not None
-            and op.phase.terminal
-            and not op.deleting
-            and (op.source is OpSource.USER) == user
-            and max(op.finished_at, op.created) == base
-        )
-
-    def gc_due(self, now: float, keep_user: float, keep_other: float) -> list[str]:
-        """Finished operators past their retention (the heap entries of others are left in place)."""
-        due: list[str] = []
-        for user, keep in ((True, keep_user), (False, keep_other)):
-            heap = self._gc[user]
-            held: list[tuple[float, str]] = []
-            while heap and now - heap[0][0] >= keep:
-                base, name = heapq.heappop(heap)
-                if self._gc_valid(name, base, user):
-                    held.append((base, name))
-                    due.append(name)
-            for entry in held:
-                heapq.heappush(heap, entry)
-        return sorted(set(due))
-
-    def gc_next(self, keep_user: float, keep_other: float) -> float | None:
-        """When the next finished operator's retention ends (None: no finished operator)."""
-        out: float | None = None
-        for user, keep in ((True, keep_user), (False, keep_other)):
-            heap = self._gc[user]
-            while heap and not self._gc_valid(heap[0][1], heap[0][0], user):
-                heapq.heappop(heap)
-            if heap:
-                at = heap[0][0] + keep
-                out = at if out is None else min(out, at)
-        return out
+        self.gc.put(op)
 
     # -- coverage ------------------------------------------------------------------------------------
 
