@@ -23,8 +23,8 @@ Who uses it: ``decide`` (``World.index``) iterates these candidate sets instead 
 applies each rule's full predicate to the candidates, so a candidate too many costs a lookup and a
 candidate missing would be a bug. Two backstops catch such a bug: the periodic full audit (``decide``
 ignores the index every ``Options.audit_interval`` seconds and evaluates every rule over everything), and
-in the simulator, a full decision beside every incremental one, which must be equal, and ``verify``,
-which rebuilds the index from its records and compares.
+in the simulator, a full decision beside every incremental one, which must be equal, and
+``controller.sim.index_check.verify``, which rebuilds the index from its records and compares.
 
 The index is maintained by the informer in production (``controller.kube.informer``) and by the
 simulator's cache, from the same calls (``put`` and ``remove``): the simulator drives exactly this code.
@@ -42,7 +42,6 @@ from controller.engine.containers import MinTracker, MultiMap, RecordView
 from controller.engine.digests import ReportKey, WorkingSets
 from controller.engine.operator_gc import GcQueue
 from controller.model.keys import KeyRange
-from controller.model.progress import digest
 from controller.model.records import Changefeed, Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
 from controller.model.states import TABLE_FINALIZER, DispatcherState, Kind, Mode, OpPhase, SpanState
 
@@ -719,109 +718,3 @@ class Index:
                 self._coverage_problems.add(key)
         self._coverage_dirty.clear()
         return self._coverage_problems
-
-    # -- checks --------------------------------------------------------------------------------------
-
-    def verify(self) -> list[str]:
-        """Differences between this index and one rebuilt from its own records (empty: it is exact)."""
-        fresh = Index.build(
-            self.name,
-            [
-                *([self.changefeed] if self.changefeed is not None else []),
-                *self.tables.values(),
-                *self.spans.values(),
-                *self.dispatchers.values(),
-                *self.operators.values(),
-            ],
-        )
-        problems = []
-        for attr in (
-            "span_facts",
-            "by_state",
-            "placing",
-            "suspect",
-            "stray",
-            "hot",
-            "cold",
-            "spans_by_capture",
-            "holding",
-            "spans_by_table",
-            "foreign_naming",
-            "table_counts",
-            "span_tally",
-            "span_load",
-            "replicating_by_capture",
-            "dispatcher_facts",
-            "loose_by_span",
-            "disp_by_capture",
-            "disp_by_table",
-            "unclaimed",
-            "orphans",
-            "deleting_dispatchers",
-            "failed_dispatchers",
-            "in_flight",
-            "running",
-            "tables_by_id",
-            "table_attention",
-            "table_stale",
-        ):
-            mine, theirs = getattr(self, attr), getattr(fresh, attr)
-            if callable(mine):
-                mine, theirs = mine(), theirs()
-            if attr == "table_counts":
-                mine = {k: +v for k, v in mine.items() if +v}
-                theirs = {k: +v for k, v in theirs.items() if +v}
-            if attr in ("state_counts", "holding", "span_load", "replicating_by_capture"):
-                mine, theirs = +mine, +theirs
-            if mine != theirs:
-                problems.append(f"index {attr} differs from a rebuilt one: {_diff(mine, theirs)}")
-        if +self.state_counts != +fresh.state_counts:
-            problems.append(f"index state_counts differs: {+self.state_counts} != {+fresh.state_counts}")
-        if self.checkpoints.values != fresh.checkpoints.values:
-            problems.append("index checkpoints differ from a rebuilt one")
-        if self.checkpoints.min_excluding() != fresh.checkpoints.min_excluding():
-            problems.append("index lowest checkpoint differs from a rebuilt one")
-        mine_r = {k: t.values for k, t in self.reported_checkpoints.items()}
-        theirs_r = {k: t.values for k, t in fresh.reported_checkpoints.items()}
-        if mine_r != theirs_r:
-            problems.append(f"index reported checkpoints differ from a rebuilt one: {_diff(mine_r, theirs_r)}")
-        for key in {*self.reported_checkpoints, *fresh.reported_checkpoints}:
-            if self.lowest_reported(key) != fresh.lowest_reported(key):
-                problems.append(f"index lowest checkpoint of {key} differs from a rebuilt one")
-        if self.working.members != fresh.working.members:
-            diff = _diff(self.working.members, fresh.working.members)
-            problems.append(f"index working dispatchers differ from a rebuilt one: {diff}")
-        for key, members in self.working.members.items():
-            if self.working.digest(key) != fresh.working.digest(key) or self.working.digest(key) != digest(
-                members.values()
-            ):
-                problems.append(f"index digest of {key} differs from a rebuilt one")
-        # The pairings found through the records (``spans_naming``, ``dispatchers_of``) against the records themselves.
-        naming: dict[str, set[str]] = {}
-        for name, sf in self.span_facts.items():
-            if sf.record.dispatcher:
-                naming.setdefault(sf.record.dispatcher, set()).add(name)
-        of_span: dict[str, set[str]] = {}
-        for name, df in self.dispatcher_facts.items():
-            of_span.setdefault(df.record.span, set()).add(name)
-        for d in sorted({*naming, *self.dispatcher_facts}):
-            if sorted(self.spans_naming(d)) != sorted(naming.get(d, ())):
-                problems.append(f"index spans naming {d}: {self.spans_naming(d)} != {sorted(naming.get(d, ()))}")
-        for sp in sorted({*of_span, *self.span_facts}):
-            if sorted(self.dispatchers_of(sp)) != sorted(of_span.get(sp, ())):
-                found, truth = self.dispatchers_of(sp), sorted(of_span.get(sp, ()))
-                problems.append(f"index dispatchers of {sp}: {found} != {truth}")
-        mine, theirs = sorted(self.coverage_problems()), sorted(fresh.coverage_problems())
-        if mine != theirs:
-            problems.append(f"index coverage problems differ: {mine} != {theirs}")
-        return problems
-
-
-def _diff(mine: object, theirs: object) -> str:
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-        keys = sorted({*mine, *theirs}, key=repr)
-        parts = [f"{k!r}: {mine.get(k)!r} != {theirs.get(k)!r}" for k in keys if mine.get(k) != theirs.get(k)]
-        return "; ".join(parts[:4])
-    if isinstance(mine, set) and isinstance(theirs, set):
-        return f"extra {sorted(mine - theirs, key=repr)[:4]}, missing {sorted(theirs - mine, key=repr)[:4]}"
-    return f"{mine!r} != {theirs!r}"

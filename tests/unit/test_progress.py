@@ -25,6 +25,7 @@ from controller.model.progress import (
 )
 from controller.model.resources import capture_from_resources, lease_resource, progress_from_json, progress_to_json
 from controller.model.states import Mode
+from controller.sim.index_check import verify
 from tests.unit.fixtures import (
     EPOCH,
     NOW,
@@ -364,4 +365,4 @@ def test_a_set_digest_is_a_sum_kept_current_per_change_and_a_legacy_one_is_still
         assert not idx.working.covers(key, digest(left[:-1]))
     finally:
         digests_module.uid_hash = real  # type: ignore[assignment]
-    assert idx.verify() == []
+    assert verify(idx) == []
