@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from controller.engine import progress
+from controller.engine import coverage, progress
 from controller.engine.world import Tick
-from controller.model.keys import KeyRange, gaps
+from controller.model.keys import KeyRange
 from controller.model.records import Join, Span, SpanOperator
 from controller.model.states import DispatcherState, Mode, OpPhase, OpType, SpanState
 
@@ -64,8 +64,8 @@ def compute(tick: Tick) -> int:
 
 def _joins(tick: Tick) -> list[Join]:
     """Tables whose first spans are being created (``Changefeed.status.joining``, and those this decision adds):
-    their spans start no lower than the join says, and may not be in this view yet (a deposed maintainer's), so the
-    join holds the checkpoint until the table's spans cover it."""
+    their spans start no lower than the join says, and may not be in this view yet (a deposed maintainer's,
+    simulator seed 805239), so the join holds the checkpoint until the table's spans cover it."""
     return [*tick.changefeed.joining, *tick.joins_wanted.values()]
 
 
@@ -73,10 +73,13 @@ def _has_hole(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> bool:
     """Keys of a live table that no accepted span (nor an operator's planned span) covers.
 
     Their data is replicated by nobody, so nothing bounds how far they are delivered: the checkpoint
-    must not move until the safety net has covered them again. ``keys``: only
-    these tables (and modes) can have one (an incremental decision); None: look at all.
+    must not move until the safety net has covered them again (simulator seed 34720). ``keys``: only
+    these tables (and modes) can have one (an incremental decision); None: look at all. The coverage rule
+    (engine/coverage.py) with the planned ranges of the operators as this decision leaves them, and without
+    new spans (their data is replicated from nothing known yet).
     """
-    ranges: dict[tuple[int, Mode], list[KeyRange]] = defaultdict(list)
+    spans: dict[tuple[int, Mode], list[Span]] = defaultdict(list)
+    planned: dict[tuple[int, Mode], list[KeyRange]] = defaultdict(list)
     if keys is None or tick.index is None:
         pool: list[Span] = list(tick.spans.values())
         ops: list[SpanOperator] = list(tick.operators.values())
@@ -84,14 +87,13 @@ def _has_hole(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> bool:
         pool = tick.span_candidates(*(tick.index.spans_by_table.get(k, ()) for k in keys))
         ops = tick.in_flight()
     for span in pool:
-        if span.accepted:
-            ranges[(span.table_id, span.mode)].append(span.key_range)
+        spans[(span.table_id, span.mode)].append(span)
     for op in ops:
         if op.phase is OpPhase.RUNNING and op.type in (OpType.SPLIT, OpType.MERGE):
             for t in op.targets:
                 s = tick.spans.get(t.span) or tick.world.spans.get(op.spans[0]) if op.spans else None
                 if s is not None:
-                    ranges[(s.table_id, s.mode)].append(t.key_range)
+                    planned[(s.table_id, s.mode)].append(t.key_range)
     if keys is None:
         tables = list(tick.tables_by_id.values())
     else:
@@ -100,9 +102,10 @@ def _has_hole(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> bool:
         if table.deleting or table.changefeed != tick.changefeed.name:
             continue
         for mode in tick.changefeed.modes:
-            if keys is not None and (table.table_id, mode) not in keys:
+            key = (table.table_id, mode)
+            if keys is not None and key not in keys:
                 continue
-            if gaps(table.key_range, ranges.get((table.table_id, mode), [])):
+            if coverage.holes(table.key_range, spans.get(key, ()), planned.get(key, ())):
                 return True
     return False
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from controller.engine import operator_gc
 from controller.engine.intents import Delete, Write
 from controller.engine.operators import ADVANCE, START
 from controller.engine.operators.common import cancel, fail
@@ -96,16 +97,17 @@ def admit_pending(tick: Tick) -> None:
 
 
 def garbage_collect(tick: Tick) -> None:
+    """Delete the finished operators whose retention has ended (engine/operator_gc.py)."""
     cfg = tick.changefeed.scheduler
+    keep_user, keep_other = cfg.user_operator_retention_seconds, cfg.operator_retention_seconds
     if tick.index is None:
         ops = list(tick.operators.values())
     else:  # the finished operators whose retention has ended (one just finished here is never due)
-        due = tick.index.gc_due(tick.now, cfg.user_operator_retention_seconds, cfg.operator_retention_seconds)
+        due = tick.index.gc.due(tick.now, keep_user, keep_other)
         ops = [op for op in (tick.operators.get(n) for n in due) if op is not None]
     for op in sorted(ops, key=lambda o: o.name):
-        if not op.phase.terminal or op.deleting or tick.is_touched(op):
+        if not operator_gc.retained(op) or tick.is_touched(op):
             continue
-        keep = cfg.user_operator_retention_seconds if op.source is OpSource.USER else cfg.operator_retention_seconds
-        if tick.now - max(op.finished_at, op.created) >= keep:
+        if tick.now - operator_gc.since(op) >= operator_gc.keep(op, keep_user, keep_other):
             tick.emit(f"gc {op.name}", [Delete(Kind.OPERATOR, op.name, op.uid)])
             tick.forget(Kind.OPERATOR, op.name)

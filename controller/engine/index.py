@@ -13,18 +13,18 @@ record and the few records they depend on (a span's facts depend on the dispatch
 on its table and on the changefeed's modes and thresholds; a dispatcher's on its span and the spans
 that name it). The facts carry their record, so each span and dispatcher is held once, in one table by name
 (``spans`` and ``dispatchers`` read it), and a span and its own dispatcher find each other through their
-records: no second table by name grows in step with it (tables of 100,000 names doubling together in one
-write-through stall the event loop; the sets per rule, capture and table are split by their key). An event
-retracts the facts of every record whose facts it can change and asserts them afresh. Nothing here is an edge
-("this changed, look at it once"): a set holds a span for as long as the rule may apply to it, so a decision
-that fails to act leaves it there for the next one.
+records: no second table by name grows in step with it (issue 37: tables of 100,000 names doubling together
+in one write-through were the longest stalls of the event loop; the sets per rule, capture and table are
+split by their key). An event retracts the facts of every record whose facts it can change and asserts
+them afresh. Nothing here is an edge ("this changed, look at it once"): a set holds a span for as long
+as the rule may apply to it, so a decision that fails to act leaves it there for the next one.
 
 Who uses it: ``decide`` (``World.index``) iterates these candidate sets instead of every record, and
 applies each rule's full predicate to the candidates, so a candidate too many costs a lookup and a
 candidate missing would be a bug. Two backstops catch such a bug: the periodic full audit (``decide``
 ignores the index every ``Options.audit_interval`` seconds and evaluates every rule over everything), and
-in the simulator, a full decision beside every incremental one, which must be equal, and ``verify``,
-which rebuilds the index from its records and compares.
+in the simulator, a full decision beside every incremental one, which must be equal, and
+``controller.sim.index_check.verify``, which rebuilds the index from its records and compares.
 
 The index is maintained by the informer in production (``controller.kube.informer``) and by the
 simulator's cache, from the same calls (``put`` and ``remove``): the simulator drives exactly this code.
@@ -32,28 +32,23 @@ simulator's cache, from the same calls (``put`` and ``remove``): the simulator d
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import Counter
-from collections.abc import Collection, ItemsView, Iterable, Iterator, Mapping, ValuesView
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from sortedcontainers import SortedList  # type: ignore[import-untyped]
-
+from controller.engine import coverage
+from controller.engine.containers import MinTracker, MultiMap, RecordView
+from controller.engine.digests import ReportKey, WorkingSets
+from controller.engine.operator_gc import GcQueue
 from controller.model.keys import KeyRange
-from controller.model.progress import SET_DIGEST, digest, legacy_digest, sum_digest, uid_hash
 from controller.model.records import Changefeed, Dispatcher, Record, Span, SpanCounts, SpanOperator, Table
-from controller.model.states import TABLE_FINALIZER, DispatcherState, Kind, Mode, OpPhase, OpSource, SpanState
+from controller.model.states import TABLE_FINALIZER, DispatcherState, Kind, Mode, OpPhase, SpanState
 
-#: Set digests are sums modulo 2^64 (``controller.model.progress.digest``).
-SUM_MASK = (1 << 64) - 1
 #: Span states kept as sets (Replicating and Invalid spans are the bulk at rest and need no pass).
 TRACKED_STATES: tuple[SpanState | None, ...] = (None, SpanState.ABSENT, SpanState.SCHEDULING, SpanState.REMOVING)
 
 TableKey = tuple[int, Mode]
-#: A capture and a mode: the unit of a capture's progress report for this changefeed (engine/progress.py).
-ReportKey = tuple[str, Mode]
 
 
 def _add(index: dict[object, set[str]], key: object, name: str) -> None:
@@ -66,64 +61,6 @@ def _discard(index: dict[object, set[str]], key: object, name: str) -> None:
         names.discard(name)
         if not names:
             del index[key]
-
-
-class MultiMap:
-    """key -> names, for indexes where almost every key has one name (a span's dispatchers, the spans
-    naming a dispatcher): a lone name is stored as itself, not in a set of its own (a set costs ~200 bytes,
-    twice per span at 50,000 spans)."""
-
-    __slots__ = ("_d",)
-
-    def __init__(self) -> None:
-        self._d: dict[str, str | set[str]] = {}
-
-    def add(self, key: str, name: str) -> None:
-        cur = self._d.get(key)
-        if cur is None:
-            self._d[key] = name
-        elif isinstance(cur, str):
-            if cur != name:
-                self._d[key] = {cur, name}
-        else:
-            cur.add(name)
-
-    def discard(self, key: str, name: str) -> None:
-        cur = self._d.get(key)
-        if cur is None:
-            return
-        if isinstance(cur, str):
-            if cur == name:
-                del self._d[key]
-            return
-        cur.discard(name)
-        if len(cur) == 1:
-            self._d[key] = next(iter(cur))
-        elif not cur:
-            del self._d[key]
-
-    def get(self, key: str, default: Collection[str] = ()) -> Collection[str]:
-        cur = self._d.get(key)
-        if cur is None:
-            return default
-        return (cur,) if isinstance(cur, str) else cur
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._d
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._d)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def normalized(self) -> dict[str, frozenset[str]]:
-        return {k: frozenset(self.get(k)) for k in self._d}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MultiMap) and self.normalized() == other.normalized()
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 def is_placement(span: Span | None) -> bool:
@@ -142,55 +79,6 @@ def span_counts(counts: Counter[SpanState | None]) -> SpanCounts:
     )
 
 
-def exact_partition(outer: KeyRange, parts: list[KeyRange]) -> bool:
-    """``parts`` cover ``outer`` exactly: no hole, no overlap, nothing outside."""
-    if not parts:
-        return False
-    ordered = sorted(parts)
-    if ordered[0].start != outer.start or ordered[-1].end != outer.end:
-        return False
-    return all(a.end == b.start for a, b in itertools.pairwise(ordered))
-
-
-class MinTracker:
-    """The lowest value over named entries, with updates in O(log n): ``(value, name)`` pairs kept in order in
-    a ``SortedList`` (sortedcontainers: short sublists, so no update moves or compares more than a few
-    thousand entries). A heap with lazy deletion would be rebuilt whole once its stale entries outnumber the live
-    ones: at 100,000 spans a ``heapify`` of 100,000 pairs, one C call that holds the GIL and the event loop up to
-    73 ms during a placement.
-
-    It keeps no map of its own from name to value: the caller says what an entry was (``set(name, value, old)``),
-    which the index has in the span's previous facts (a second name-keyed table of every span's checkpoint,
-    beside ``span_facts``, would grow in step with it)."""
-
-    def __init__(self) -> None:
-        self._ordered: SortedList = SortedList()
-
-    def set(self, name: str, value: int | None, old: int | None) -> None:
-        """Entry ``name`` goes from ``old`` (None: absent) to ``value`` (None: removed)."""
-        if old == value:
-            return
-        if old is not None:
-            self._ordered.remove((old, name))
-        if value is not None:
-            self._ordered.add((value, name))
-
-    def __len__(self) -> int:
-        return len(self._ordered)
-
-    @property
-    def values(self) -> dict[str, int]:
-        """name -> value (built: for checks and tests)."""
-        return {name: int(value) for value, name in self._ordered}
-
-    def min_excluding(self, exclude: Collection[str] = ()) -> int | None:
-        """The lowest value of an entry not in ``exclude`` (None if there is none)."""
-        for value, name in self._ordered:
-            if name not in exclude:
-                return int(value)
-        return None
-
-
 @dataclass(frozen=True, slots=True)
 class SpanFacts:
     """What the index derived from one span (and the records it depends on) the last time it looked, and the span
@@ -200,7 +88,7 @@ class SpanFacts:
     state: SpanState | None
     capture: str
     table: TableKey
-    covered: bool  # counts in its table's coverage: not being deleted, not Invalid
+    covered: bool  # counts in its table's coverage, new or not (``coverage.counts``)
     key_range: KeyRange  # the spec cannot change, but a new incarnation (relisted) may replace the span
     dispatcher: str
     load: str  # the capture the span counts towards in the load ("" none): Replicating or a placement
@@ -238,60 +126,6 @@ class DispatcherFacts:
     #: Its span exists and its status names it (then ``Index.dispatchers_of`` finds it through the span, and it is
     #: not in ``loose_by_span``).
     named: bool = False
-
-
-R = TypeVar("R", Span, Dispatcher)
-
-
-class RecordView(Mapping[str, R]):
-    """name -> record, read from the index's facts (each carries its record): the spans and dispatchers are held
-    once, in the map of their facts, not also in a second map by name growing in step with it (at 100,000
-    dispatchers, three such maps each doubling their table in the same write-through made 2,817 page faults in
-    one event-loop callback)."""
-
-    __slots__ = ("_facts",)
-
-    def __init__(self, facts: dict[str, Any]) -> None:
-        self._facts = facts
-
-    def __getitem__(self, name: str) -> R:
-        return self._facts[name].record  # type: ignore[no-any-return]
-
-    def get(self, name: str, default: Any = None) -> Any:
-        f = self._facts.get(name)
-        return default if f is None else f.record
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._facts
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._facts)
-
-    def __len__(self) -> int:
-        return len(self._facts)
-
-    def values(self) -> ValuesView[R]:
-        return _Values(self)
-
-    def items(self) -> ItemsView[str, R]:
-        return _Items(self)
-
-    def __repr__(self) -> str:
-        return f"RecordView({dict(self.items())!r})"
-
-
-class _Values(ValuesView[R]):
-    _mapping: RecordView[R]
-
-    def __iter__(self) -> Iterator[R]:
-        return (f.record for f in self._mapping._facts.values())
-
-
-class _Items(ItemsView[str, R]):
-    _mapping: RecordView[R]
-
-    def __iter__(self) -> Iterator[tuple[str, R]]:
-        return ((n, f.record) for n, f in self._mapping._facts.items())
 
 
 class Index:
@@ -346,18 +180,14 @@ class Index:
         self.deleting_dispatchers: set[str] = set()
         #: Dispatchers their runtime stopped for good, not being deleted (the ReplicationFailed condition).
         self.failed_dispatchers: set[str] = set()
-        #: Per (capture, mode): the Working dispatchers (name -> uid) the maintainer believes that capture runs
-        #: for this changefeed, and the digest of their uids (computed when first asked after a change).
-        self.working: dict[ReportKey, dict[str, str]] = {}
-        #: Per (capture, mode): the sum of the ``uid_hash``es of its Working dispatchers (``working_digest``, kept
-        #: current per change), and the legacy digest of those uids when a report still carries one (computed when
-        #: first asked after a change: only while captures of an older version, which send it, run).
-        self._sums: dict[ReportKey, int] = {}
-        self._legacy: dict[ReportKey, str] = {}
+        #: Per (capture, mode): the Working dispatchers the maintainer believes that capture runs for this
+        #: changefeed, and the digest of their uids (engine/digests.py).
+        self.working = WorkingSets()
         # -- operators
         self.in_flight: set[str] = set()
         self.running: set[str] = set()
-        self._gc: dict[bool, list[tuple[float, str]]] = {True: [], False: []}  # user? -> heap of (base, name)
+        #: Finished operators in order of when their retention ends (engine/operator_gc.py).
+        self.gc = GcQueue(self.operators)
         # -- tables
         self.tables_by_id: dict[int, Table] = {}
         self.table_names: dict[int, set[str]] = {}
@@ -557,7 +387,7 @@ class Index:
         )
         enabled = s.mode in self.modes()
         ours = s.table_id in self.tables_by_id
-        accepted = s.state not in (None, SpanState.INVALID)
+        validated = s.state not in (None, SpanState.INVALID)  # deleting or not (not ``Span.accepted``)
         measured = s.state is SpanState.REPLICATING and not s.deleting and working and d is not None
         split_rate, split_regions, merge_rate = self._thresholds()
         hot = (
@@ -570,7 +400,7 @@ class Index:
         cold = measured and d is not None and merge_rate > 0 and d.write_rate < merge_rate
         checkpoint: int | None = None
         reporter: ReportKey | None = None
-        if accepted and enabled and self.table_holds_checkpoint(s.table_id):
+        if validated and enabled and self.table_holds_checkpoint(s.table_id):
             if s.state is SpanState.REPLICATING and d is not None and d.state is DispatcherState.WORKING:
                 checkpoint = max(d.known_checkpoint, s.known_checkpoint)
                 reporter = self._pair(d.capture, d.mode)
@@ -582,14 +412,14 @@ class Index:
             state=s.state,
             capture=s.capture,
             table=self._pair(s.table_id, s.mode),
-            covered=not s.deleting and s.state is not SpanState.INVALID,
+            covered=coverage.counts(s, new=True),
             key_range=s.key_range,
             dispatcher=s.dispatcher,
             load=s.capture if s.capture and (s.state is SpanState.REPLICATING or placing) else "",
             placing=placing,
             holding=bool(s.capture) and s.state is not SpanState.ABSENT,
             suspect=s.state is SpanState.REPLICATING and not (working and belongs),
-            stray=not s.deleting and accepted and (not ours or not enabled),
+            stray=not s.deleting and validated and (not ours or not enabled),
             hot=hot,
             cold=cold,
             checkpoint=checkpoint,
@@ -608,7 +438,7 @@ class Index:
         # Only what changed is touched: an entry taken out of a map keyed by name and put back is a deletion and
         # an insertion, and a dict or set of 100,000 names that churns so grows a fresh table now and then
         # (about 10 MB, first touched there) though its size never changes: 40-80 ms in one write-through at
-        # 100,000 spans, several such maps resizing in the same refresh.
+        # 100,000 spans, several such maps resizing in the same refresh (issue 25).
         old = self.span_facts.get(name)
         new = self._span_facts(span) if span is not None else None
         if old == new:  # the same facts (compared without the record)
@@ -842,40 +672,10 @@ class Index:
         return out
 
     def _working_change(self, name: str, old: DispatcherFacts | None, new: DispatcherFacts | None) -> None:
-        """Keep ``working`` (and the digests' validity) current as dispatcher ``name`` goes from ``old`` to ``new``."""
+        """Keep ``working`` current as dispatcher ``name`` goes from ``old`` to ``new``."""
         before = (old.capture, old.table[1], old.uid) if old is not None and old.working else None
         after = (new.capture, new.table[1], new.uid) if new is not None and new.working else None
-        if before == after:
-            return
-        if before is not None:
-            key: ReportKey = (before[0], before[1])
-            group = self.working[key]
-            del group[name]
-            if not group:
-                del self.working[key]
-                del self._sums[key]
-            else:
-                self._sums[key] = (self._sums[key] - uid_hash(before[2])) & SUM_MASK
-            self._legacy.pop(key, None)
-        if after is not None:
-            key = (after[0], after[1])
-            self.working.setdefault(key, {})[name] = after[2]
-            self._sums[key] = (self._sums.get(key, 0) + uid_hash(after[2])) & SUM_MASK
-            self._legacy.pop(key, None)
-
-    def working_digest(self, key: ReportKey) -> str:
-        """The digest of the uids of the Working dispatchers of ``key`` (what an exact report carries): O(1)."""
-        return sum_digest(self._sums.get(key, 0))
-
-    def covers(self, key: ReportKey, reported: str) -> bool:
-        """Whether a report's digest is the digest of ``key``'s Working dispatchers (a set digest: O(1); a legacy one,
-        from a capture of an older version: hashed over them when first asked after a change)."""
-        if reported.startswith(SET_DIGEST):
-            return reported == self.working_digest(key)
-        found = self._legacy.get(key)
-        if found is None:
-            found = self._legacy[key] = legacy_digest(self.working.get(key, {}).values())
-        return reported == found
+        self.working.change(name, before, after)
 
     def lowest_reported(self, key: ReportKey, exclude: Collection[str] = ()) -> int | None:
         """The lowest value of the spans whose report group is ``key`` (not in ``exclude``)."""
@@ -898,169 +698,23 @@ class Index:
             self.in_flight.add(name)
         if op.phase is OpPhase.RUNNING:
             self.running.add(name)
-        if op.phase.terminal and not op.deleting:
-            heapq.heappush(self._gc[op.source is OpSource.USER], (max(op.finished_at, op.created), name))
-
-    def _gc_valid(self, name: str, base: float, user: bool) -> bool:
-        op = self.operators.get(name)
-        return (
-            op is not None
-            and op.phase.terminal
-            and not op.deleting
-            and (op.source is OpSource.USER) == user
-            and max(op.finished_at, op.created) == base
-        )
-
-    def gc_due(self, now: float, keep_user: float, keep_other: float) -> list[str]:
-        """Finished operators past their retention (the heap entries of others are left in place)."""
-        due: list[str] = []
-        for user, keep in ((True, keep_user), (False, keep_other)):
-            heap = self._gc[user]
-            held: list[tuple[float, str]] = []
-            while heap and now - heap[0][0] >= keep:
-                base, name = heapq.heappop(heap)
-                if self._gc_valid(name, base, user):
-                    held.append((base, name))
-                    due.append(name)
-            for entry in held:
-                heapq.heappush(heap, entry)
-        return sorted(set(due))
-
-    def gc_next(self, keep_user: float, keep_other: float) -> float | None:
-        """When the next finished operator's retention ends (None: no finished operator)."""
-        out: float | None = None
-        for user, keep in ((True, keep_user), (False, keep_other)):
-            heap = self._gc[user]
-            while heap and not self._gc_valid(heap[0][1], heap[0][0], user):
-                heapq.heappop(heap)
-            if heap:
-                at = heap[0][0] + keep
-                out = at if out is None else min(out, at)
-        return out
+        self.gc.put(op)
 
     # -- coverage ------------------------------------------------------------------------------------
 
     def coverage_problems(self) -> set[TableKey]:
-        """(table, mode) of live tables and enabled modes whose accepted spans do not partition the table's
-        range exactly (a hole, an overlap, no span at all). Recomputed for the tables events touched."""
+        """(table, mode) of live tables and enabled modes whose spans (new ones too: the coverage rule with
+        ``new``, engine/coverage.py) do not partition the table's range exactly (a hole, an overlap, no span at
+        all): the tables ``repair.coverage`` and the checkpoint's hole test look at. Recomputed for the tables
+        events touched."""
         modes = self.modes()
         for key in self._coverage_dirty:
             tid, mode = key
             self._coverage_problems.discard(key)
             if not self.table_live(tid) or mode not in modes:
                 continue
-            ranges = [
-                s.key_range
-                for s in (self.span_facts[n].record for n in self.spans_by_table.get(key, ()))
-                if not s.deleting and s.state is not SpanState.INVALID
-            ]
-            if not exact_partition(KeyRange.of_table(tid), ranges):
+            spans = (self.span_facts[n].record for n in self.spans_by_table.get(key, ()))
+            if not coverage.exact(KeyRange.of_table(tid), spans, new=True):
                 self._coverage_problems.add(key)
         self._coverage_dirty.clear()
         return self._coverage_problems
-
-    # -- checks --------------------------------------------------------------------------------------
-
-    def verify(self) -> list[str]:
-        """Differences between this index and one rebuilt from its own records (empty: it is exact)."""
-        fresh = Index.build(
-            self.name,
-            [
-                *([self.changefeed] if self.changefeed is not None else []),
-                *self.tables.values(),
-                *self.spans.values(),
-                *self.dispatchers.values(),
-                *self.operators.values(),
-            ],
-        )
-        problems = []
-        for attr in (
-            "span_facts",
-            "by_state",
-            "placing",
-            "suspect",
-            "stray",
-            "hot",
-            "cold",
-            "spans_by_capture",
-            "holding",
-            "spans_by_table",
-            "foreign_naming",
-            "table_counts",
-            "span_tally",
-            "span_load",
-            "replicating_by_capture",
-            "dispatcher_facts",
-            "loose_by_span",
-            "disp_by_capture",
-            "disp_by_table",
-            "unclaimed",
-            "orphans",
-            "deleting_dispatchers",
-            "failed_dispatchers",
-            "in_flight",
-            "running",
-            "tables_by_id",
-            "table_attention",
-            "table_stale",
-        ):
-            mine, theirs = getattr(self, attr), getattr(fresh, attr)
-            if callable(mine):
-                mine, theirs = mine(), theirs()
-            if attr == "table_counts":
-                mine = {k: +v for k, v in mine.items() if +v}
-                theirs = {k: +v for k, v in theirs.items() if +v}
-            if attr in ("state_counts", "holding", "span_load", "replicating_by_capture"):
-                mine, theirs = +mine, +theirs
-            if mine != theirs:
-                problems.append(f"index {attr} differs from a rebuilt one: {_diff(mine, theirs)}")
-        if +self.state_counts != +fresh.state_counts:
-            problems.append(f"index state_counts differs: {+self.state_counts} != {+fresh.state_counts}")
-        if self.checkpoints.values != fresh.checkpoints.values:
-            problems.append("index checkpoints differ from a rebuilt one")
-        if self.checkpoints.min_excluding() != fresh.checkpoints.min_excluding():
-            problems.append("index lowest checkpoint differs from a rebuilt one")
-        mine_r = {k: t.values for k, t in self.reported_checkpoints.items()}
-        theirs_r = {k: t.values for k, t in fresh.reported_checkpoints.items()}
-        if mine_r != theirs_r:
-            problems.append(f"index reported checkpoints differ from a rebuilt one: {_diff(mine_r, theirs_r)}")
-        for key in {*self.reported_checkpoints, *fresh.reported_checkpoints}:
-            if self.lowest_reported(key) != fresh.lowest_reported(key):
-                problems.append(f"index lowest checkpoint of {key} differs from a rebuilt one")
-        if self.working != fresh.working:
-            diff = _diff(self.working, fresh.working)
-            problems.append(f"index working dispatchers differ from a rebuilt one: {diff}")
-        for key in self.working:
-            if self.working_digest(key) != fresh.working_digest(key) or self.working_digest(key) != digest(
-                self.working[key].values()
-            ):
-                problems.append(f"index digest of {key} differs from a rebuilt one")
-        # The pairings found through the records (``spans_naming``, ``dispatchers_of``) against the records themselves.
-        naming: dict[str, set[str]] = {}
-        for name, sf in self.span_facts.items():
-            if sf.record.dispatcher:
-                naming.setdefault(sf.record.dispatcher, set()).add(name)
-        of_span: dict[str, set[str]] = {}
-        for name, df in self.dispatcher_facts.items():
-            of_span.setdefault(df.record.span, set()).add(name)
-        for d in sorted({*naming, *self.dispatcher_facts}):
-            if sorted(self.spans_naming(d)) != sorted(naming.get(d, ())):
-                problems.append(f"index spans naming {d}: {self.spans_naming(d)} != {sorted(naming.get(d, ()))}")
-        for sp in sorted({*of_span, *self.span_facts}):
-            if sorted(self.dispatchers_of(sp)) != sorted(of_span.get(sp, ())):
-                found, truth = self.dispatchers_of(sp), sorted(of_span.get(sp, ()))
-                problems.append(f"index dispatchers of {sp}: {found} != {truth}")
-        mine, theirs = sorted(self.coverage_problems()), sorted(fresh.coverage_problems())
-        if mine != theirs:
-            problems.append(f"index coverage problems differ: {mine} != {theirs}")
-        return problems
-
-
-def _diff(mine: object, theirs: object) -> str:
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-        keys = sorted({*mine, *theirs}, key=repr)
-        parts = [f"{k!r}: {mine.get(k)!r} != {theirs.get(k)!r}" for k in keys if mine.get(k) != theirs.get(k)]
-        return "; ".join(parts[:4])
-    if isinstance(mine, set) and isinstance(theirs, set):
-        return f"extra {sorted(mine - theirs, key=repr)[:4]}, missing {sorted(theirs - mine, key=repr)[:4]}"
-    return f"{mine!r} != {theirs!r}"

@@ -35,7 +35,10 @@ def _live_tables(world: World) -> list[tuple[int, str]]:
 
 
 def coverage(world: World) -> list[str]:
-    """Invariant 1 (at rest): each live table's spans partition its key range, per enabled mode."""
+    """Invariant 1 (at rest): each live table's spans partition its key range, per enabled mode.
+
+    This is the simulator's oracle, written apart from the engine's rule on purpose: it must not call
+    engine/coverage.py, or a bug there would be in both the decision and its check and go unseen."""
     problems = []
     accepted = _accepted(world)
     for table_id, name in _live_tables(world):

@@ -43,13 +43,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from controller.engine import balance, checkpoint, controller, repair, scheduler, tables, teardown, traffic
+from controller.engine import balance, checkpoint, controller, operator_gc, repair, scheduler, tables, teardown, traffic
 from controller.engine.index import span_counts
 from controller.engine.intents import Chain, WriteStatus
 from controller.engine.world import Options, Tick, World
 from controller.model import progress as prog
 from controller.model.records import Changefeed, Condition, SchedulerStatus, SpanCounts
-from controller.model.states import OpSource, SchedulerState, SpanState
+from controller.model.states import SchedulerState, SpanState
 
 BOOTSTRAPPED = "Bootstrapped"
 #: At rest the checkpoint moves only when a capture's report arrives (one per capture per renew interval),
@@ -289,14 +289,13 @@ def _next_due(
     # A finished operator's retention ends.
     keep_user, keep_other = cfg.user_operator_retention_seconds, cfg.operator_retention_seconds
     if tick.index is not None:
-        gc = tick.index.gc_next(keep_user, keep_other)
+        gc = tick.index.gc.next(keep_user, keep_other)
         if gc is not None:
             due.append(gc)
     else:
         for op in tick.world.operators.values():
-            if op.phase.terminal and not op.deleting:
-                keep = keep_user if op.source is OpSource.USER else keep_other
-                due.append(max(op.finished_at, op.created) + keep)
+            if operator_gc.retained(op):
+                due.append(operator_gc.since(op) + operator_gc.keep(op, keep_user, keep_other))
     # A capture's Lease runs out (on the maintainer's clock): a live one's spans are placed again; one being
     # deleted (its Capture object, or its Lease deleted by hand: the informer's stand-in) has its dispatchers
     # released then. A Lease that names nobody has run out for good.

@@ -14,7 +14,7 @@ whether one member belongs to it; and the count is checked first because it is f
 
 Incremental decisions (``World.index``) do not scan the dispatchers: the index keeps each (capture,
 mode)'s Working dispatchers and the digest of their uids, recomputed only when that set changes
-(``Index.working``), so judging the reports costs O(captures) per decision (:func:`group_reports`).
+(``Index.working``, engine/digests.py), so judging the reports costs O(captures) per decision (:func:`group_reports`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def believed(world: World) -> dict[tuple[str, Mode], list[Dispatcher]]:
 
 def entries(world: World) -> Iterator[tuple[str, ProgressEntry, bool]]:
     """(capture, its report's entry for this changefeed, whether it covers exactly the believed set). With an index
-    (``World.index``) the believed sets and their digests are the index's (``Index.working``): O(captures), not a
-    pass over every dispatcher (a metrics scrape at 100,000 spans held the event loop 250-300 ms that way)."""
+    (``World.index``) the believed sets and their digests are the index's (``Index.working``, engine/digests.py):
+    O(captures), not a pass over every dispatcher (a metrics scrape at 100,000 spans held the event loop 250-300 ms
+    that way)."""
     cf = world.changefeed.name
     index = world.index
     groups = believed(world) if index is None else {}
@@ -57,8 +58,9 @@ def entries(world: World) -> Iterator[tuple[str, ProgressEntry, bool]]:
                 continue
             key = (name, entry.mode)
             if index is not None:
-                members = index.working.get(key)
-                covers = bool(members) and entry.dispatchers == len(members or ()) and index.covers(key, entry.digest)
+                members = index.working.members.get(key)
+                covers = bool(members) and entry.dispatchers == len(members or ())
+                covers = covers and index.working.covers(key, entry.digest)
                 yield name, entry, covers
             else:
                 ds = groups.get(key, [])
@@ -103,13 +105,13 @@ def group_reports(tick: Tick) -> dict[tuple[str, Mode], int]:
             continue
         for mode in Mode:
             key = (name, mode)
-            members = index.working.get(key)
+            members = index.working.members.get(key)
             if not members:
                 continue
             entry = cap.progress.entry(cf, mode)
             if entry is None:
                 continue
-            exact = entry.dispatchers == len(members) and index.covers(key, entry.digest)
+            exact = entry.dispatchers == len(members) and index.working.covers(key, entry.digest)
             if exact or tick.mutant(MUTANT_BEYOND_COVERAGE):
                 out[key] = entry.checkpoint_ts
     return out

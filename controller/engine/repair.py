@@ -16,7 +16,8 @@ only these level-triggered rules, applied to whatever no in-flight operator owns
    are deleted; on a lost capture their finalizer is released too, once its Lease was taken (it cannot resume).
 4. Coverage: a live table with no spans gets its initial spans (pre-split policy), placed at once
    when a capture can take them (whole tables, up to ``basicBatchSize`` new spans a decision, at
-   least one table); a hole in a table's coverage gets a span; an overlap no operator explains is
+   least one table); a hole in a table's coverage (engine/coverage.py: new spans and the ranges of in-flight
+   Splits and Merges count as covering) gets a span; an overlap no operator explains is
    resolved by removing the newer span; spans of a disabled mode or an unknown table are removed.
 """
 
@@ -27,12 +28,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from controller.engine import controller, naming, placement
+from controller.engine import coverage as coverage_rule
 from controller.engine.intents import ConfirmPresent, Write
 from controller.engine.operators.common import set_span
 from controller.engine.tables import join_of, joined
 from controller.engine.world import Tick, is_placement
 from controller.model import resources as conv
-from controller.model.keys import KeyError_, KeyRange, gaps, overlapping_pairs, table_id_of
+from controller.model.keys import KeyError_, KeyRange, overlapping_pairs, table_id_of
 from controller.model.ordering import in_order
 from controller.model.records import Dispatcher, Span, SpanOperator, Table
 from controller.model.states import (
@@ -120,7 +122,8 @@ def validate_new_spans(tick: Tick) -> None:
     )
     if not new:
         return
-    accepted: dict[tuple[int, Mode], list[tuple[str, KeyRange]]] = defaultdict(list)
+    # The ranges a new span may not overlap: spans validated or owned by an operator, and planned ones.
+    claimed: dict[tuple[int, Mode], list[tuple[str, KeyRange]]] = defaultdict(list)
     if tick.index is None:
         others: list[Span] = list(tick.spans.values())
     else:  # only the tables (and modes) of the new spans are asked about
@@ -131,14 +134,14 @@ def validate_new_spans(tick: Tick) -> None:
         # span re-created under the name an in-flight Add still targets).
         taken = s.state is not None or tick.busy(s.name)
         if taken and s.state is not SpanState.INVALID and not s.deleting:
-            accepted[(s.table_id, s.mode)].append((s.name, s.key_range))
+            claimed[(s.table_id, s.mode)].append((s.name, s.key_range))
     for key, ranges in _planned_ranges(tick)[0].items():
-        accepted[key].extend(("(planned)", r) for r in ranges)
+        claimed[key].extend(("(planned)", r) for r in ranges)
     for span in new:
         table = tick.tables_by_id.get(span.table_id)
         if table is not None and table.deleting:
             continue  # the table's Remove takes it
-        problem = _span_problem(tick, span, table, accepted[(span.table_id, span.mode)])
+        problem = _span_problem(tick, span, table, claimed[(span.table_id, span.mode)])
         if problem:
             new_span = replace(span, state=SpanState.INVALID, message=problem)
             tick.emit(
@@ -146,19 +149,19 @@ def validate_new_spans(tick: Tick) -> None:
                 [tick.write_status(new_span), tick.event(new_span, "SpanRejected", problem, warning=True)],
             )
             continue
-        accepted[(span.table_id, span.mode)].append((span.name, span.key_range))
+        claimed[(span.table_id, span.mode)].append((span.name, span.key_range))
         cp = max(span.start_ts, tick.checkpoint_floor, table.start_ts if table else 0)
         tick.emit(f"span {span.name} accepted", set_span(tick, span, state=SpanState.ABSENT, checkpoint_ts=cp))
 
 
-def _span_problem(tick: Tick, span: Span, table: Table | None, accepted: list[tuple[str, KeyRange]]) -> str:
+def _span_problem(tick: Tick, span: Span, table: Table | None, claimed: list[tuple[str, KeyRange]]) -> str:
     if table is None or table.changefeed != tick.changefeed.name:
         return f"table ID {span.table_id} is not a table of changefeed {tick.changefeed.name!r}"
     if not tick.mode_enabled(span.mode):
         return f"mode {span.mode} is not enabled for changefeed {tick.changefeed.name!r} (spec.redo is false)"
     if not table.key_range.contains_range(span.key_range):
         return f"range {span.key_range} is outside table {table.name!r} range {table.key_range}"
-    for name, rng in accepted:
+    for name, rng in claimed:
         if rng.overlaps(span.key_range):
             return f"range {span.key_range} overlaps span {name!r} {rng}"
     return ""
@@ -326,7 +329,7 @@ def coverage(tick: Tick) -> None:
         wanted = set(tick.index.coverage_problems()) | tick.coverage_changed()
         pool = tick.span_candidates(tick.index.stray, *(tick.index.spans_by_table.get(k, ()) for k in wanted))
     for s in in_order(pool, key=lambda s: s.name):
-        if s.deleting or s.state is SpanState.INVALID:
+        if not coverage_rule.counts(s, new=True):
             continue
         table = tick.tables_by_id.get(s.table_id)
         if table is None or table.changefeed != tick.changefeed.name or not tick.mode_enabled(s.mode):
@@ -353,8 +356,8 @@ def coverage(tick: Tick) -> None:
                 tick.coverage_deferred = True  # an operator the view cannot place plans some of these keys
                 continue
             spans = by_table.get((table.table_id, mode), [])
-            ranges = [s.key_range for s in spans] + planned.get((table.table_id, mode), [])
-            if not ranges:
+            plans = planned.get((table.table_id, mode), [])
+            if not spans and not plans:
                 if initial_left <= 0:
                     tick.coverage_deferred = True  # next decision (which this decision's writes wake)
                     continue
@@ -366,7 +369,7 @@ def coverage(tick: Tick) -> None:
                     continue
                 initial_left -= _initial_spans(tick, table, mode)
                 continue
-            for hole in gaps(table.key_range, ranges):
+            for hole in coverage_rule.holes(table.key_range, spans, plans, new=True):
                 # Cut as the pre-split would have: a term that ended while it created a table's first spans
                 # leaves one hole where the pre-split asked for many spans.
                 cut = _pre_split_cut(table, hole)

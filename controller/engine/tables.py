@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.engine import controller, naming
+from controller.engine import controller, coverage, naming
 from controller.engine.intents import AddFinalizer, ConfirmGone, RemoveFinalizer, Write, WriteStatus
 from controller.engine.operators.common import cancel as cancel_operator
 from controller.engine.operators.common import owned_spans
 from controller.engine.world import Tick
 from controller.model import resources as conv
-from controller.model.keys import gaps
 from controller.model.ordering import in_order
 from controller.model.records import Join, SpanOperator, Table
 from controller.model.states import TABLE_FINALIZER, Kind, Mode, OpPhase, OpSource, OpType
@@ -153,14 +152,15 @@ def joining(tick: Tick) -> tuple[tuple[Join, ...], list[Write]]:
 
 def _covered(tick: Tick, table: Table) -> bool:
     """The view's accepted spans of ``table`` cover its range in every mode of the changefeed (as the view shows
-    them: a span this decision creates counts once it has landed)."""
+    them: a span this decision creates counts once it has landed; the coverage rule without new or planned
+    spans, engine/coverage.py)."""
     for mode in tick.changefeed.modes:
         if tick.index is not None:
             found = (tick.world.spans.get(n) for n in tick.index.spans_by_table.get((table.table_id, mode), ()))
             pool = [s for s in found if s is not None]
         else:
             pool = list(tick.world.spans.values())
-        ranges = [s.key_range for s in pool if (s.table_id, s.mode) == (table.table_id, mode) and s.accepted]
-        if gaps(table.key_range, ranges):
+        spans = [s for s in pool if (s.table_id, s.mode) == (table.table_id, mode)]
+        if coverage.holes(table.key_range, spans):
             return False
     return True

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from controller.engine import coverage
 from controller.engine.intents import Chain, Create, Delete, Event, FenceCapture, RemoveFinalizer, WriteStatus
 from controller.model import progress
 from controller.model.keys import KeyRange
@@ -38,19 +39,6 @@ def is_placement(span: Span | None) -> bool:
     """``span`` is being placed without an operator: its status (or its create) records the destination
     (placement.py)."""
     return span is not None and span.state is SpanState.SCHEDULING and not span.operator and bool(span.capture)
-
-
-def covers_differently(old: Span | None, new: Span | None) -> bool:
-    """``old`` and ``new`` (versions of one span) count differently towards their table's coverage: one
-    exists and the other not, or one is deleting, Invalid or not yet validated and the other not. A
-    change of state among accepted ones (Absent, Scheduling, Replicating, Removing) does not matter."""
-    if old is None or new is None:
-        return old is not new
-    return (
-        old.deleting != new.deleting
-        or (old.state is SpanState.INVALID) != (new.state is SpanState.INVALID)
-        or (old.state is None) != (new.state is None)
-    )
 
 
 def _load_of_span(span: Span | None) -> str:
@@ -409,7 +397,7 @@ class Tick:
         keys: set[tuple[int, Mode]] = set()
         for name in self.spans.changed:
             old, new = self.world.spans.get(name), self.spans.get(name)
-            if covers_differently(old, new):
+            if coverage.covers_differently(old, new):
                 keys.update((s.table_id, s.mode) for s in (old, new) if s is not None)
         return keys
 

@@ -39,7 +39,7 @@ from controller.engine.repair import OVERLAP_REASON
 from controller.engine.world import Options, World, is_placement
 from controller.model.records import Capture, Changefeed, Condition, Dispatcher, Span, SpanOperator
 from controller.model.states import Kind, OpPhase, OpSource, OpType, SpanState
-from controller.sim import executor
+from controller.sim import executor, index_check
 from controller.sim.api import KINDS, Watcher
 from controller.sim.captures import LEASE
 from controller.sim.context import Ctx
@@ -69,7 +69,7 @@ class Checks:
 
     #: Every how many decisions the full decision is computed beside the incremental one and compared.
     agree_every: int = 3
-    #: Every how many decisions the index is rebuilt from its records and compared (``Index.verify``).
+    #: Every how many decisions the index is rebuilt from its records and compared (``index_check.verify``).
     verify_every: int = 10
 
 
@@ -525,7 +525,7 @@ class SimMaintainer:
             ctx.bump("agreement checks")
         if verify and self.decisions % verify == 0:
             assert world.index is not None
-            problems = world.index.verify()
+            problems = index_check.verify(world.index)
             if problems:
                 ctx.fail("index: " + "; ".join(problems[:3]))
             ctx.bump("index verifications")

@@ -117,3 +117,24 @@ def test_a_span_of_a_table_not_seen_yet_holds_it_back():
     assert checkpoint.compute(Tick(w, EPOCH, Options())) == 150
     # Once the table is seen being deleted, its span no longer counts.
     assert compute(table(1), table(4, deleting=True), capture("c0"), A, B, C, DA, DB, DC, unseen) == 260
+
+
+def test_keys_no_validated_span_covers_hold_it_where_it_is():
+    """A hole (keys no span stands for) holds the checkpoint where it is, and so do keys whose only span has no status
+    yet: it is not validated, its data is replicated from nothing known (the coverage rule without ``new``,
+    engine/coverage.py)."""
+    assert compute(table(1), capture("c0"), A, C, DA, DC) == 100
+    unvalidated = replace(B, state=None, capture="", dispatcher="")
+    assert compute(table(1), capture("c0"), A, unvalidated, C, DA, DC) == 100
+
+
+def test_a_split_plans_its_childrens_keys_before_their_status_is_written():
+    """A Running Split whose children exist without a status yet (created, the status write not landed) and whose
+    parent is gone: the children's keys are planned by the operator, no hole, so the operator's checkpoint counts."""
+    kids = [
+        span(f"kid{i}", key_range=r, state=None, checkpoint_ts=0, start_ts=130, operator="sp")
+        for i, r in enumerate(pieces(1, 2))
+    ]
+    targets = tuple(Target(span=k.name, key_range=k.key_range, capture="c0", start_ts=130) for k in kids)
+    op = operator("sp", OpType.SPLIT, ("gone",), OpPhase.RUNNING, Stage.ADD_SPANS, checkpoint_ts=130, targets=targets)
+    assert compute(table(1), capture("c0"), *kids, op) == 130

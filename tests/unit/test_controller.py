@@ -24,6 +24,7 @@ from tests.unit.fixtures import (
     created,
     dispatcher,
     flat,
+    indexed_world,
     last_status,
     memory,
     operator,
@@ -120,6 +121,21 @@ def finished(name, source, age):
 def test_garbage_collection_after_retention(source, age, collected):
     dec = decide(world(*BASE, finished("old", source, age)), memory())
     assert (("delete", "SpanOperator", "old") in flat(dec)) is collected
+
+
+def test_the_next_decision_is_due_when_a_finished_operators_retention_ends():
+    """The earliest end of a retention (a user's operator kept 3600 s, the scheduler's 300 s) is when the decision is
+    due again, and a decision over the index (its queue of finished operators, engine/operator_gc.py) says the same
+    as the full one; with none finished, something else is due later (a balance round, the Leases' end)."""
+    user, other = finished("u", OpSource.USER, 3592), finished("s", OpSource.SCHEDULER, 295)
+    cf, mem = changefeed(), replace(memory(), audited_at=NOW)
+    records = [r for r in BASE if r.kind is not Kind.CAPTURE]
+    captures = [r for r in BASE if r.kind is Kind.CAPTURE]
+    for ops, due in (([user, other], NOW + 5), ([user], NOW + 8), ([], NOW + 15)):
+        full = decide(world(*BASE, *ops, cf=cf), mem)
+        incremental = decide(indexed_world(cf, [*records, *ops], captures), mem)
+        assert (full.full, incremental.full) == (True, False)
+        assert full.next_due == incremental.next_due == due
 
 
 def test_table_deleted_mid_move_cancels_and_removes():

@@ -79,6 +79,10 @@ def test_a_join_holds_the_checkpoint_until_the_tables_spans_cover_it_then_it_is_
     # Half covered: kept.
     dec = decide(world(*LIVE, table(2), new[0], cf=joined), memory())
     assert [j.table for j in written_changefeed(dec).joining] == ["t2"]
+    # Covered by spans not validated yet (no status; the coverage rule without ``new``, engine/coverage.py): kept.
+    unvalidated = [replace(s, state=None) for s in new]
+    dec = decide(world(*LIVE, table(2), *unvalidated, cf=joined), memory())
+    assert [j.table for j in written_changefeed(dec).joining] == ["t2"]
 
 
 def test_the_new_leader_counts_a_join_of_a_table_it_has_not_seen():

@@ -25,6 +25,7 @@ from controller.model.progress import (
 )
 from controller.model.resources import capture_from_resources, lease_resource, progress_from_json, progress_to_json
 from controller.model.states import Mode
+from controller.sim.index_check import verify
 from tests.unit.fixtures import (
     EPOCH,
     NOW,
@@ -327,7 +328,7 @@ def test_a_set_digest_is_a_sum_kept_current_per_change_and_a_legacy_one_is_still
     was over the sorted uids), in the event loop when a metrics scrape asked. The digest is now a sum of per-uid
     hashes, which the index keeps current one addition per change; a report from a capture of before (a legacy
     digest, no "+") is still recognised, so a rolling upgrade keeps using its reports."""
-    from controller.engine import index as index_module
+    from controller.engine import digests as digests_module
     from controller.engine.index import Index
     from controller.model.keys import KeyRange
     from controller.model.progress import legacy_digest
@@ -343,25 +344,25 @@ def test_a_set_digest_is_a_sum_kept_current_per_change_and_a_legacy_one_is_still
     for d in ds:
         idx.put(d)
     key = ("c0", Mode.DEFAULT)
-    assert idx.working_digest(key) == digest(d.uid for d in ds)
+    assert idx.working.digest(key) == digest(d.uid for d in ds)
     idx.remove(ds[7].KIND, "d7")
     idx.put(ds[3].evolve(state=DispatcherState.STOPPED))
     left = [d.uid for d in ds if d.name not in ("d3", "d7")]
     hashed: list[str] = []
-    real = index_module.uid_hash
+    real = digests_module.uid_hash
 
     def counting(uid: str) -> int:
         hashed.append(uid)
         return real(uid)
 
-    index_module.uid_hash = counting  # type: ignore[assignment]
+    digests_module.uid_hash = counting  # type: ignore[assignment]
     try:
-        assert idx.working_digest(key) == digest(left)
-        assert idx.covers(key, digest(left))
+        assert idx.working.digest(key) == digest(left)
+        assert idx.working.covers(key, digest(left))
         assert hashed == []  # no uid hashed to answer: the sum was kept per change
-        assert idx.covers(key, legacy_digest(left))  # a capture of before issue 37
-        assert not idx.covers(key, legacy_digest(left[:-1]))
-        assert not idx.covers(key, digest(left[:-1]))
+        assert idx.working.covers(key, legacy_digest(left))  # a capture of before issue 37
+        assert not idx.working.covers(key, legacy_digest(left[:-1]))
+        assert not idx.working.covers(key, digest(left[:-1]))
     finally:
-        index_module.uid_hash = real  # type: ignore[assignment]
-    assert idx.verify() == []
+        digests_module.uid_hash = real  # type: ignore[assignment]
+    assert verify(idx) == []
