@@ -12,10 +12,9 @@ promises no BOOKMARKs; issue 36).
 The readiness endpoint (``--readiness``, :mod:`controller.kube.probes`) answers 200 once every kind is
 listed and every Changefeed's Lease is being competed for, so ``helm install --wait`` means working.
 
-The Prometheus endpoint (``--metrics-port``, see ``controller.maintainer.metrics``) is an HTTP server of its
-own, on an event loop of its own in a thread, serving what the maintainer's event loop collects, on a port
-other than Kopf's liveness endpoint; it is started before the maintainer (a port that cannot be bound stops
-the process at once) and stopped at cleanup.
+The Prometheus endpoint (``--metrics-port``, see ``controller.maintainer.metrics``) is an aiohttp server in
+the running event loop, as the readiness endpoint is, on a port other than Kopf's liveness endpoint; it is
+started before the maintainer (a port that cannot be bound stops the process at once) and stopped at cleanup.
 
 Logging (:func:`setup_logging`): every record, Kopf's included, goes through the schema of
 ``controller.logs``, the one the capture agent writes too; ``kopf.configure`` (Kopf's own formats) is not
@@ -36,7 +35,7 @@ import kopf
 from controller import logs
 from controller.kube.client import Client, Config
 from controller.kube.probes import ProbeServer
-from controller.maintainer.metrics import MetricsServer, RelayFailed
+from controller.maintainer.metrics import MetricsServer
 from controller.maintainer.runner import Maintainer, Settings
 
 log = logging.getLogger("controller.maintainer")
@@ -110,16 +109,10 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _state["client"] = client
     s = maintainer.settings
     if s.metrics_port:
-        server = MetricsServer(
-            maintainer.metrics.registry,
-            s.metrics_address,
-            s.metrics_port,
-            process=maintainer.metrics.process,
-            stale=maintainer.metrics.stale_scrapes,
-        )
+        server = MetricsServer(maintainer.metrics.registry, s.metrics_address, s.metrics_port)
         try:
             await server.start()
-        except (OSError, RelayFailed) as exc:
+        except OSError as exc:
             await client.close()
             _state.pop("client", None)
             why = f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {exc}"
