@@ -4,14 +4,14 @@ Two sorts of metric live in one :class:`~prometheus_client.CollectorRegistry` pe
 (never the global registry: a test may build many maintainers in one process):
 
 - **State at scrape time** (:class:`StateCollector`, ``collector.py``): spans, operators in flight, checkpoint lag,
-  leadership, captures, the last bootstrap... are computed from the informer's cache when Prometheus
-  scrapes, for the changefeeds this process leads *now*. Nothing is set and forgotten, so no series
-  outlives what it describes (a changefeed led by another replica, a capture gone, a state no span is
-  in any more simply stops being reported), in the style of crate-operator's ``prometheus.py``.
-- **Process-lifetime counters and histograms**: write errors by reason, and the duration (and, for failures, the
-  count by changefeed and type) of each operator this process saw finish (observed once per operator: see
-  :meth:`MaintainerMetrics.on_change`). Counters whose label values are known in advance are exported from 0, so
-  that ``increase()`` in an alert rule sees their first increment.
+  leadership, captures, the last bootstrap, the runner's and the executors' counters... are read when Prometheus
+  scrapes, from what the runner hands the metrics (:class:`MaintainerView`), for the changefeeds this process leads
+  *now*. Nothing is set and forgotten, so no series outlives what it describes (a changefeed led by another replica,
+  a capture gone, a state no span is in any more simply stops being reported), in the style of crate-operator's
+  ``prometheus.py``. A scrape reads the indexes' aggregates, never every record.
+- **Process-lifetime** figures only an observer can make: the duration (and, for failures, the count by changefeed
+  and type) of each operator this process saw finish (observed once per operator: see
+  :meth:`MaintainerMetrics.on_change`), and each changefeed's head curve from the captures' reports.
 
 The chart's alert rules and dashboard (charts/changefeed-maintainer/monitoring/) use these names only;
 tests/monitoring derives the names from this registry and fails on a query that names anything else.
@@ -32,12 +32,18 @@ from collections import Counter as Tally
 from collections.abc import Iterable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, GCCollector, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE
-from controller.maintainer.collector import CAPTURE_STATES, PREFIX, Maintainer, StateCollector
+from controller.maintainer.collector import (
+    CAPTURE_STATES,
+    INITIAL_WRITE_ERROR_REASONS,
+    PREFIX,
+    MaintainerView,
+    StateCollector,
+)
 from controller.model.progress import HeadCurve
 from controller.model.records import Capture, SpanOperator
 from controller.model.states import Kind, OpPhase
@@ -46,26 +52,25 @@ log = logging.getLogger(__name__)
 
 #: Operator durations: a Move of an idle span takes about a second, a held one or a large split minutes.
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
-#: Write-error reasons exported at 0 from the start, so that ``rate()`` and ``increase()`` see their first
-#: occurrence (a series that appears at 1 has no earlier sample to increase from): the normal one (a stale
-#: resourceVersion) and those the client itself reports when the API gave no usable answer.
-INITIAL_WRITE_ERROR_REASONS = ("Conflict", "ClientTimeout", "ConnectionError")
 
 __all__ = [
     "CAPTURE_STATES",
+    "INITIAL_WRITE_ERROR_REASONS",
     "PREFIX",
     "MaintainerMetrics",
+    "MaintainerView",
     "MetricsServer",
     "StateCollector",
 ]
 
 
 class MaintainerMetrics:
-    """The registry of one Maintainer: its state at scrape time, its process-lifetime metrics and the hooks that
-    feed them, and prometheus_client's standard ``process_*`` and ``python_*`` series."""
+    """The registry of one Maintainer: its state at scrape time (read from ``view``), its process-lifetime metrics
+    and the hook that feeds them (:meth:`on_change`, the runner's informer callback), and prometheus_client's
+    standard ``process_*`` and ``python_*`` series."""
 
-    def __init__(self, maintainer: Maintainer) -> None:
-        self.maintainer = maintainer
+    def __init__(self, view: MaintainerView) -> None:
+        self.view = view
         self.registry = CollectorRegistry()
         self.operator_duration = Histogram(
             PREFIX + "operator_duration_seconds",
@@ -75,19 +80,9 @@ class MaintainerMetrics:
             buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
-        self.write_errors = Counter(
-            PREFIX + "api_write_errors",
-            "API writes that failed, by reason (the API status reason or code, or ClientTimeout / ConnectionError"
-            " / BadResponse; StaleView: a teardown's consistent read found something its view did not show).",
-            ["reason"],
-            registry=self.registry,
-        )
-        for reason in INITIAL_WRITE_ERROR_REASONS:
-            self.write_errors.labels(reason)
         #: (changefeed, type) -> SpanOperators this process saw fail while leading (``operators_failed_total``).
         self.failures: Tally[tuple[str, str]] = Tally()
-        self.collector = StateCollector(maintainer)
-        self.registry.register(self.collector)
+        self.registry.register(StateCollector(view, self))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -99,7 +94,7 @@ class MaintainerMetrics:
     def head_time(self, changefeed: str, checkpoint: int) -> float | None:
         """The wall time a changefeed's ``checkpoint`` (a source revision) stands for (``HeadCurve.time_of``),
         from every report seen so far and the current ones."""
-        for c in self.maintainer.informer.store.all(Kind.CAPTURE).values():
+        for c in self.view.informer.store.all(Kind.CAPTURE).values():
             self._see_report(c)
         curve = self.heads.setdefault(changefeed, HeadCurve())
         curve.forget_below(checkpoint)
@@ -107,7 +102,7 @@ class MaintainerMetrics:
 
     def _heard(self, lease: str) -> None:
         """A capture's Lease changed: what its report says of the source's head."""
-        self._see_report(self.maintainer.informer.store.record(Kind.CAPTURE, lease.removeprefix(CAPTURE_LEASE_PREFIX)))
+        self._see_report(self.view.informer.store.record(Kind.CAPTURE, lease.removeprefix(CAPTURE_LEASE_PREFIX)))
 
     def _see_report(self, capture: object) -> None:
         """A capture's report into each changefeed's curve (entries carrying no time are skipped there)."""
@@ -115,10 +110,6 @@ class MaintainerMetrics:
             for e in capture.progress.entries:
                 if e.checkpoint_time is not None:
                     self.heads.setdefault(e.changefeed, HeadCurve()).see_entries((e,))
-
-    def write_error(self, reason: str) -> None:
-        """The executor's ``on_error`` callback."""
-        self.write_errors.labels(reason or "Unknown").inc()
 
     def on_change(self, kind: str, name: str) -> None:
         """The informer's change callback (watch events, our own writes, and ``name == ""`` after a LIST).
@@ -137,7 +128,7 @@ class MaintainerMetrics:
         if kind != Kind.OPERATOR.value:
             return
         try:
-            store = self.maintainer.informer.store
+            store = self.view.informer.store
             if name:
                 self._see(name, store.record(Kind.OPERATOR, name))
                 return
@@ -156,7 +147,7 @@ class MaintainerMetrics:
         terminal = rec.phase.terminal
         before = self._seen.get(name)
         self._seen[name] = (rec.uid, terminal)
-        if not terminal or before != (rec.uid, False) or rec.changefeed not in self.maintainer.leading:
+        if not terminal or before != (rec.uid, False) or rec.changefeed not in self.view.leading:
             return
         if rec.phase is OpPhase.FAILED:
             self.failures[(rec.changefeed, rec.type.value)] += 1

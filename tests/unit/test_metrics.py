@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import ApiError, BadResponse, Client
-from controller.kube.executor import Executor, failure_reason
+from controller.kube.executor import failure_reason
 from controller.maintainer import __main__ as cli
 from controller.maintainer.metrics import PREFIX, MetricsServer
 from controller.maintainer.runner import Maintainer, Settings
@@ -486,7 +486,7 @@ def test_operator_duration_per_uid_and_after_a_relist() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
-# API write errors: the executor reports each failure to its on_error callback
+# API write errors: each executor counts its failures by reason (Executor.errors), which a scrape reads
 
 
 class FailingClient:
@@ -524,7 +524,8 @@ def test_executor_reports_write_errors_by_reason() -> None:
         "proxy": BadResponse("a proxy's HTML page"),
         "event": ApiError(403, "Forbidden", "no events for you"),
     }
-    executor = Executor(cast(Client, FailingClient(errors)), h.m.informer, NS, on_error=h.m.metrics.write_error)
+    executor = h.m.executor
+    executor.client = cast(Client, FailingClient(errors))
 
     def write(name: str) -> I.WriteStatus:
         return I.WriteStatus(span(name, SpanState.ABSENT).evolve(resource_version="1"))
@@ -558,8 +559,7 @@ def test_scheduler_state_is_one_hot_per_led_changefeed() -> None:
 def test_text_exposition_parses_and_registries_are_per_maintainer() -> None:
     a, b = Harness(), Harness()
     a.offer(span("a", SpanState.REPLICATING, "c1"))
-    b.m.metrics.write_error("Conflict")
-    b.m.metrics.write_error("Forbidden")
+    b.m.executor.errors.update(["Conflict", "Forbidden"])
     assert a.value("api_write_errors_total", reason="Forbidden") is None  # nothing shared
     assert a.value("api_write_errors_total", reason="Conflict") == 0  # exported from 0
     assert b.value("api_write_errors_total", reason="Conflict") == 1
