@@ -3,9 +3,9 @@
 Spans, operators in flight, checkpoint lag, leadership, captures, the last bootstrap... are computed from the
 informer's cache for the changefeeds this process leads *now*, from the index's aggregates (span counts per state,
 capture and mode; operators in flight; the progress reports) rather than by walking every record: a scrape costs
-what the changefeeds and captures are, not what the spans are. Nothing is set and forgotten, so no series outlives
-what it describes (a changefeed led by another replica, a capture gone, a state no span is in any more simply stops
-being reported), in the style of crate-operator's ``prometheus.py``.
+what the changefeeds and captures are, not what the spans are (tests/unit/test_metrics.py counts it). Nothing is
+set and forgotten, so no series outlives what it describes (a changefeed led by another replica, a capture gone, a
+state no span is in any more simply stops being reported), in the style of crate-operator's ``prometheus.py``.
 
 The collector reads exactly what :class:`MaintainerView` holds, which the runner builds from its parts, and what
 :class:`Observed` says of the process-lifetime metrics (``metrics.MaintainerMetrics``, which builds this collector):

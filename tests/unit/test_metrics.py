@@ -5,9 +5,12 @@ filled by hand: no API server, no event loop except where the HTTP endpoint and 
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+import sys
 import time
 from collections.abc import Iterable
+from types import FrameType
 from typing import Any, cast
 
 import aiohttp
@@ -174,6 +177,75 @@ def test_a_scrape_reads_the_index_aggregates_not_every_span_or_operator() -> Non
     assert h.value("spans", changefeed=CF, state="Replicating", capture="c0", mode="default") == 17
     assert h.value("operators_in_flight", changefeed=CF, type="Move", phase="Running", stage="RemoveOrigin") == 1
     assert store.indexes[CF].verify() == []
+
+
+def led_changefeed(spans: int) -> Harness:
+    """A maintainer leading CF with ``spans`` spans spread over the same states and three live captures, a Working
+    dispatcher per span, each capture's report covering its dispatchers, three operators in flight and a tenth as
+    many finished ones retained: everything a scrape reports but the number of records."""
+    h = Harness()
+    now = time.time()
+    h.offer(Changefeed(name=CF, checkpoint_ts=tso(int((now - 2) * 1000))))
+    h.m.stats.epochs[CF] = 1
+    h.m.stats.bootstrap_seconds[CF] = 0.5
+    h.m.memories[CF] = Memory(epoch=1, identity="m1", bootstrapped=True)
+    captures = ("c1", "c2", "c3")
+    rng = KeyRange.of_table(1)
+    working: dict[str, list[Record]] = {c: [] for c in captures}
+    for i in range(spans):
+        capture = captures[i % 3]
+        h.offer(span(f"s{i}", SpanState.REPLICATING if i % 5 else SpanState.ABSENT, capture if i % 5 else ""))
+        d = h.offer(Dispatcher(name=f"d{i}", changefeed=CF, span=f"s{i}", table_id=1, key_range=rng, capture=capture,
+                               start_ts=1, epoch=1, state=DispatcherState.WORKING))  # fmt: skip
+        working[capture].append(d)
+    for i in range(spans // 10):
+        h.offer(operator(f"done{i}", OpPhase.SUCCEEDED, Stage.ADD_DEST))
+    for i, stage in enumerate((Stage.NONE, Stage.ADD_DEST, Stage.REMOVE_ORIGIN)):
+        h.offer(operator(f"run{i}", OpPhase.PENDING if stage is Stage.NONE else OpPhase.RUNNING, stage))
+    for capture, ds in working.items():
+        entry = ProgressEntry(changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=tso(int((now - 1) * 1000)),
+                              dispatchers=len(ds), digest=digest(d.uid for d in ds), slowest=ds[-1].name)  # fmt: skip
+        h.report(capture, entry, now)
+        h.offer(Capture(name=capture))
+    return h
+
+
+def scrape_work(registry: CollectorRegistry) -> tuple[int, int]:
+    """The work of one scrape (a collection of ``registry`` and its text encoding, what the endpoint does), counted:
+    the lines of Python it runs, in every module (a loop or comprehension over records runs lines per record, in our
+    code or a library's; a walk made wholly in C, ``Counter(map(...))``, would not be seen), and the samples it
+    produces."""
+    lines = 0
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return trace
+
+    before, collecting = sys.gettrace(), gc.isenabled()
+    gc.disable()  # no collection's callbacks or finalizers in the count
+    sys.settrace(trace)
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        sys.settrace(before)
+        if collecting:
+            gc.enable()
+    return lines, sum(len(f.samples) for f in text_string_to_metric_families(text))
+
+
+def test_a_scrapes_work_does_not_grow_with_the_spans() -> None:
+    """A scrape reads the indexes' aggregates (span counts by state, capture and mode; the operators in flight; the
+    Working sets' digests), never every record: at 10,000 spans it runs exactly the lines, and produces exactly the
+    samples, it does at 100. A walk over the spans, dispatchers or operators anywhere in it, put back, fails here."""
+    small, large = led_changefeed(100), led_changefeed(10_000)
+    assert small.value("spans", changefeed=CF, state="Replicating", capture="c1", mode="default") == 27
+    assert large.value("spans", changefeed=CF, state="Replicating", capture="c1", mode="default") == 2667
+    assert large.value("capture_report_covered", changefeed=CF, mode="default", capture="c1") == 1
+    assert large.value("operators_in_flight", changefeed=CF, type="Move", phase="Running", stage="AddDest") == 1
+    scrape_work(small.registry), scrape_work(large.registry)  # the first scrape of each warms what is cached once
+    assert scrape_work(large.registry) == scrape_work(small.registry)
 
 
 class Unwalked(dict):  # type: ignore[type-arg]
