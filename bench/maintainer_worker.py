@@ -445,26 +445,23 @@ def timed_decide(world: Any, memory: Any, options: Any = None) -> Any:
 changefeeds.decide = timed_decide  # type: ignore[assignment]
 
 
-#: Seconds each scrape's collection took in the loop (the only part of a scrape that runs in this process: the
-#: collection and its pickling; the HTTP exchange and the encoding run in the relay's process): wall time, and the
-#: loop thread's CPU time (the difference is waiting, for the GIL mostly).
+#: Seconds each scrape took in the loop (the handler: the registry's collection and its encoding, one turn of the
+#: loop): wall time, and the loop thread's CPU time (the difference is waiting, for the GIL mostly).
 SCRAPE_WORK: list[float] = []
-#: The metrics server, when the driver scrapes (its relay's memory is reported).
-SERVER: MetricsServer | None = None
 SCRAPE_CPU: list[float] = []
-_collection = metrics.MetricsServer._collection
+_metrics_handler = metrics.MetricsServer._metrics
 
 
-def timed_collection(self: metrics.MetricsServer) -> bytes:
+async def timed_metrics_handler(self: metrics.MetricsServer, request: Any) -> Any:
     t, c = time.perf_counter(), time.thread_time()
     try:
-        return _collection(self)
+        return await _metrics_handler(self, request)
     finally:
         SCRAPE_WORK.append(time.perf_counter() - t)
         SCRAPE_CPU.append(time.thread_time() - c)
 
 
-metrics.MetricsServer._collection = timed_collection  # type: ignore[method-assign]
+metrics.MetricsServer._metrics = timed_metrics_handler  # type: ignore[method-assign]
 
 
 _snapshot = changefeeds.Changefeeds.snapshot
@@ -509,16 +506,6 @@ def decisions(arg: str) -> dict[str, Any]:
         "audits": percentiles(full),
         "snapshot": percentiles(SNAPSHOT_TIMES[i:j]),
     }
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User and system CPU seconds of process ``pid`` so far (/proc/PID/stat), None if it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid: str = "self") -> dict[str, int]:
@@ -633,8 +620,6 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "epochs": m.stats.epochs,
         "executor_errors": dict(m.executor.errors),
         "rss": rss_kib(),
-        "relay_rss": None if SERVER is None or SERVER.relay is None else rss_kib(str(SERVER.relay.pid)),
-        "relay_cpu_s": None if SERVER is None or SERVER.relay is None else process_cpu_s(SERVER.relay.pid),
         "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
         "stall_count": len(STALLS),
         "gc_full": dict(GC_FULL),
@@ -648,7 +633,6 @@ def stats(m: runner.Maintainer, client: CountingClient) -> dict[str, Any]:
         "pacer_yields": m.informer.pacer.yields,
         "scrape_work_ms": percentiles(SCRAPE_WORK) if SCRAPE_WORK else None,
         "scrape_cpu_ms": percentiles(SCRAPE_CPU) if SCRAPE_CPU else None,
-        "stale_scrapes": int(m.metrics.registry.get_sample_value(metrics.PREFIX + "metrics_stale_scrapes_total") or 0),
         "heap_reserve": None
         if m.heap is None
         else {
@@ -752,7 +736,7 @@ async def main(a: argparse.Namespace) -> None:
     )
     m = TimedMaintainer(client, settings)
     STATE["t_start"] = time.monotonic()
-    global OUT, SERVER
+    global OUT
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout)
     OUT = asyncio.StreamWriter(transport, protocol, None, loop)
@@ -760,12 +744,9 @@ async def main(a: argparse.Namespace) -> None:
     await m.start()
     server: MetricsServer | None = None
     if a.scrape > 0:  # served as the maintainer's own is: the driver scrapes it (bench/run.py --scrape)
-        server = MetricsServer(
-            m.metrics.registry, "127.0.0.1", 0, process=m.metrics.process, stale=m.metrics.stale_scrapes
-        )
+        server = MetricsServer(m.metrics.registry, "127.0.0.1", 0)
         await server.start()
         STATE["metrics_port"], STATE["scrape"] = server.port, a.scrape
-        SERVER = server
     await reply({"ready": True, **STATE})
     reader = asyncio.StreamReader(limit=2**20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

@@ -31,7 +31,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import resource
 import signal
 import subprocess
@@ -109,10 +108,10 @@ def machine_busy() -> tuple[float, float] | None:
 
 class Scraper:
     """GET /metrics of a maintainer every ``period`` seconds, as Prometheus would, for as long as it lives: how long
-    each scrape took to answer (served by the maintainer's metrics relay, a process of its own, from collections its
-    event loop makes once a second; the relay's own time and how it answered come in its Server-Timing header), when (seconds since the scraper started), and how busy the machine's cores were over the second
-    before it (/proc/stat: on this 2-core VM the API server, three captures, the maintainer and this driver share
-    them)."""
+    each scrape took to answer (served in the maintainer's event loop, so it includes waiting for the loop's current
+    turn), when (seconds since the scraper started), and how busy the machine's cores were over the second before it
+    (/proc/stat: on this 2-core VM the API server, three captures, the maintainer and this driver share them). A
+    figure to read, not a target."""
 
     def __init__(self, port: int, period: float) -> None:
         self.url = f"http://127.0.0.1:{port}/metrics"
@@ -120,9 +119,6 @@ class Scraper:
         self.took: list[float] = []
         #: (round trip s, seconds since start, share of the machine's cores busy over the second before)
         self.samples: list[tuple[float, float, float | None]] = []
-        #: The relay's own time per scrape (s, its Server-Timing header) and how it had the collection.
-        self.relay: list[float] = []
-        self.how: Counter[str] = Counter()
         self.bytes = 0
         self.errors = 0
         self.started = time.monotonic()
@@ -146,10 +142,6 @@ class Scraper:
                     async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                         body = await resp.read()
                     took = time.monotonic() - began
-                    timing = re.match(r'relay;dur=([0-9.]+);desc="(\w+)"', resp.headers.get("Server-Timing", ""))
-                    if timing:
-                        self.relay.append(float(timing[1]) / 1000)
-                        self.how[timing[2]] += 1
                     self.took.append(took)
                     self.samples.append((took, began - self.started, busy))
                     self.bytes = len(body)
@@ -184,8 +176,6 @@ class Scraper:
             "worst_ms_at_s_busy": [
                 [round(t * 1000, 1), round(at, 1), None if b is None else round(b, 2)] for t, at, b in worst
             ],
-            "relay": spread(self.relay),
-            "relay_answers": dict(self.how),
             "machine_busy_below_90": spread([t for t, _, b in self.samples if b is not None and b < 0.9]),
             "machine_busy_90_or_more": spread([t for t, _, b in self.samples if b is not None and b >= 0.9]),
         }
@@ -796,14 +786,11 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
         log(f"phase 3: only {st['ops']} held in RemoveOrigin; killing anyway")
     old = await worker.ask("stats")
     out["maintainer_rss_kib_before_kill"] = old["rss"]
-    out["relay_rss_kib"] = old.get("relay_rss")
-    out["relay_cpu_s"] = old.get("relay_cpu_s")
     out["maintainer_cpu_s_before_kill"] = old.get("cpu_s")
     out["loop_stalls_first_maintainer"] = await worker.ask("stalls 0")
     out["scrapes_first_maintainer"] = worker.scrapes()
     out["scrape_work_first_maintainer"] = old.get("scrape_work_ms")
     out["scrape_cpu_first_maintainer"] = old.get("scrape_cpu_ms")
-    out["stale_scrapes_first_maintainer"] = old.get("stale_scrapes")
     if system.a.stall_stacks:
         out["stall_stacks_first_maintainer"] = await worker.ask("stall_stacks")
     out["gc_full_first_maintainer"] = old.get("gc_full")
@@ -862,7 +849,6 @@ async def phase_failover(system: System, out: dict[str, Any]) -> None:
     out["new_maintainer_rss_kib"] = end["rss"]
     out["scrape_work_new_maintainer"] = end.get("scrape_work_ms")
     out["scrape_cpu_new_maintainer"] = end.get("scrape_cpu_ms")
-    out["stale_scrapes_new_maintainer"] = end.get("stale_scrapes")
     out["loop_stalls_new_maintainer"] = await new.ask("stalls 0")
     out["scrapes_new_maintainer"] = new.scrapes()
     if system.a.stall_stacks:
@@ -1011,7 +997,7 @@ async def run_size(a: argparse.Namespace, n: int) -> dict[str, Any]:
 def fmt_scrapes(d: dict[str, Any] | None) -> str:
     if not d or not d.get("n"):
         return "-"
-    return f"{d['n']}, {d['p99_ms']} / {d['max_ms']}, {d['bytes']}"
+    return f"{d['n']}, {d['p50_ms']} / {d['p99_ms']} / {d['max_ms']}, {d['bytes']}"
 
 
 def fmt_spread(d: dict[str, Any] | None) -> str:
@@ -1058,7 +1044,7 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("whole run: ... of it the loop thread's CPU, ms (first | new)",
          f"{r.get('loop_stalls_first_maintainer', {}).get('longest_turn_cpu_ms', '-')} | "
          f"{r.get('loop_stalls_new_maintainer', {}).get('longest_turn_cpu_ms', '-')}"),
-        ("whole run: /metrics scrapes, n, p99 / max ms, bytes (first | new)",
+        ("whole run: /metrics scrapes, n, p50 / p99 / max ms, bytes (first | new)",
          " | ".join(fmt_scrapes(r.get(k)) for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
         ("... when the machine's cores were < 90 % busy: n, p99 / max ms (first | new)",
          " | ".join(fmt_spread((r.get(k) or {}).get("machine_busy_below_90"))
@@ -1069,15 +1055,7 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
         ("... the worst five: ms at s, machine busy (first)",
          " ".join(f"{w[0]}@{w[1]}({w[2]})"
                   for w in (r.get("scrapes_first_maintainer") or {}).get("worst_ms_at_s_busy", [])) or "-"),
-        ("... of that the relay's own time (Server-Timing): n, p99 / max ms (first | new)",
-         " | ".join(fmt_spread((r.get(k) or {}).get("relay"))
-                    for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
-        ("... answered with a collection made ahead / asked for / stale (first | new)",
-         " | ".join("{cached} / {fresh} / {stale}".format_map(Counter((r.get(k) or {}).get("relay_answers") or {}))
-                    for k in ("scrapes_first_maintainer", "scrapes_new_maintainer"))),
-        ("... stale as the maintainer counted them (first | new)",
-         f"{r.get('stale_scrapes_first_maintainer', '-')} | {r.get('stale_scrapes_new_maintainer', '-')}"),
-        ("... the collection's own work in the loop, p99 / max ms (first | new)",
+        ("... the scrape's own turn in the loop (collect and encode), p99 / max ms (first | new)",
          " | ".join(f"{(r.get(k) or {}).get('p99_ms', '-')} / {(r.get(k) or {}).get('max_ms', '-')}"
                     for k in ("scrape_work_first_maintainer", "scrape_work_new_maintainer"))),
         ("... of that the loop thread's CPU, p99 / max ms (first | new)",
@@ -1180,11 +1158,7 @@ def rows(r: dict[str, Any], base: dict[str, Any] | None = None) -> list[tuple[st
     kill = r.get("maintainer_rss_kib_before_kill") or {}
     out.append(("4 ... at the kill, after the bench's own spans reply (KiB per span)",
                 f"{kill.get('VmHWM', 0) / n:.1f}" if kill else "-"))  # fmt: skip
-    relay = r.get("relay_rss_kib") or {}
-    out.append(("4 metrics relay peak RSS MiB (its own process, --scrape)",
-                f"{relay.get('VmHWM', 0) / 1024:.0f}" if relay else "-"))  # fmt: skip
-    out.append(("4 metrics relay CPU s, and the maintainer's, until the kill",
-                f"{r.get('relay_cpu_s', '-')}, {r.get('maintainer_cpu_s_before_kill', '-')}"))  # fmt: skip
+    out.append(("4 maintainer CPU s until the kill", f"{r.get('maintainer_cpu_s_before_kill', '-')}"))
     rss2 = r.get("new_maintainer_rss_kib") or {}
     out.append(("4 new maintainer peak RSS MiB", f"{rss2.get('VmHWM', 0) / 1024:.0f}" if rss2 else "-"))
     out.append(("4 new maintainer peak RSS KiB per span", f"{rss2.get('VmHWM', 0) / n:.1f}" if rss2 else "-"))

@@ -12,9 +12,8 @@ of landing blindly on someone else's object. Every successful response is writte
 cache.
 
 A failed write (an API error status, a timeout or a broken connection) abandons its chain; the next
-decision starts from a fresh snapshot. Each failure is counted by reason (``Executor.errors``) and
-reported to the optional ``on_error`` callback (the maintainer wires it to its Prometheus counter, so
-this package needs no metrics library).
+decision starts from a fresh snapshot. Each failure is counted by reason (``Executor.errors``), which the
+maintainer's metrics read at scrape time (``api_write_errors_total``), so this package needs no metrics library.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +104,6 @@ class Executor:
         informer: Cache,
         namespace: str,
         concurrency: int = 16,
-        on_error: Callable[[str], None] | None = None,
         list_page: int = LIST_PAGE,
         pacer: Pacer | None = None,
     ) -> None:
@@ -119,7 +116,6 @@ class Executor:
         #: Shared with the informer (the runner passes its pacer): one turn's slice for all paced work.
         self.pacer = pacer or Pacer()
         self.errors: Counter[str] = Counter()
-        self.on_error = on_error
 
     def owner_reference(self, changefeed: str) -> JSON | None:
         """An ownerReference to ``changefeed`` as cached (None if not known): the objects the maintainer
@@ -130,8 +126,6 @@ class Executor:
 
     def _failed(self, reason: str) -> None:
         self.errors[reason] += 1
-        if self.on_error is not None:
-            self.on_error(reason)
 
     async def apply(self, decision: Decision) -> Outcome:
         out = Outcome(chains=len(decision.chains))

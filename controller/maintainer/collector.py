@@ -3,18 +3,21 @@
 Spans, operators in flight, checkpoint lag, leadership, captures, the last bootstrap... are computed from the
 informer's cache for the changefeeds this process leads *now*, from the index's aggregates (span counts per state,
 capture and mode; operators in flight; the progress reports) rather than by walking every record: a scrape costs
-what the changefeeds and captures are, not what the spans are. Nothing is set and forgotten, so no series outlives
-what it describes (a changefeed led by another replica, a capture gone, a state no span is in any more simply stops
-being reported), in the style of crate-operator's ``prometheus.py``. The process-lifetime counters and the server
-are in ``metrics.py``, which builds this collector (this module does not import it: ``Maintainer`` and ``Observed``
-say what it reads).
+what the changefeeds and captures are, not what the spans are (tests/unit/test_metrics.py counts it). Nothing is
+set and forgotten, so no series outlives what it describes (a changefeed led by another replica, a capture gone, a
+state no span is in any more simply stops being reported), in the style of crate-operator's ``prometheus.py``.
+
+The collector reads exactly what :class:`MaintainerView` holds, which the runner builds from its parts, and what
+:class:`Observed` says of the process-lifetime metrics (``metrics.MaintainerMetrics``, which builds this collector):
+this module imports neither the runner nor ``metrics.py``.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -42,6 +45,12 @@ CAPTURE_STATES = ("alive", "draining", "lost")
 INFORMER_KINDS = (LEASE, *(k.value for k in Kind))
 
 
+#: Write-error reasons exported at 0 from the start, so that ``rate()`` and ``increase()`` see their first
+#: occurrence (a series that appears at 1 has no earlier sample to increase from): the normal one (a stale
+#: resourceVersion) and those the client itself reports when the API gave no usable answer.
+INITIAL_WRITE_ERROR_REASONS = ("Conflict", "ClientTimeout", "ConnectionError")
+
+
 class Observed(Protocol):
     """What the collector reads of the process-lifetime metrics (``metrics.MaintainerMetrics``)."""
 
@@ -51,28 +60,28 @@ class Observed(Protocol):
     def head_time(self, changefeed: str, checkpoint: int) -> float | None: ...
 
 
-class Maintainer(Protocol):
-    """What the metrics read of a maintainer process (``controller.maintainer.runner.Maintainer``, which builds them):
-    a Protocol, so that this module does not import the runner (no import cycle)."""
+@dataclass(frozen=True)
+class MaintainerView:
+    """What the metrics read of their maintainer process, and nothing more. The runner builds it from its parts
+    when it builds the metrics (``controller.maintainer.runner.Maintainer``); the maps and sets are the parts' own,
+    changed in place, so a scrape reads them as they are then."""
 
-    @property
-    def informer(self) -> Informer: ...
-    @property
-    def leading(self) -> set[str]: ...
-    @property
-    def stats(self) -> Stats: ...
-    @property
-    def memories(self) -> dict[str, Memory]: ...
-    @property
-    def metrics(self) -> Observed: ...
-    @property
-    def tenure(self) -> Tenure | None: ...
-    @property
-    def heap(self) -> HeapReserve | None: ...
-
-    def counts(self) -> dict[str, int]: ...
-
-    def snapshot(self, name: str) -> World | None: ...
+    #: The cache (records and the per-changefeed indexes), whether every kind is listed, relists, apply failures.
+    informer: Informer
+    #: The changefeeds this process leads now (``Terms.leading``).
+    leading: Set[str]
+    stats: Stats
+    #: Each led changefeed's engine memory (``Changefeeds.memories``): its bootstrap's figures.
+    memories: Mapping[str, Memory]
+    #: Failed API writes by reason, one tally per executor (``Executor.errors``).
+    write_errors: Sequence[Mapping[str, int]]
+    #: Live member -> how many changefeeds it leads (``Membership.counts``).
+    counts: Callable[[], dict[str, int]]
+    #: A led changefeed's world (``Changefeeds.snapshot``: its index's maps and the captures, nothing copied).
+    snapshot: Callable[[str], World | None]
+    tenure: Tenure | None
+    #: The heap reserve, once its thread runs (None: off, not started yet, or not glibc).
+    heap: Callable[[], HeapReserve | None]
 
 
 def operator_age(op: SpanOperator, now: float) -> float:
@@ -88,10 +97,11 @@ def capture_state(capture: Capture, now: float) -> str:
 
 
 class StateCollector(Collector):
-    """Every gauge computed from the informer's cache at scrape time, plus the runner's counters."""
+    """Every gauge computed from the informer's cache at scrape time, plus the runner's and executors' counters."""
 
-    def __init__(self, maintainer: Maintainer) -> None:
-        self.maintainer = maintainer
+    def __init__(self, view: MaintainerView, observed: Observed) -> None:
+        self.view = view
+        self.observed = observed
 
     def describe(self) -> Iterable[Metric]:
         return []  # the series are dynamic: nothing to check for duplicates at registration
@@ -99,7 +109,7 @@ class StateCollector(Collector):
     def _verifications(self, leading: list[str]) -> Iterable[Metric]:
         """The last ``kubectl changefeed verify`` of each led changefeed, from its annotation
         ``cdc.maintainer.dev/last-verify`` (``Changefeed.last_verify``); absent until one ran."""
-        store = self.maintainer.informer.store
+        store = self.view.informer.store
         differences = GaugeMetricFamily(
             PREFIX + "verify_differences",
             "Differences (missing, extra, mismatched keys) the last kubectl changefeed verify found between the sink "
@@ -127,7 +137,7 @@ class StateCollector(Collector):
         yield stamp
 
     def collect(self) -> Iterable[Metric]:
-        m = self.maintainer
+        m = self.view
         store = m.informer.store
         now = time.time()
         leading = sorted(m.leading)
@@ -180,18 +190,19 @@ class StateCollector(Collector):
             )
             longest.add_metric([], m.tenure.longest_s)
             yield longest
-        if m.heap is not None:
+        heap = m.heap()
+        if heap is not None:
             refills = CounterMetricFamily(
                 PREFIX + "heap_reserve_refills",
                 "Refills of the heap reserve (--heap-reserve): free memory paged in by a thread of its own.",
             )
-            refills.add_metric([], float(m.heap.refills))
+            refills.add_metric([], float(heap.refills))
             yield refills
             top = GaugeMetricFamily(
                 PREFIX + "heap_reserve_bytes",
                 "Free memory at the top of the heap at the reserve's last check (what a growing table is carved from).",
             )
-            top.add_metric([], float(m.heap.top))
+            top.add_metric([], float(heap.top))
             yield top
 
         leader = GaugeMetricFamily(
@@ -264,7 +275,7 @@ class StateCollector(Collector):
         )
         for name in leading:
             for op_type in OpType:
-                failed.add_metric([name, op_type.value], float(m.metrics.failures[(name, op_type.value)]))
+                failed.add_metric([name, op_type.value], float(self.observed.failures[(name, op_type.value)]))
         yield failed
 
         lag = GaugeMetricFamily(
@@ -327,7 +338,7 @@ class StateCollector(Collector):
             idx = store.indexes.get(name)
             if idx is not None:
                 stopped.add_metric([name], float(len(idx.failed_dispatchers)))
-            world = self.maintainer.snapshot(name)
+            world = self.view.snapshot(name)
             if world is not None:
                 source.add_metric([name], float(len(troubles(world, now, SOURCE))))
                 sink.add_metric([name], float(len(troubles(world, now, SINK))))
@@ -418,6 +429,19 @@ class StateCollector(Collector):
             "Write chains abandoned at a failed write (retried from a fresh snapshot).",
             value=m.stats.failed_chains,
         )
+        write_errors = CounterMetricFamily(
+            PREFIX + "api_write_errors",
+            "API writes that failed, by reason (the API status reason or code, or ClientTimeout / ConnectionError"
+            " / BadResponse; StaleView: a teardown's consistent read found something its view did not show).",
+            labels=["reason"],
+        )
+        by_reason: Tally[str] = Tally(dict.fromkeys(INITIAL_WRITE_ERROR_REASONS, 0))
+        for tally in m.write_errors:
+            for reason, n in tally.items():
+                by_reason[reason or "Unknown"] += n
+        for reason, n in sorted(by_reason.items()):
+            write_errors.add_metric([reason], float(n))
+        yield write_errors
 
     def _checkpoint_time(self, cf: Changefeed) -> float | None:
         """The wall time the changefeed's checkpoint stands for: a TSO's physical part, or for a changefeed
@@ -426,11 +450,11 @@ class StateCollector(Collector):
             return None
         if not cf.source_secret:
             return physical_ms(cf.checkpoint_ts) / 1000.0
-        return self.maintainer.metrics.head_time(cf.name, cf.checkpoint_ts)
+        return self.observed.head_time(cf.name, cf.checkpoint_ts)
 
     def _informer(self) -> Iterable[Metric]:
         """The informer's relists and failures to apply, per kind (every kind from 0: ``increase()`` sees the first)."""
-        informer = self.maintainer.informer
+        informer = self.view.informer
         relists = CounterMetricFamily(
             PREFIX + "informer_relists",
             "LISTs the informer made again, by kind: a broken watch of records, 410 Gone, a failure to apply.",
@@ -474,7 +498,7 @@ class StateCollector(Collector):
             labels=[*labels, "span"],
         )
         for name in leading:
-            world = self.maintainer.snapshot(name)
+            world = self.view.snapshot(name)
             if world is None:
                 continue
             for capture, entry, exact in progress.entries(world):

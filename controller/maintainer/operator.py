@@ -7,13 +7,13 @@ Changefeed would, keeping the object undeletable whenever the operator is down).
 informer's (see ``controller.kube.informer`` for why), and the liveness probe reports progress
 (``Informer.healthy``): a watch task that ended, or no request answered by the API for ``--liveness-window``
 seconds, makes the pod restart instead of leaving a zombie operator; a quiet watch does not (a real API server
-promises no BOOKMARKs).
+promises no BOOKMARKs; issue 36).
 
 The readiness endpoint (``--readiness``, :mod:`controller.kube.probes`) answers 200 once every kind is
 listed and every Changefeed's Lease is being competed for, so ``helm install --wait`` means working.
 
-The Prometheus endpoint (``--metrics-port``, on a port other than Kopf's liveness endpoint) serves what the
-maintainer's event loop collects, as ``controller.maintainer.metrics`` describes (:class:`MetricsServer`); it is
+The Prometheus endpoint (``--metrics-port``, see ``controller.maintainer.metrics``) is an aiohttp server in
+the running event loop, as the readiness endpoint is, on a port other than Kopf's liveness endpoint; it is
 started before the maintainer (a port that cannot be bound stops the process at once) and stopped at cleanup.
 
 Logging (:func:`setup_logging`): every record, Kopf's included, goes through the schema of
@@ -35,7 +35,7 @@ import kopf
 from controller import logs
 from controller.kube.client import Client, Config
 from controller.kube.probes import ProbeServer
-from controller.maintainer.metrics import MetricsServer, RelayFailed
+from controller.maintainer.metrics import MetricsServer
 from controller.maintainer.runner import Maintainer, Settings
 
 log = logging.getLogger("controller.maintainer")
@@ -109,16 +109,10 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _state["client"] = client
     s = maintainer.settings
     if s.metrics_port:
-        server = MetricsServer(
-            maintainer.metrics.registry,
-            s.metrics_address,
-            s.metrics_port,
-            process=maintainer.metrics.process,
-            stale=maintainer.metrics.stale_scrapes,
-        )
+        server = MetricsServer(maintainer.metrics.registry, s.metrics_address, s.metrics_port)
         try:
             await server.start()
-        except (OSError, RelayFailed) as exc:
+        except OSError as exc:
             await client.close()
             _state.pop("client", None)
             why = f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {exc}"

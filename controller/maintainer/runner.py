@@ -10,7 +10,7 @@ its runnables).
  Labeller (labels.py)           sharded: the unassigned objects' streams and their labels
  Janitor (janitor.py)           orphaned Tables, finalizers of a namespace being deleted
  Terms (terms.py)               what they share: what is led, each loop's wake-up, the handoffs asked
- MaintainerMetrics (metrics.py) /metrics, from the index's aggregates
+ MaintainerMetrics (metrics.py) /metrics: what a MaintainerView of these parts shows at scrape time
 ```
 
 The supervisor turns on a change (``_kick``) or every ``SUPERVISE_IDLE``: it keeps one loop per Changefeed, looks at
@@ -53,7 +53,7 @@ from controller.maintainer.changefeeds import Changefeeds, Timings
 from controller.maintainer.janitor import JANITOR_INTERVAL, Janitor
 from controller.maintainer.labels import Labeller
 from controller.maintainer.membership import Membership
-from controller.maintainer.metrics import MaintainerMetrics
+from controller.maintainer.metrics import MaintainerMetrics, MaintainerView
 from controller.maintainer.stats import Stats
 from controller.maintainer.terms import Terms
 from controller.model.states import Kind
@@ -120,7 +120,6 @@ class Maintainer:
         self.started = time.monotonic()
         self.stats = Stats()
         self.terms = Terms()
-        self.metrics = MaintainerMetrics(self)
         # The Lease stream counts as current while something arrives at least this often: our own Lease
         # renewals (every ``retry``) and the captures' keep it busy while we lead.
         self.informer = Informer(
@@ -134,13 +133,9 @@ class Maintainer:
         self.informer.watch_timeout = s.watch_timeout
         self.informer.progress_window = s.liveness_window
         pacer = self.informer.pacer
-        self.executor = Executor(
-            client, self.informer, s.namespace, s.concurrency, on_error=self.metrics.write_error, pacer=pacer
-        )
+        self.executor = Executor(client, self.informer, s.namespace, s.concurrency, pacer=pacer)
         #: The janitor's writes over the unassigned objects (sharded: the Tables of a changefeed that is gone).
-        orphans = Executor(
-            client, StoreCache(self.informer.unassigned), s.namespace, 4, on_error=self.metrics.write_error, pacer=pacer
-        )
+        orphans = Executor(client, StoreCache(self.informer.unassigned), s.namespace, 4, pacer=pacer)
         policy = balance_policy.Config(
             identity=s.identity,
             started=self.started,
@@ -170,6 +165,19 @@ class Maintainer:
         self.tenure = tenure.Tenure(s.gc_tenure) if s.gc_tenure > 0 else None
         #: Set once its thread has started (None: off, or not glibc).
         self.heap: heap.HeapReserve | None = None
+        self.metrics = MaintainerMetrics(
+            MaintainerView(
+                informer=self.informer,
+                leading=self.terms.leading,
+                stats=self.stats,
+                memories=self.changefeeds.memories,
+                write_errors=(self.executor.errors, orphans.errors),
+                counts=self.counts,
+                snapshot=self.snapshot,
+                tenure=self.tenure,
+                heap=lambda: self.heap,
+            )
+        )
         #: Set on every informer notification but a capture's report, and when a changefeed's loop ends: the
         #: supervisor's next turn.
         self._kick = asyncio.Event()

@@ -5,22 +5,27 @@ filled by hand: no API server, no event loop except where the HTTP endpoint and 
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
-import threading
+import sys
 import time
+from collections.abc import Iterable
+from types import FrameType
 from typing import Any, cast
 
 import aiohttp
 import pytest
 import urllib3
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import ApiError, BadResponse, Client
-from controller.kube.executor import Executor, failure_reason
+from controller.kube.executor import failure_reason
 from controller.maintainer import __main__ as cli
 from controller.maintainer.metrics import PREFIX, MetricsServer
 from controller.maintainer.runner import Maintainer, Settings
@@ -173,6 +178,75 @@ def test_a_scrape_reads_the_index_aggregates_not_every_span_or_operator() -> Non
     assert h.value("spans", changefeed=CF, state="Replicating", capture="c0", mode="default") == 17
     assert h.value("operators_in_flight", changefeed=CF, type="Move", phase="Running", stage="RemoveOrigin") == 1
     assert verify(store.indexes[CF]) == []
+
+
+def led_changefeed(spans: int) -> Harness:
+    """A maintainer leading CF with ``spans`` spans spread over the same states and three live captures, a Working
+    dispatcher per span, each capture's report covering its dispatchers, three operators in flight and a tenth as
+    many finished ones retained: everything a scrape reports but the number of records."""
+    h = Harness()
+    now = time.time()
+    h.offer(Changefeed(name=CF, checkpoint_ts=tso(int((now - 2) * 1000))))
+    h.m.stats.epochs[CF] = 1
+    h.m.stats.bootstrap_seconds[CF] = 0.5
+    h.m.memories[CF] = Memory(epoch=1, identity="m1", bootstrapped=True)
+    captures = ("c1", "c2", "c3")
+    rng = KeyRange.of_table(1)
+    working: dict[str, list[Record]] = {c: [] for c in captures}
+    for i in range(spans):
+        capture = captures[i % 3]
+        h.offer(span(f"s{i}", SpanState.REPLICATING if i % 5 else SpanState.ABSENT, capture if i % 5 else ""))
+        d = h.offer(Dispatcher(name=f"d{i}", changefeed=CF, span=f"s{i}", table_id=1, key_range=rng, capture=capture,
+                               start_ts=1, epoch=1, state=DispatcherState.WORKING))  # fmt: skip
+        working[capture].append(d)
+    for i in range(spans // 10):
+        h.offer(operator(f"done{i}", OpPhase.SUCCEEDED, Stage.ADD_DEST))
+    for i, stage in enumerate((Stage.NONE, Stage.ADD_DEST, Stage.REMOVE_ORIGIN)):
+        h.offer(operator(f"run{i}", OpPhase.PENDING if stage is Stage.NONE else OpPhase.RUNNING, stage))
+    for capture, ds in working.items():
+        entry = ProgressEntry(changefeed=CF, mode=Mode.DEFAULT, checkpoint_ts=tso(int((now - 1) * 1000)),
+                              dispatchers=len(ds), digest=digest(d.uid for d in ds), slowest=ds[-1].name)  # fmt: skip
+        h.report(capture, entry, now)
+        h.offer(Capture(name=capture))
+    return h
+
+
+def scrape_work(registry: CollectorRegistry) -> tuple[int, int]:
+    """The work of one scrape (a collection of ``registry`` and its text encoding, what the endpoint does), counted:
+    the lines of Python it runs, in every module (a loop or comprehension over records runs lines per record, in our
+    code or a library's; a walk made wholly in C, ``Counter(map(...))``, would not be seen), and the samples it
+    produces."""
+    lines = 0
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return trace
+
+    before, collecting = sys.gettrace(), gc.isenabled()
+    gc.disable()  # no collection's callbacks or finalizers in the count
+    sys.settrace(trace)
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        sys.settrace(before)
+        if collecting:
+            gc.enable()
+    return lines, sum(len(f.samples) for f in text_string_to_metric_families(text))
+
+
+def test_a_scrapes_work_does_not_grow_with_the_spans() -> None:
+    """A scrape reads the indexes' aggregates (span counts by state, capture and mode; the operators in flight; the
+    Working sets' digests), never every record: at 10,000 spans it runs exactly the lines, and produces exactly the
+    samples, it does at 100. A walk over the spans, dispatchers or operators anywhere in it, put back, fails here."""
+    small, large = led_changefeed(100), led_changefeed(10_000)
+    assert small.value("spans", changefeed=CF, state="Replicating", capture="c1", mode="default") == 27
+    assert large.value("spans", changefeed=CF, state="Replicating", capture="c1", mode="default") == 2667
+    assert large.value("capture_report_covered", changefeed=CF, mode="default", capture="c1") == 1
+    assert large.value("operators_in_flight", changefeed=CF, type="Move", phase="Running", stage="AddDest") == 1
+    scrape_work(small.registry), scrape_work(large.registry)  # the first scrape of each warms what is cached once
+    assert scrape_work(large.registry) == scrape_work(small.registry)
 
 
 class Unwalked(dict):  # type: ignore[type-arg]
@@ -485,7 +559,7 @@ def test_operator_duration_per_uid_and_after_a_relist() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
-# API write errors: the executor reports each failure to its on_error callback
+# API write errors: each executor counts its failures by reason (Executor.errors), which a scrape reads
 
 
 class FailingClient:
@@ -523,7 +597,8 @@ def test_executor_reports_write_errors_by_reason() -> None:
         "proxy": BadResponse("a proxy's HTML page"),
         "event": ApiError(403, "Forbidden", "no events for you"),
     }
-    executor = Executor(cast(Client, FailingClient(errors)), h.m.informer, NS, on_error=h.m.metrics.write_error)
+    executor = h.m.executor
+    executor.client = cast(Client, FailingClient(errors))
 
     def write(name: str) -> I.WriteStatus:
         return I.WriteStatus(span(name, SpanState.ABSENT).evolve(resource_version="1"))
@@ -557,8 +632,7 @@ def test_scheduler_state_is_one_hot_per_led_changefeed() -> None:
 def test_text_exposition_parses_and_registries_are_per_maintainer() -> None:
     a, b = Harness(), Harness()
     a.offer(span("a", SpanState.REPLICATING, "c1"))
-    b.m.metrics.write_error("Conflict")
-    b.m.metrics.write_error("Forbidden")
+    b.m.executor.errors.update(["Conflict", "Forbidden"])
     assert a.value("api_write_errors_total", reason="Forbidden") is None  # nothing shared
     assert a.value("api_write_errors_total", reason="Conflict") == 0  # exported from 0
     assert b.value("api_write_errors_total", reason="Conflict") == 1
@@ -586,6 +660,29 @@ def test_text_exposition_parses_and_registries_are_per_maintainer() -> None:
     assert any(n.startswith("process_") for n in families)
 
 
+def _get(port: int, path: str = "/metrics", host: str = "127.0.0.1", **headers: str) -> tuple[int, str]:
+    """A GET from this (non-loop) thread, as Prometheus would make it."""
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+    r = urllib3.request("GET", url, headers=headers, timeout=urllib3.Timeout(5, 10), retries=False)
+    return r.status, r.data.decode()
+
+
+def serve(registry: CollectorRegistry, *paths: str, host: str = "127.0.0.1", **headers: str) -> list[tuple[int, str]]:
+    """Start a MetricsServer on an ephemeral port, GET each path (from a thread, the loop serving), and stop it."""
+
+    async def scrape() -> list[tuple[int, str]]:
+        server = MetricsServer(registry, host, 0)
+        await server.start()
+        try:
+            return [await asyncio.to_thread(_get, server.port, p, host, **headers) for p in paths]
+        finally:
+            await server.stop()
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:  # stopped: the port is closed
+                assert s.connect_ex((host, server.port)) != 0
+
+    return asyncio.run(scrape())
+
+
 def test_endpoint_serves_the_registry() -> None:
     h = Harness()
     h.offer(span("a", SpanState.REPLICATING, "c1"))
@@ -602,187 +699,90 @@ def test_endpoint_serves_the_registry() -> None:
 
     status, content_type, text = asyncio.run(scrape())
     assert status == 200
-    assert content_type.startswith("text/plain")
+    assert content_type.startswith("text/plain; version=0.0.4")
     assert 'changefeed_maintainer_spans{capture="c1",changefeed="cf",mode="default",state="Replicating"} 1.0' in text
+    assert "process_cpu_seconds_total" in text
 
 
-def _get(port: int, path: str = "/metrics") -> tuple[int, str]:
-    """A GET from this (non-loop) thread, as Prometheus would make it."""
-    r = urllib3.request("GET", f"http://127.0.0.1:{port}{path}", timeout=urllib3.Timeout(5, 10), retries=False)
-    return r.status, r.data.decode()
+def test_the_endpoint_serves_metrics_only_at_its_path_by_name_and_in_openmetrics_if_asked() -> None:
+    h = Harness()
+    h.offer(span("a", SpanState.REPLICATING, "c1"))
+    by_name = f"/metrics?name[]={PREFIX}spans&name[]={PREFIX}writes_total"
+    root, below, named = serve(h.registry, "/", "/metrics/x", by_name)
+    assert root[0] == 404
+    assert below[0] == 404
+    assert named[0] == 200
+    assert {f.name for f in text_string_to_metric_families(named[1])} == {PREFIX + "spans", PREFIX + "writes"}
+    [(status, text)] = serve(h.registry, "/metrics", Accept="application/openmetrics-text; version=1.0.0")
+    assert status == 200
+    assert text.endswith("# EOF\n")
 
 
-class LoopThread:
-    """An event loop in a thread of its own, which the test can hold in one long turn (``hold``/``release``)."""
+class Flaky(Collector):
+    """A collector that raises while ``broken``."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self._free = threading.Event()
+        self.broken = True
 
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
-
-    def hold(self) -> None:
-        """The loop's next turn blocks until ``release`` (a decision that takes long, as far as a scrape sees)."""
-        self._free.clear()
-        began = threading.Event()
-
-        def turn() -> None:
-            began.set()
-            self._free.wait(60)
-
-        self.loop.call_soon_threadsafe(turn)
-        assert began.wait(10)
-
-    def release(self) -> None:
-        self._free.set()
-
-    def close(self) -> None:
-        self._free.set()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+    def collect(self) -> Iterable[Metric]:
+        if self.broken:
+            raise ValueError("the cache is not readable")
+        return []
 
 
-def test_a_scrape_is_answered_while_the_event_loop_is_busy() -> None:
-    """Issue 37: the endpoint was an aiohttp server in the event loop, so a scrape waited for the loop's longest turn
-    (54-61 ms round trips at 100,000 spans). It is served by a process of its own (the relay): a scrape that the loop
-    does not collect for within ``fresh_within`` gets the previous collection (counted once the loop is free), and
-    the late collection serves the next."""
-    h = Harness()
-    h.offer(span("a", SpanState.REPLICATING, "c1"))
-    line = 'changefeed_maintainer_spans{capture="c1",changefeed="cf",mode="default",state="Replicating"} 1.0'
-    moved = 'changefeed_maintainer_spans{capture="c2",changefeed="cf",mode="default",state="Replicating"} 1.0'
-    looper = LoopThread()
-    server = MetricsServer(h.registry, "127.0.0.1", 0, fresh_within=0.05, stale=h.m.metrics.stale_scrapes, refresh=0.05)
-    try:
-        looper.run(server.start())
-        status, first = _get(server.port)  # the loop is free: collected now
-        assert status == 200
-        assert line in first
-        assert h.value("metrics_stale_scrapes_total") == 0.0
+def test_a_failed_collection_is_a_500_with_its_reason_and_the_next_scrape_is_served() -> None:
+    registry = CollectorRegistry()
+    Counter("things", "Things.", registry=registry).inc()
+    flaky = Flaky()
+    registry.register(flaky)
 
-        looper.hold()
-        h.offer(span("a", SpanState.REPLICATING, "c2"))  # the span moves while the loop is held
-        time.sleep(0.3)  # the latest collection is older than the relay answers at once with (0.1 s)
-        status, during = _get(server.port)  # answered while the loop is still held
-        assert status == 200
-        assert line in during
-        assert moved not in during
-        looper.release()
-
-        for _ in range(1000):  # once free, the loop makes the late collection, then counts the stale answer
-            if h.value("metrics_stale_scrapes_total") == 1.0:
-                break
-            time.sleep(0.01)
-        assert h.value("metrics_stale_scrapes_total") == 1.0
-        status, after = _get(server.port)
-        assert status == 200
-        assert moved in after
-        assert line not in after
-    finally:
-        looper.release()
-        looper.run(server.stop())
-        looper.close()
-
-
-def test_a_scrape_is_answered_from_the_collection_made_ahead_of_it() -> None:
-    """While scrapes come, the relay has the loop collect every ``refresh`` seconds, and answers a scrape at once with
-    that collection: a scrape neither waits for the loop nor gets one older than twice ``refresh``."""
-    h = Harness()
-    h.offer(span("a", SpanState.REPLICATING, "c1"))
-    moved = 'changefeed_maintainer_spans{capture="c2",changefeed="cf",mode="default",state="Replicating"} 1.0'
-    looper = LoopThread()
-    server = MetricsServer(h.registry, "127.0.0.1", 0, fresh_within=5.0, refresh=0.2)
-    try:
-        looper.run(server.start())
-        assert _get(server.port)[0] == 200
-        h.offer(span("a", SpanState.REPLICATING, "c2"))
-        made = server.collections
-        for _ in range(1000):  # the refresher has the loop collect again, after the move
-            if server.collections > made:
-                break
-            time.sleep(0.01)
-        assert server.collections > made
-        looper.hold()  # a scrape that waited for the loop would wait 5 s and get the collection from before the move
-        began = time.monotonic()
-        r = urllib3.request("GET", f"http://127.0.0.1:{server.port}/metrics", timeout=10, retries=False)
-        took = time.monotonic() - began
-        assert r.status == 200
-        assert moved in r.data.decode()
-        assert 'desc="cached"' in r.headers["Server-Timing"]
-        assert took < 4.0
-    finally:
-        looper.release()
-        looper.run(server.stop())
-        looper.close()
-
-
-def test_the_endpoint_serves_metrics_only_at_its_path_and_by_name() -> None:
-    h = Harness()
-    h.offer(span("a", SpanState.REPLICATING, "c1"))
-    looper = LoopThread()
-    server = MetricsServer(h.registry, "127.0.0.1", 0)
-    try:
-        looper.run(server.start())
-        assert _get(server.port, "/")[0] == 404
-        assert _get(server.port, "/metrics/x")[0] == 404
-        status, text = _get(server.port, f"/metrics?name[]={PREFIX}spans")
-        assert status == 200
-        names = {f.name for f in text_string_to_metric_families(text)}
-        assert names == {PREFIX + "spans"}
-    finally:
-        looper.run(server.stop())
-        looper.close()
-    with socket.socket() as s:  # stopped: the port is closed
-        assert s.connect_ex(("127.0.0.1", server.port)) != 0
-
-
-def test_a_scrape_reads_proc_in_no_event_loop_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The process_* series come from a reading of /proc that a thread of the server makes: each system call of a
-    reading lets the GIL go, and the event loop waited up to a switch interval for it after each while the
-    decision's thread ran (35-53 ms a scrape at 100,000 spans). A scrape serves the last reading."""
-    h = Harness()
-    readings = h.m.metrics.process
-    assert readings is not None
-    reads: list[int] = []  # the thread of every open of a file under /proc
-    real_open = open
-
-    def spying_open(file: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(file).startswith("/proc"):
-            reads.append(threading.get_ident())
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", spying_open)
-
-    async def scrape() -> tuple[int, str]:
-        server = MetricsServer(h.registry, "127.0.0.1", 0, process=readings, period=0.05)
+    async def scrape() -> tuple[tuple[int, str], tuple[int, str]]:
+        server = MetricsServer(registry, "127.0.0.1", 0)
         await server.start()
         try:
-            for _ in range(1000):  # two readings at least (stat and limits each), 10 s at most
-                if len(reads) >= 4:
-                    break
-                await asyncio.sleep(0.01)
-            async with aiohttp.ClientSession() as session:
-                for _ in range(3):
-                    async with session.get(f"http://127.0.0.1:{server.port}/metrics") as resp:
-                        text = await resp.text()
-            return threading.get_ident(), text
+            failed = await asyncio.to_thread(_get, server.port)
+            flaky.broken = False
+            return failed, await asyncio.to_thread(_get, server.port)
         finally:
             await server.stop()
 
-    loop_thread, text = asyncio.run(scrape())
-    assert len(reads) >= 4
-    assert loop_thread not in reads
-    assert "process_cpu_seconds_total" in text
-    assert "process_open_fds" in text
-    # Without its server (a library user's registry), a reading older than max_age is made at collection.
-    readings.max_age = 0.0
-    reads.clear()
-    assert h.registry.get_sample_value("process_cpu_seconds_total") is not None
-    assert reads == [threading.get_ident()] * 2
+    (status, text), (status2, text2) = asyncio.run(scrape())
+    assert status == 500
+    assert "the cache is not readable" in text
+    assert status2 == 200
+    assert "things_total 1.0" in text2
+
+
+def test_a_port_already_taken_fails_the_start() -> None:
+    """operator.startup turns this OSError into ``cannot serve metrics on ADDRESS:PORT: ...`` and exit status 1
+    (tests/integration/test_metrics.py, test_a_busy_metrics_port_stops_the_maintainer)."""
+
+    async def start(port: int) -> None:
+        server = MetricsServer(CollectorRegistry(), "127.0.0.1", port)
+        try:
+            await server.start()
+        finally:
+            await server.stop()
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(OSError, match="address already in use"):
+            asyncio.run(start(busy.getsockname()[1]))
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6")
+def test_the_endpoint_listens_on_an_ipv6_address() -> None:
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            pass
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    registry = CollectorRegistry()
+    Counter("things", "Things.", registry=registry).inc()
+    [(status, text)] = serve(registry, "/metrics", host="::1")
+    assert status == 200
+    assert "things_total 1.0" in text
 
 
 def test_command_line() -> None:
