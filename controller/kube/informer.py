@@ -62,12 +62,12 @@ from controller.engine.index import Index
 from controller.engine.liveness import Silence, ViewClock
 from controller.engine.shards import Seen
 from controller.kube.client import LEASES, LIST_PAGE, RESOURCES, Client, Resource
-from controller.kube.pacing import Pacer
 from controller.kube.reflector import WATCH_TIMEOUT, Reflector
 from controller.model import resources as conv
 from controller.model.progress import PROGRESS_ANNOTATION, ProgressEntry
 from controller.model.records import Capture, Dispatcher, Record, Span
 from controller.model.states import API_VERSION, Kind
+from controller.process.pacing import Pacer
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -971,13 +971,13 @@ class Informer:
         pacer: Pacer | None = None,
     ) -> None:
         self.client = client
-        #: What keeps the loop's turns short (shared with the executor's chains: ``controller.kube.pacing``).
+        #: What keeps the loop's turns short (shared with the executor's chains: ``controller.process.pacing``).
         self.pacer = pacer or Pacer()
         self.namespace = namespace
         #: Objects per LIST page (0: one page).
         self.page_size = page_size
         self.sharded = sharded
-        #: Freeze each LIST page's records out of the collector's full passes (controller/kube/tenure.py;
+        #: Freeze each LIST page's records out of the collector's full passes (controller/process/tenure.py;
         #: the maintainer's ``--gc-tenure``: on with it).
         self.freeze = freeze
         self.store = Store(lease_view=ViewClock(fresh=lease_fresh), shards=set() if sharded else None)

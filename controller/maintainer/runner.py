@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from controller.engine import balance_policy
 from controller.engine.maintainer import Memory
 from controller.engine.world import AUDIT_INTERVAL, World
-from controller.kube import heap, namespace, tenure
+from controller.kube import namespace
 from controller.kube.client import Client, sleep_or
 from controller.kube.executor import Executor
 from controller.kube.informer import (
@@ -57,6 +57,7 @@ from controller.maintainer.metrics import MaintainerMetrics
 from controller.maintainer.stats import Stats
 from controller.maintainer.terms import Terms
 from controller.model.states import Kind
+from controller.process import heap, tenure
 
 log = logging.getLogger("controller.maintainer")
 #: At rest, the supervisor's longest sleep without a change (at most half the retry period): for what only
@@ -95,11 +96,11 @@ class Settings:
     #: and decides at once) or "sharded" (Tables, Spans, Dispatchers and SpanOperators only of the
     #: changefeeds it leads: memory and watch traffic follow its share; taking one over lists it first).
     cache: str = "warm"
-    #: Seconds between tenure steps (controller.kube.tenure: what survives is frozen out of the collector's
+    #: Seconds between tenure steps (controller.process.tenure: what survives is frozen out of the collector's
     #: full passes, so that they stay short however many records the replica holds); 0: off, the default of
     #: the class (a library user's process, a test's); the command line's default is tenure.PERIOD (0.5 s).
     gc_tenure: float = 0.0
-    #: The heap reserve's ceiling, bytes (controller.kube.heap: memory paged in ahead of time by a thread of its
+    #: The heap reserve's ceiling, bytes (controller.process.heap: memory paged in ahead of time by a thread of its
     #: own, so that a table growing in the event loop does not take thousands of page faults); 0: off, the
     #: default of the class and of the command line (an opt-in: it rewires glibc's allocator in-process).
     heap_reserve: int = 0

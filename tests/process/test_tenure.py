@@ -1,4 +1,4 @@
-"""Tenure (controller/kube/tenure.py): what survives a step is frozen out of the collector's full passes;
+"""Tenure (controller/process/tenure.py): what survives a step is frozen out of the collector's full passes;
 garbage cycles are collected before, not frozen; a step comes every period even with no young collection."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from controller.apiserver import ApiServerHandle
 from controller.capture.agent import Agent
 from controller.capture.agent import Settings as CaptureSettings
-from controller.kube import tenure
 from controller.kube.client import Client, Config
-from controller.kube.tenure import Tenure
 from controller.maintainer.runner import Maintainer, Settings
+from controller.process import tenure
+from controller.process.tenure import Tenure
 from tests.kube.conftest import namespace, until
 
 

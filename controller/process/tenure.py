@@ -35,12 +35,11 @@ start; this covers what arrives afterwards: watch events and the maintainer's ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
 from typing import Any
-
-from controller.kube.client import sleep_or
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ log = logging.getLogger(__name__)
 PERIOD = 0.5
 #: Young (generation 1) collections that make a step due at once, before the period is over (each promotes at
 #: most about 7,700 objects, with the default thresholds 700 and 10). A step waits for the loop's current turn
-#: to end, which the pacer keeps short (``controller.kube.pacing``).
+#: to end, which the pacer keeps short (``controller.process.pacing``).
 BATCH = 2
 
 
@@ -82,7 +81,12 @@ class Tenure:
         gc.callbacks.append(self._on_gc)
         try:
             while True:
-                await sleep_or(self._due, self.period)
+                # ``asyncio.timeout``, not ``wait_for`` (Python 3.11's swallows a cancellation that comes as the
+                # event is set), as ``controller.kube.client.sleep_or``: this package imports nothing of the project.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.period):
+                        await self._due.wait()
+                self._due.clear()
                 self._woken = False
                 try:
                     self.step()
