@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import math
 import sys
@@ -967,7 +966,7 @@ class Informer:
         lease_fresh: float = LEASE_FRESH,
         page_size: int = LIST_PAGE,
         sharded: bool = False,
-        freeze: bool = False,
+        after_page: Callable[[], None] | None = None,
         pacer: Pacer | None = None,
     ) -> None:
         self.client = client
@@ -977,9 +976,9 @@ class Informer:
         #: Objects per LIST page (0: one page).
         self.page_size = page_size
         self.sharded = sharded
-        #: Freeze each LIST page's records out of the collector's full passes (controller/process/tenure.py;
-        #: the maintainer's ``--gc-tenure``: on with it).
-        self.freeze = freeze
+        #: Called after each LIST page of records has been converted (its raw objects dropped): the process may act
+        #: on what it made (the maintainer's runner freezes them out of the collector's full passes).
+        self.after_page = after_page
         self.store = Store(lease_view=ViewClock(fresh=lease_fresh), shards=set() if sharded else None)
         #: Sharded: the Tables, Spans and SpanOperators not labelled with a live changefeed.
         self.unassigned = Store()
@@ -1354,13 +1353,8 @@ class _Feed:
         self.store.list_page(self.stream.kind, items, listing)
 
     def page_read(self, listing: Listing) -> None:
-        if self.stream.kind in RECORD_ONLY and self.informer.freeze:
-            # The records of a page live as long as their objects do: out of the garbage collector's full
-            # passes from now on (they hold no reference cycles; reference counting still frees them). Each
-            # full pass over 200,000 records holds the loop for hundreds of milliseconds. The young
-            # generations are collected first, so that no fresh garbage cycle is frozen with them for good.
-            gc.collect(1)
-            gc.freeze()
+        if self.stream.kind in RECORD_ONLY and self.informer.after_page is not None:
+            self.informer.after_page()
 
     def end_listing(self, listing: Listing, rv: str) -> None:
         self.store.end_listing(self.stream.kind, listing, int(rv or 0))

@@ -122,6 +122,7 @@ class Maintainer:
         self.stats = Stats()
         self.terms = Terms()
         self.metrics = MaintainerMetrics(self)
+        self.tenure = tenure.Tenure(s.gc_tenure) if s.gc_tenure > 0 else None
         # The Lease stream counts as current while something arrives at least this often: our own Lease
         # renewals (every ``retry``) and the captures' keep it busy while we lead.
         self.informer = Informer(
@@ -130,7 +131,8 @@ class Maintainer:
             on_change=self._changed,
             lease_fresh=max(LEASE_FRESH, 2.5 * s.retry),
             sharded=s.cache == "sharded",
-            freeze=s.gc_tenure > 0,
+            # Each LIST page's records out of the collector's full passes at once, at a cold start.
+            after_page=self.tenure.freeze_now if self.tenure is not None else None,
         )
         self.informer.watch_timeout = s.watch_timeout
         self.informer.progress_window = s.liveness_window
@@ -168,7 +170,6 @@ class Maintainer:
         )
         self.labeller = Labeller(client, s.namespace, self.informer)
         self.janitor = Janitor(client, s.namespace, s.identity, self.informer, self.executor, orphans, self.stats)
-        self.tenure = tenure.Tenure(s.gc_tenure) if s.gc_tenure > 0 else None
         #: Set once its thread has started (None: off, or not glibc).
         self.heap: heap.HeapReserve | None = None
         #: Set on every informer notification but a capture's report, and when a changefeed's loop ends: the
