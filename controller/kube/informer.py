@@ -951,12 +951,6 @@ class Informer:
     Leases are cached whole either way. Warm (the default): every kind is cached whole, and a standby that
     takes a changefeed over decides at once."""
 
-    #: The least ``timeoutSeconds`` a watch asks for (it asks between this and twice this); the maintainer's
-    #: ``--watch-timeout``.
-    watch_timeout: float = WATCH_TIMEOUT
-    #: Seconds without an answer from the API after which ``healthy`` fails; the maintainer's ``--liveness-window``.
-    progress_window: float = PROGRESS_WINDOW
-
     def __init__(
         self,
         client: Client,
@@ -965,6 +959,8 @@ class Informer:
         *,
         lease_fresh: float = LEASE_FRESH,
         page_size: int = LIST_PAGE,
+        watch_timeout: float = WATCH_TIMEOUT,
+        progress_window: float = PROGRESS_WINDOW,
         sharded: bool = False,
         after_page: Callable[[], None] | None = None,
         pacer: Pacer | None = None,
@@ -975,6 +971,12 @@ class Informer:
         self.namespace = namespace
         #: Objects per LIST page (0: one page).
         self.page_size = page_size
+        #: The least ``timeoutSeconds`` a watch asks for (it asks between this and twice this); the maintainer's
+        #: ``--watch-timeout``.
+        self.watch_timeout = watch_timeout
+        #: Seconds without an answer from the API after which ``healthy`` fails; the maintainer's
+        #: ``--liveness-window``.
+        self.progress_window = progress_window
         self.sharded = sharded
         #: Called after each LIST page of records has been converted (its raw objects dropped): the process may act
         #: on what it made (the maintainer's runner freezes them out of the collector's full passes).

@@ -201,8 +201,8 @@ class Changefeeds:
             retry=t.retry,
             owner=lambda: self.informer.store.owner_reference(name),
             silent=lambda holder, renew: self.bidding.silent(lease, holder, renew),
+            on_answer=lambda: self.competing.add(name),
         )
-        elector.on_answer = lambda: self.competing.add(name)
         backoff = t.retry
         try:
             while True:

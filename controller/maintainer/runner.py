@@ -58,6 +58,7 @@ from controller.maintainer.stats import Stats
 from controller.maintainer.terms import Terms
 from controller.model.states import Kind
 from controller.process import heap, tenure
+from controller.process.pacing import Pacer
 
 log = logging.getLogger("controller.maintainer")
 #: At rest, the supervisor's longest sleep without a change (at most half the retry period): for what only
@@ -123,20 +124,30 @@ class Maintainer:
         self.terms = Terms()
         self.metrics = MaintainerMetrics(self)
         self.tenure = tenure.Tenure(s.gc_tenure) if s.gc_tenure > 0 else None
+        #: Set once its thread has started (None: off, or not glibc).
+        self.heap: heap.HeapReserve | None = None
+        #: Set on every informer notification but a capture's report, and when a changefeed's loop ends: the
+        #: supervisor's next turn.
+        self._kick = asyncio.Event()
+        #: Set when every changefeed's loop must look (a Capture changed): the supervisor wakes them all.
+        self.wakeup = asyncio.Event()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # What keeps the event loop's turns short, shared by the informer's streams and the executors' chains.
+        pacer = Pacer()
         # The Lease stream counts as current while something arrives at least this often: our own Lease
         # renewals (every ``retry``) and the captures' keep it busy while we lead.
         self.informer = Informer(
             client,
             s.namespace,
-            on_change=self._changed,
+            on_change=self._changed,  # it notifies nothing before ``start``, when every part below exists
             lease_fresh=max(LEASE_FRESH, 2.5 * s.retry),
+            watch_timeout=s.watch_timeout,
+            progress_window=s.liveness_window,
             sharded=s.cache == "sharded",
             # Each LIST page's records out of the collector's full passes at once, at a cold start.
             after_page=self.tenure.freeze_now if self.tenure is not None else None,
+            pacer=pacer,
         )
-        self.informer.watch_timeout = s.watch_timeout
-        self.informer.progress_window = s.liveness_window
-        pacer = self.informer.pacer
         self.executor = Executor(
             client, self.informer, s.namespace, s.concurrency, on_error=self.metrics.write_error, pacer=pacer
         )
@@ -170,14 +181,6 @@ class Maintainer:
         )
         self.labeller = Labeller(client, s.namespace, self.informer)
         self.janitor = Janitor(client, s.namespace, s.identity, self.informer, self.executor, orphans, self.stats)
-        #: Set once its thread has started (None: off, or not glibc).
-        self.heap: heap.HeapReserve | None = None
-        #: Set on every informer notification but a capture's report, and when a changefeed's loop ends: the
-        #: supervisor's next turn.
-        self._kick = asyncio.Event()
-        #: Set when every changefeed's loop must look (a Capture changed): the supervisor wakes them all.
-        self.wakeup = asyncio.Event()
-        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     # -- what the metrics and the tests read ---------------------------------------------------------------
 

@@ -87,8 +87,7 @@ def test_a_watch_the_server_ends_is_resumed_not_relisted_and_stays_healthy(serve
         async with Client(Config(url=server.url)) as client:
             ns = await namespace(client)
             recording = Recording(client)
-            informer = Informer(client, ns)
-            informer.watch_timeout = 1
+            informer = Informer(client, ns, watch_timeout=1)
             await informer.start()
             try:
                 await asyncio.wait_for(informer.synced.wait(), 20)
@@ -223,8 +222,7 @@ def test_a_silent_connection_ends_the_stream_after_the_server_timeout_plus_a_mar
 
     async def scenario() -> None:
         fake = Hanging()
-        informer = Informer(cast(Client, fake), "ns")
-        informer.watch_timeout = 1
+        informer = Informer(cast(Client, fake), "ns", watch_timeout=1)
         loop = asyncio.get_running_loop()
         start = loop.time()
         events = [ev async for ev in informer.reflector(Stream("Span", RESOURCES[Kind.SPAN]))._events("7")]
