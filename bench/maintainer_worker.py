@@ -321,12 +321,13 @@ def _time_callbacks() -> None:
     # And the synchronous steps a long callback may be made of: each one of LONG_STEP or more is counted too.
     from controller.kube import executor as executor_module
     from controller.kube import informer as informer_module
+    from controller.kube import store as store_module
 
     for owner, attr in (
         (informer_module.Informer, "_offer"),
-        (informer_module.Informer, "_put"),
-        (informer_module.Store, "list_page"),
-        (informer_module.Store, "end_listing"),
+        (informer_module.Informer, "received"),
+        (store_module.Store, "list_page"),
+        (store_module.Store, "end_listing"),
         (changefeeds.Changefeeds, "snapshot"),
         (executor_module.Executor, "owner_reference"),
     ):

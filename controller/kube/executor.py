@@ -33,7 +33,8 @@ from controller.engine import intents as I
 from controller.engine import teardown
 from controller.engine.maintainer import REFUSAL_CODES, Decision, Refusal
 from controller.kube.client import EVENTS, LEASES, LIST_PAGE, RESOURCES, ApiError, BadResponse, Client
-from controller.kube.informer import LEASE, Cache
+from controller.kube.liveness import LEASE
+from controller.kube.store import Cache
 from controller.model import resources as conv
 from controller.model.states import API_VERSION
 from controller.process.pacing import Pacer
@@ -312,7 +313,7 @@ class Executor:
         or a restarted process of it acquired the Lease, since the version the decision judged) fails the
         chain and the next decision judges again from the newer Lease."""
         name = conv.lease_name(w.capture)
-        current = self.informer.store.objects.get(LEASE, {}).get(name)
+        current = self.informer.store.leases.objects.get(name)
         if current is None:
             return
         if current.get("metadata", {}).get("resourceVersion") != w.lease_version:

@@ -116,7 +116,7 @@ class LeaderElector:
     ) -> None:
         self.client = client
         #: For how long (seconds, on our clock) the Lease has been seen unchanged with this holder and renewTime
-        #: before our first bid (the informer watches it all along: ``Store.silence``); 0 if not known.
+        #: before our first bid (the informer watches it all along: ``LeaseLiveness.silence``); 0 if not known.
         self.silent = silent
         #: The ownerReference a Lease this elector creates carries (e.g. its Changefeed's), or None.
         self.owner = owner

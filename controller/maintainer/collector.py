@@ -23,7 +23,8 @@ from prometheus_client.registry import Collector
 from controller.engine import progress
 from controller.engine.maintainer import Memory, sink_figures, troubles
 from controller.engine.world import World
-from controller.kube.informer import LEASE, Informer
+from controller.kube.informer import Informer
+from controller.kube.liveness import LEASE
 from controller.maintainer.stats import Stats
 from controller.model.progress import SINK, SOURCE, entry_lag
 from controller.model.records import Capture, Changefeed, SpanOperator

@@ -43,7 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE
+from controller.kube.liveness import CAPTURE_LEASE_PREFIX, LEASE
 from controller.maintainer import metrics_relay
 from controller.maintainer.collector import CAPTURE_STATES, PREFIX, Maintainer, StateCollector
 from controller.model.progress import HeadCurve

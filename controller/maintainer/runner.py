@@ -38,16 +38,10 @@ from controller.engine.world import AUDIT_INTERVAL, World
 from controller.kube import namespace
 from controller.kube.client import Client, sleep_or
 from controller.kube.executor import Executor
-from controller.kube.informer import (
-    CAPTURE_LEASE_PREFIX,
-    LEASE,
-    LEASE_FRESH,
-    PROGRESS_WINDOW,
-    Change,
-    Informer,
-    StoreCache,
-)
+from controller.kube.informer import PROGRESS_WINDOW, Change, Informer
+from controller.kube.liveness import CAPTURE_LEASE_PREFIX, LEASE, LEASE_FRESH
 from controller.kube.reflector import WATCH_TIMEOUT
+from controller.kube.store import StoreCache
 from controller.logs import fields
 from controller.maintainer.changefeeds import Changefeeds, Timings
 from controller.maintainer.janitor import JANITOR_INTERVAL, Janitor

@@ -20,7 +20,8 @@ from controller.apiserver import ApiServerHandle, start_server
 from controller.kube import informer as informer_module
 from controller.kube import reflector as reflector_module
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Config
-from controller.kube.informer import LEASE, PROGRESS_WINDOW, Informer, Stream
+from controller.kube.informer import PROGRESS_WINDOW, Informer, Stream
+from controller.kube.liveness import LEASE
 from controller.kube.reflector import IDLE_MARGIN, WATCH_TIMEOUT
 from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import namespace, until

@@ -188,7 +188,7 @@ def test_a_changefeed_given_up_and_taken_again_while_frozen_is_listed_again(serv
             ns = await populated(client)
             async with synced_sharded(client, ns) as informer:
                 await asyncio.wait_for(informer.track("a"), 20)
-                async with informer.frozen():
+                async with informer.lock.hold():
                     informer.untrack("a")
                     again = asyncio.create_task(informer.track("a"))
                     await asyncio.sleep(0.3)

@@ -10,7 +10,7 @@ from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import Client
 from controller.kube.executor import Executor
-from controller.kube.informer import Store, StoreCache
+from controller.kube.store import Store, StoreCache
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
 from controller.model.records import Span
