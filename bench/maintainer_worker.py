@@ -51,13 +51,13 @@ import controller.maintainer.changefeeds as changefeeds  # noqa: E402
 import controller.maintainer.membership as membership  # noqa: E402
 import controller.maintainer.runner as runner  # noqa: E402
 from controller.engine import shards  # noqa: E402
-from controller.kube import heap, tenure  # noqa: E402
 from controller.kube.client import Client, Config  # noqa: E402
 from controller.maintainer import metrics  # noqa: E402
 from controller.maintainer.metrics import MetricsServer  # noqa: E402
 from controller.model.records import Changefeed, Span, SpanOperator  # noqa: E402
 from controller.model.states import Kind  # noqa: E402
 from controller.model.tso import physical_ms  # noqa: E402
+from controller.process import heap, tenure  # noqa: E402
 
 STATE: dict[str, Any] = {"t_process": T_PROCESS, "decide_n": 0, "decide_s": 0.0, "snapshot_s": 0.0}
 #: Seconds of every ``decide`` call, in order (``decisions I J`` summarises a slice of it).
@@ -321,12 +321,13 @@ def _time_callbacks() -> None:
     # And the synchronous steps a long callback may be made of: each one of LONG_STEP or more is counted too.
     from controller.kube import executor as executor_module
     from controller.kube import informer as informer_module
+    from controller.kube import store as store_module
 
     for owner, attr in (
         (informer_module.Informer, "_offer"),
-        (informer_module.Informer, "_put"),
-        (informer_module.Store, "list_page"),
-        (informer_module.Store, "end_listing"),
+        (informer_module.Informer, "received"),
+        (store_module.Store, "list_page"),
+        (store_module.Store, "end_listing"),
         (changefeeds.Changefeeds, "snapshot"),
         (executor_module.Executor, "owner_reference"),
     ):

@@ -45,12 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controller.apiserver import bench as api_bench  # noqa: E402
-from controller.kube import heap, tenure  # noqa: E402
 from controller.kube.client import RESOURCES, ApiError, Client, Config  # noqa: E402
 from controller.model import resources as conv  # noqa: E402
 from controller.model.keys import KeyRange  # noqa: E402
 from controller.model.records import Span  # noqa: E402
 from controller.model.states import GROUP, Kind, SpanState  # noqa: E402
+from controller.process import heap, tenure  # noqa: E402
 
 NS = "bench"
 CF = "bench"

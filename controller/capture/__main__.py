@@ -22,8 +22,8 @@ from controller import logs
 from controller.capture.agent import Agent, Settings, install_signal_handlers
 from controller.capture.lease_keeper import RETRY_AFTER_FAILURE
 from controller.capture.ledger import LEDGER_ENV
-from controller.kube import tenure
 from controller.kube.client import Client, Config
+from controller.process import tenure
 
 log = logging.getLogger("controller.capture")
 

@@ -46,13 +46,13 @@ from controller.capture.runtime import DispatcherRuntime, LogicalClockRuntime
 from controller.capture.sources import Sources
 from controller.capture.traffic import TableRates
 from controller.capture.troubles import Troubles
-from controller.kube import tenure
 from controller.kube.client import RESOURCES, Client
 from controller.kube.lease import LeaseLost
 from controller.kube.objects import ObjectInformer
 from controller.kube.probes import ProbeServer, parse_endpoint
 from controller.model.resources import CAPTURE_LABEL, lease_name
 from controller.model.states import DispatcherState, Kind
+from controller.process import tenure
 
 log = logging.getLogger("controller.capture")
 
@@ -90,7 +90,7 @@ class Settings:
     #: SIGTERM: seconds to wait for the maintainer to move this capture's dispatchers off (the agent marks its
     #: Capture draining) before it stops what is left and releases its Lease; 0 stops at once.
     drain_timeout: float = 0.0
-    #: Seconds between tenure steps (controller/kube/tenure.py: what survived leaves the collector's full
+    #: Seconds between tenure steps (controller/process/tenure.py: what survived leaves the collector's full
     #: passes, which at tens of thousands of dispatchers would hold the loop, Lease renewals included); 0: off,
     #: the class's default (a test's process); the command line's default is tenure.PERIOD (0.5 s).
     gc_tenure: float = 0.0

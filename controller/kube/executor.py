@@ -4,7 +4,7 @@ Chains run concurrently (bounded: ``concurrency`` chains of all decisions at onc
 in order by as many workers, never one task per chain: a task per chain, a decision placing 1,000 spans would
 start 1,000 tasks in one turn of the event loop); the writes of one chain run in order and the chain stops at its first
 failure. Each write, and each response's write-through, waits its turn on the informer's pacer
-(``controller.kube.pacing``), so that completions arriving together do not make one long turn of the loop.
+(``controller.process.pacing``), so that completions arriving together do not make one long turn of the loop.
 Idempotence rules: AlreadyExists on create (unless the create is exclusive) and NotFound on delete are success;
 a status write carries the resourceVersion the decision saw (or the one an earlier create in the same chain
 returned), and a status write after a create that found the object already there fails as a conflict instead
@@ -31,10 +31,11 @@ from controller.engine import intents as I
 from controller.engine import teardown
 from controller.engine.maintainer import REFUSAL_CODES, Decision, Refusal
 from controller.kube.client import EVENTS, LEASES, LIST_PAGE, RESOURCES, ApiError, BadResponse, Client
-from controller.kube.informer import LEASE, Cache
-from controller.kube.pacing import Pacer
+from controller.kube.liveness import LEASE
+from controller.kube.store import Cache
 from controller.model import resources as conv
 from controller.model.states import API_VERSION
+from controller.process.pacing import Pacer
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -306,7 +307,7 @@ class Executor:
         or a restarted process of it acquired the Lease, since the version the decision judged) fails the
         chain and the next decision judges again from the newer Lease."""
         name = conv.lease_name(w.capture)
-        current = self.informer.store.objects.get(LEASE, {}).get(name)
+        current = self.informer.store.leases.objects.get(name)
         if current is None:
             return
         if current.get("metadata", {}).get("resourceVersion") != w.lease_version:

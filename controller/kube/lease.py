@@ -112,10 +112,11 @@ class LeaderElector:
         retry: float = 2.0,
         owner: Callable[[], JSON | None] = lambda: None,
         silent: Callable[[str, str], float] = lambda holder, renew: 0.0,
+        on_answer: Callable[[], None] = lambda: None,
     ) -> None:
         self.client = client
         #: For how long (seconds, on our clock) the Lease has been seen unchanged with this holder and renewTime
-        #: before our first bid (the informer watches it all along: ``Store.silence``); 0 if not known.
+        #: before our first bid (the informer watches it all along: ``LeaseLiveness.silence``); 0 if not known.
         self.silent = silent
         #: The ownerReference a Lease this elector creates carries (e.g. its Changefeed's), or None.
         self.owner = owner
@@ -132,7 +133,7 @@ class LeaderElector:
         self.renewed = 0.0
         self._observed: tuple[str, str, float] | None = None  # (holder, renewTime, when we saw it change)
         #: Called after every bid the API answered (won, or lost to a holder): the maintainer's readiness.
-        self.on_answer: Callable[[], None] = lambda: None
+        self.on_answer = on_answer
 
     def _body(self, transitions: int, acquire: str, holder: str | None = None, duration: float | None = None) -> JSON:
         now = format_time(time.time(), micro=True)

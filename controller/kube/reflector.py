@@ -23,7 +23,7 @@ cache holds; the cache knows nothing of the network. The rules it keeps, and why
 * **One LIST at a time** when a ``list_gate`` is shared by several reflectors (the maintainer's: at 50,000 spans a
   LIST's raw objects are a few hundred MB until converted), each waiting at most ``LIST_PATIENCE`` for another.
 * **Short turns.** LIST pages are handed over ``CHUNK`` objects at a time and each chunk and each event is
-  preceded by ``Target.ready`` (the maintainer paces there, and waits while a decision has the cache frozen).
+  preceded by ``Target.ready`` (the maintainer paces there, and waits while a decision holds the cache's lock).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Target(Protocol):
     """What one stream feeds: a cache, and what it must know of the stream's health."""
 
     async def ready(self) -> None:
-        """Before each LIST chunk and each watch event (pacing; a cache frozen for a decision makes it wait)."""
+        """Before each LIST chunk and each watch event (pacing; a decision holding the cache's lock makes it wait)."""
 
     def begin_listing(self) -> Any:
         """A LIST begins; what it returns is handed to ``list_chunk`` and ``end_listing``."""
@@ -256,8 +256,8 @@ class Reflector:
                 # Closed on the way out, whatever the way (an ERROR event, a failure to apply): its connection now.
                 async with contextlib.aclosing(self._events(rv)) as events:
                     async for ev in events:
-                        # Events already buffered come without a pause: a burst (thousands, after a freeze or a
-                        # decision's writes) would hold the loop for as long as it takes.
+                        # Events already buffered come without a pause: a burst (thousands, after a decision held the
+                        # lock, or a decision's writes) would hold the loop for as long as it takes.
                         await target.ready()
                         target.heard()
                         if failures:

@@ -13,12 +13,12 @@ import prometheus_client
 
 from controller import logs
 from controller.engine.world import AUDIT_INTERVAL
-from controller.kube import heap, tenure
 from controller.kube.informer import PROGRESS_WINDOW
 from controller.kube.probes import parse_endpoint
 from controller.kube.reflector import WATCH_TIMEOUT
 from controller.maintainer import operator
 from controller.maintainer.runner import Settings, default_identity
+from controller.process import heap, tenure
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -201,8 +201,8 @@ class Changefeeds:
             retry=t.retry,
             owner=lambda: self.informer.store.owner_reference(name),
             silent=lambda holder, renew: self.bidding.silent(lease, holder, renew),
+            on_answer=lambda: self.competing.add(name),
         )
-        elector.on_answer = lambda: self.competing.add(name)
         backoff = t.retry
         try:
             while True:
@@ -273,12 +273,12 @@ class Changefeeds:
     async def _decide(self, world: World, memory: Memory, options: Options) -> Decision:
         """``decide``, and for a full audit also the incremental decision from the same snapshot (``_audited``).
 
-        Every decision runs in a thread while the informer is frozen, so that it sees one snapshot and the event
-        loop keeps renewing Leases, reading watches (they wait, not the loop) and deciding for other changefeeds
-        meanwhile. In the loop, a heavy one (the audit, a bootstrap: every record visited, seconds at 100,000 spans)
-        would hold it for 1.5 to 2.7 s at 50,000 spans, and one that places a 1,000-span Table for 90 ms; at rest
-        a decision is under a millisecond, and the thread costs about 0.1 ms more."""
-        async with self.informer.frozen():
+        Every decision runs in a thread while it holds the informer's decision lock, so that it sees one snapshot
+        and the event loop keeps renewing Leases, reading watches (they wait, not the loop) and deciding for other
+        changefeeds meanwhile. In the loop, a heavy one (the audit, a bootstrap: every record visited, seconds at
+        100,000 spans) would hold it for 1.5 to 2.7 s at 50,000 spans, and one that places a 1,000-span Table for
+        90 ms; at rest a decision is under a millisecond, and the thread costs about 0.1 ms more."""
+        async with self.informer.lock.hold():
             decision, check = await asyncio.to_thread(decide_and_compare, world, memory, options)
         if check is not None:
             self._audited(world.changefeed.name, memory, check)

@@ -26,14 +26,15 @@ from prometheus_client.registry import Collector
 from controller.engine import progress
 from controller.engine.maintainer import Memory, sink_figures, troubles
 from controller.engine.world import World
-from controller.kube.heap import HeapReserve
-from controller.kube.informer import LEASE, Informer
-from controller.kube.tenure import Tenure
+from controller.kube.informer import Informer
+from controller.kube.liveness import LEASE
 from controller.maintainer.stats import Stats
 from controller.model.progress import SINK, SOURCE, entry_lag
 from controller.model.records import Capture, Changefeed, SpanOperator
 from controller.model.states import Kind, OpType, SchedulerState
 from controller.model.tso import physical_ms
+from controller.process.heap import HeapReserve
+from controller.process.tenure import Tenure
 
 PREFIX = "changefeed_maintainer_"
 UNKNOWN_STATE = "Unknown"  # a Span whose status was never written

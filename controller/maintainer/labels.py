@@ -17,7 +17,8 @@ import time
 from collections.abc import Collection
 
 from controller.kube.client import RESOURCES, ApiError, Client
-from controller.kube.informer import UNASSIGNED, Informer, label_of
+from controller.kube.informer import Informer
+from controller.kube.store import UNASSIGNED, label_of
 from controller.logs import fields
 from controller.model import resources as conv
 from controller.model.states import Kind

@@ -17,8 +17,8 @@ import time
 
 from controller.engine import balance_policy, shards
 from controller.kube.client import LEASES, ApiError, Client
-from controller.kube.informer import Store
 from controller.kube.lease import LeaderElector
+from controller.kube.store import Store
 from controller.maintainer.terms import Terms
 from controller.model.records import Changefeed
 from controller.model.states import Kind
@@ -77,12 +77,12 @@ class Membership:
         """This replica's ``balance_policy.View``: its member and changefeed Leases as its watch shows them, what it
         leads, bids for and hands over, and the policy's memory."""
         store = self.store
-        members = {n: seen for n in store.lease_names(shards.MEMBER_PREFIX) if (seen := store.lease(n, now))}
+        members = {n: seen for n in store.leases.names(shards.MEMBER_PREFIX) if (seen := store.leases.seen(n, now))}
         cfs = store.all(Kind.CHANGEFEED)
         return balance_policy.View(
             config=self.config,
             members=members,
-            changefeeds={cf: store.lease(shards.changefeed_lease(cf), now) for cf in cfs},
+            changefeeds={cf: store.leases.seen(shards.changefeed_lease(cf), now) for cf in cfs},
             leading=frozenset(self.terms.leading),
             bids=frozenset(self._bids),
             asking=asking,
@@ -131,7 +131,7 @@ class Membership:
     def silent(self, lease: str, holder: str, renew: str) -> float:
         """How long our watch has seen ``lease`` unchanged with ``holder`` and ``renew`` (``Store.unchanged_for``):
         what a bid's elector counts a lapse from."""
-        return self.store.unchanged_for(lease, holder, renew, time.monotonic())
+        return self.store.leases.unchanged_for(lease, holder, renew, time.monotonic())
 
     # -- upkeep -----------------------------------------------------------------------------------------
 
@@ -140,16 +140,16 @@ class Membership:
         our clock for ``MEMBER_GC`` lease durations. The uid precondition spares a Lease created anew."""
         store = self.store
         now = time.monotonic()
-        for name in store.lease_names(shards.MEMBER_PREFIX):
+        for name in store.leases.names(shards.MEMBER_PREFIX):
             if name == self.member.name:
                 continue
-            seen = store.lease(name, now)
+            seen = store.leases.seen(name, now)
             silent = seen.silent if seen is not None else None
             duration = (seen.duration if seen is not None else 0.0) or default_duration
             if silent is None or silent < MEMBER_GC * duration:
                 continue
             try:
-                await self.client.delete(LEASES, self.namespace, name, store.lease_uid(name))
+                await self.client.delete(LEASES, self.namespace, name, store.leases.uid(name))
                 log.info("deleted the member Lease %s of a replica gone for %.0fs", name, silent)
             except ApiError as exc:
                 if not (exc.not_found or exc.status == 409):

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, GCCollector, Histogram, Platfor
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE
+from controller.kube.liveness import CAPTURE_LEASE_PREFIX, LEASE
 from controller.maintainer.collector import (
     CAPTURE_STATES,
     INITIAL_WRITE_ERROR_REASONS,

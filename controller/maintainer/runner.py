@@ -35,19 +35,13 @@ from dataclasses import dataclass, field
 from controller.engine import balance_policy
 from controller.engine.maintainer import Memory
 from controller.engine.world import AUDIT_INTERVAL, World
-from controller.kube import heap, namespace, tenure
+from controller.kube import namespace
 from controller.kube.client import Client, sleep_or
 from controller.kube.executor import Executor
-from controller.kube.informer import (
-    CAPTURE_LEASE_PREFIX,
-    LEASE,
-    LEASE_FRESH,
-    PROGRESS_WINDOW,
-    Change,
-    Informer,
-    StoreCache,
-)
+from controller.kube.informer import PROGRESS_WINDOW, Change, Informer
+from controller.kube.liveness import CAPTURE_LEASE_PREFIX, LEASE, LEASE_FRESH
 from controller.kube.reflector import WATCH_TIMEOUT
+from controller.kube.store import StoreCache
 from controller.logs import fields
 from controller.maintainer.changefeeds import Changefeeds, Timings
 from controller.maintainer.janitor import JANITOR_INTERVAL, Janitor
@@ -57,6 +51,8 @@ from controller.maintainer.metrics import MaintainerMetrics, MaintainerView
 from controller.maintainer.stats import Stats
 from controller.maintainer.terms import Terms
 from controller.model.states import Kind
+from controller.process import heap, tenure
+from controller.process.pacing import Pacer
 
 log = logging.getLogger("controller.maintainer")
 #: At rest, the supervisor's longest sleep without a change (at most half the retry period): for what only
@@ -95,11 +91,11 @@ class Settings:
     #: and decides at once) or "sharded" (Tables, Spans, Dispatchers and SpanOperators only of the
     #: changefeeds it leads: memory and watch traffic follow its share; taking one over lists it first).
     cache: str = "warm"
-    #: Seconds between tenure steps (controller.kube.tenure: what survives is frozen out of the collector's
+    #: Seconds between tenure steps (controller.process.tenure: what survives is frozen out of the collector's
     #: full passes, so that they stay short however many records the replica holds); 0: off, the default of
     #: the class (a library user's process, a test's); the command line's default is tenure.PERIOD (0.5 s).
     gc_tenure: float = 0.0
-    #: The heap reserve's ceiling, bytes (controller.kube.heap: memory paged in ahead of time by a thread of its
+    #: The heap reserve's ceiling, bytes (controller.process.heap: memory paged in ahead of time by a thread of its
     #: own, so that a table growing in the event loop does not take thousands of page faults); 0: off, the
     #: default of the class and of the command line (an opt-in: it rewires glibc's allocator in-process).
     heap_reserve: int = 0
@@ -120,19 +116,31 @@ class Maintainer:
         self.started = time.monotonic()
         self.stats = Stats()
         self.terms = Terms()
+        self.tenure = tenure.Tenure(s.gc_tenure) if s.gc_tenure > 0 else None
+        #: Set once its thread has started (None: off, or not glibc).
+        self.heap: heap.HeapReserve | None = None
+        #: Set on every informer notification but a capture's report, and when a changefeed's loop ends: the
+        #: supervisor's next turn.
+        self._kick = asyncio.Event()
+        #: Set when every changefeed's loop must look (a Capture changed): the supervisor wakes them all.
+        self.wakeup = asyncio.Event()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # What keeps the event loop's turns short, shared by the informer's streams and the executors' chains.
+        pacer = Pacer()
         # The Lease stream counts as current while something arrives at least this often: our own Lease
         # renewals (every ``retry``) and the captures' keep it busy while we lead.
         self.informer = Informer(
             client,
             s.namespace,
-            on_change=self._changed,
+            on_change=self._changed,  # it notifies nothing before ``start``, when every part below exists
             lease_fresh=max(LEASE_FRESH, 2.5 * s.retry),
+            watch_timeout=s.watch_timeout,
+            progress_window=s.liveness_window,
             sharded=s.cache == "sharded",
-            freeze=s.gc_tenure > 0,
+            # Each LIST page's records out of the collector's full passes at once, at a cold start.
+            after_page=self.tenure.freeze_now if self.tenure is not None else None,
+            pacer=pacer,
         )
-        self.informer.watch_timeout = s.watch_timeout
-        self.informer.progress_window = s.liveness_window
-        pacer = self.informer.pacer
         self.executor = Executor(client, self.informer, s.namespace, s.concurrency, pacer=pacer)
         #: The janitor's writes over the unassigned objects (sharded: the Tables of a changefeed that is gone).
         orphans = Executor(client, StoreCache(self.informer.unassigned), s.namespace, 4, pacer=pacer)
@@ -162,9 +170,6 @@ class Maintainer:
         )
         self.labeller = Labeller(client, s.namespace, self.informer)
         self.janitor = Janitor(client, s.namespace, s.identity, self.informer, self.executor, orphans, self.stats)
-        self.tenure = tenure.Tenure(s.gc_tenure) if s.gc_tenure > 0 else None
-        #: Set once its thread has started (None: off, or not glibc).
-        self.heap: heap.HeapReserve | None = None
         self.metrics = MaintainerMetrics(
             MaintainerView(
                 informer=self.informer,
@@ -178,12 +183,6 @@ class Maintainer:
                 heap=lambda: self.heap,
             )
         )
-        #: Set on every informer notification but a capture's report, and when a changefeed's loop ends: the
-        #: supervisor's next turn.
-        self._kick = asyncio.Event()
-        #: Set when every changefeed's loop must look (a Capture changed): the supervisor wakes them all.
-        self.wakeup = asyncio.Event()
-        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     # -- what the metrics and the tests read ---------------------------------------------------------------
 

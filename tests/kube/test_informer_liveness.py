@@ -20,7 +20,8 @@ from controller.apiserver import ApiServerHandle, start_server
 from controller.kube import informer as informer_module
 from controller.kube import reflector as reflector_module
 from controller.kube.client import LEASES, RESOURCES, ApiError, Client, Config
-from controller.kube.informer import LEASE, PROGRESS_WINDOW, Informer, Stream
+from controller.kube.informer import PROGRESS_WINDOW, Informer, Stream
+from controller.kube.liveness import LEASE
 from controller.kube.reflector import IDLE_MARGIN, WATCH_TIMEOUT
 from controller.model.states import API_VERSION, Kind
 from tests.kube.conftest import namespace, until
@@ -87,8 +88,7 @@ def test_a_watch_the_server_ends_is_resumed_not_relisted_and_stays_healthy(serve
         async with Client(Config(url=server.url)) as client:
             ns = await namespace(client)
             recording = Recording(client)
-            informer = Informer(client, ns)
-            informer.watch_timeout = 1
+            informer = Informer(client, ns, watch_timeout=1)
             await informer.start()
             try:
                 await asyncio.wait_for(informer.synced.wait(), 20)
@@ -223,8 +223,7 @@ def test_a_silent_connection_ends_the_stream_after_the_server_timeout_plus_a_mar
 
     async def scenario() -> None:
         fake = Hanging()
-        informer = Informer(cast(Client, fake), "ns")
-        informer.watch_timeout = 1
+        informer = Informer(cast(Client, fake), "ns", watch_timeout=1)
         loop = asyncio.get_running_loop()
         start = loop.time()
         events = [ev async for ev in informer.reflector(Stream("Span", RESOURCES[Kind.SPAN]))._events("7")]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from controller.kube.informer import LEASE, Store
+from controller.kube.liveness import LEASE
+from controller.kube.store import Store
 from controller.model.records import Capture
 from controller.model.states import Kind, SpanState
 from controller.sim.index_check import verify
@@ -29,8 +30,8 @@ def lease(rv: int, renew: str, duration: int = 10) -> dict[str, Any]:
 
 def age(s: Store, lease_name: str, seconds: float) -> None:
     """Make ``lease_name``'s renewTime look unchanged for ``seconds`` of a current view."""
-    renew, _ = s.silence.seen[lease_name]
-    s.silence.seen[lease_name] = (renew, s.lease_view.reading(time.monotonic()) - seconds)
+    renew, _ = s.leases.silence.seen[lease_name]
+    s.leases.silence.seen[lease_name] = (renew, s.leases.view.reading(time.monotonic()) - seconds)
 
 
 def test_older_event_never_overwrites_and_tombstone_blocks_resurrection() -> None:
@@ -68,9 +69,9 @@ def test_silence_counts_only_while_the_lease_view_is_current() -> None:
     s = Store()
     s.put("Capture", CAPTURE)
     s.put(LEASE, lease(6, "2020-01-01T00:00:00.000000Z"))
-    s.lease_view.heard(time.monotonic())
+    s.leases.view.heard(time.monotonic())
     age(s, "capture-c0", 8.0)
-    s.lease_view.broken(time.monotonic())  # the Lease stream broke: the API is unreachable
+    s.leases.view.broken(time.monotonic())  # the Lease stream broke: the API is unreachable
     before = s.record(Kind.CAPTURE, "c0")
     time.sleep(0.05)
     after = s.record(Kind.CAPTURE, "c0")
@@ -327,7 +328,7 @@ def test_a_capture_lease_missing_from_a_relist_or_never_seen_is_waited_for() -> 
     assert "c0" in fresh.captures()
     age(fresh, "capture-c0", 11 * rec.lease_duration + 1)
     assert "c0" not in fresh.captures()
-    assert "capture-c0" not in fresh.silence.seen
+    assert "capture-c0" not in fresh.leases.silence.seen
 
 
 def test_a_capture_whose_object_and_lease_are_both_deleted_is_still_waited_for() -> None:
@@ -350,7 +351,7 @@ def test_a_capture_whose_object_and_lease_are_both_deleted_is_still_waited_for()
         assert rec.expired(time.time())
         age(s, "capture-c0", 11 * 10.0 + 1)  # long run out: forgotten
         assert "c0" not in s.captures()
-        assert "capture-c0" not in s.silence.seen
+        assert "capture-c0" not in s.leases.silence.seen
 
 
 def test_an_invalid_object_belongs_to_the_shard_its_label_names() -> None:

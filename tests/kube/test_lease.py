@@ -16,8 +16,9 @@ from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import JSON, LEASES, RESOURCES, ApiError, Client, Config
 from controller.kube.executor import Executor
-from controller.kube.informer import LEASE, Informer
+from controller.kube.informer import Informer
 from controller.kube.lease import LeaderElector
+from controller.kube.liveness import LEASE
 from controller.model import resources as conv
 from controller.model.records import Table
 from controller.model.states import TABLE_FINALIZER, Kind

@@ -20,7 +20,8 @@ from controller.apiserver import ApiServerHandle
 from controller.engine.maintainer import CHECKPOINT_INTERVAL, Decision, Memory
 from controller.engine.world import Options, World
 from controller.kube.client import EVENTS, LEASES, RESOURCES, ApiError, Client, Config
-from controller.kube.informer import CAPTURE_LEASE_PREFIX, LEASE, Change
+from controller.kube.informer import Change
+from controller.kube.liveness import CAPTURE_LEASE_PREFIX, LEASE
 from controller.maintainer import changefeeds
 from controller.maintainer.runner import Maintainer, Settings
 from controller.model.states import API_VERSION, Kind
@@ -255,16 +256,16 @@ def test_a_create_the_api_refuses_shows_as_a_condition_and_an_event(server: ApiS
     asyncio.run(main())
 
 
-def test_decisions_run_in_a_thread_over_a_frozen_store(
+def test_decisions_run_in_a_thread_holding_the_decision_lock(
     server: ApiServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 25: decisions, the bootstrap and the full audits included (every record visited: seconds at
-    100,000 spans), run in a thread while the informer is frozen (the decision reads one snapshot; watch
+    100,000 spans), run in a thread holding the informer's decision lock (the decision reads one snapshot; watch
     events wait, writes offered meanwhile land after), never on the event loop. The audit still compares
     itself with the incremental decision of the same snapshot."""
     import threading
 
-    seen: list[tuple[bool, bool, bool]] = []  # (full or bootstrap, in a thread, the store frozen)
+    seen: list[tuple[bool, bool, bool]] = []  # (full or bootstrap, in a thread, the lock held)
     real = changefeeds.decide
     held: list[Maintainer] = []
 
@@ -274,8 +275,8 @@ def test_decisions_run_in_a_thread_over_a_frozen_store(
             # The audit's comparison (the incremental decision of the same world) runs beside it, in the thread.
             comparison = options is not None and options.audit_interval == float("inf")
             heavy = d.full or not memory.bootstrapped or comparison
-            frozen = held[0].informer._frozen > 0
-            seen.append((heavy, threading.current_thread() is not threading.main_thread(), frozen))
+            locked = held[0].informer.lock.locked
+            seen.append((heavy, threading.current_thread() is not threading.main_thread(), locked))
         return d
 
     monkeypatch.setattr(changefeeds, "decide", watching)
@@ -294,12 +295,12 @@ def test_decisions_run_in_a_thread_over_a_frozen_store(
     asyncio.run(main())
     assert any(heavy for heavy, _, _ in seen)
     assert any(not heavy for heavy, _, _ in seen)
-    for _, threaded, frozen in seen:
+    for _, threaded, locked in seen:
         assert threaded
-        assert frozen
+        assert locked
 
 
-def test_the_informer_applies_what_was_offered_while_frozen_at_the_thaw(server: ApiServerHandle) -> None:
+def test_the_informer_applies_what_was_offered_while_locked_at_the_release(server: ApiServerHandle) -> None:
     async def main() -> None:
         async with Client(Config.load(str(server.kubeconfig_path))) as client:
             ns = await setup(client)
@@ -310,8 +311,8 @@ def test_the_informer_applies_what_was_offered_while_frozen_at_the_thaw(server: 
             cf = await client.get(RESOURCES[Kind.CHANGEFEED], ns, CF)
             rv = str(int(cf["metadata"]["resourceVersion"]) + 1)
             newer = {**cf, "metadata": {**cf["metadata"], "resourceVersion": rv}}
-            async with informer.frozen():
-                async with informer.frozen():  # freezes nest
+            async with informer.lock.hold():
+                async with informer.lock.hold():  # holds nest
                     informer.offer(Kind.CHANGEFEED.value, cf)
                 informer.offer(Kind.CHANGEFEED.value, newer)
                 assert informer.store.record(Kind.CHANGEFEED, CF) is None
@@ -321,8 +322,8 @@ def test_the_informer_applies_what_was_offered_while_frozen_at_the_thaw(server: 
             assert record is not None
             assert record.resource_version == rv
             assert changed == [CF, CF]
-            many = [f"cf-{i}" for i in range(250)]  # more than one chunk: the thaw yields between chunks
-            async with informer.frozen():
+            many = [f"cf-{i}" for i in range(250)]  # more than one chunk: the release yields between chunks
+            async with informer.lock.hold():
                 for n in many:
                     informer.offer(Kind.CHANGEFEED.value, {**cf, "metadata": {**cf["metadata"], "name": n}})
             assert all(informer.store.record(Kind.CHANGEFEED, n) is not None for n in many)

@@ -181,7 +181,7 @@ def test_a_bid_held_back_counts_the_lapse_from_when_the_watch_saw_the_last_renew
     """Found by bench/scale_out.py: a replica whose share was full held its bids back until the SIGKILLed replica's
     member Lease lapsed; its first bid then started the lapse clock afresh, and the victim's changefeeds were led
     again 31 s after the kill with a 15 s Lease. The elector now counts from when our watch saw the Lease last
-    change (``Store.silence``), on our clock as before."""
+    change (``LeaseLiveness.silence``), on our clock as before."""
     from controller.kube.client import LEASES
     from controller.kube.lease import LeaderElector
     from controller.model.resources import format_time

@@ -123,9 +123,9 @@ def grafana_to_promql(expr: str, rate_interval: str = "1m") -> str:
 def exported_names() -> set[str]:
     """Every sample name the maintainer's registry exports (``<family>_total`` for counters, ``_bucket``,
     ``_count`` and ``_sum`` for histograms), from the collector itself: a Maintainer that is never started."""
-    from controller.kube import tenure
     from controller.kube.client import Client
     from controller.maintainer.runner import Maintainer, Settings
+    from controller.process import tenure
 
     # As the command line makes it: tenure on (a Settings made in code has it off), so its series are exported.
     settings = Settings(namespace="ns", identity="probe", gc_tenure=tenure.PERIOD)

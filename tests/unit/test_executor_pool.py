@@ -1,5 +1,5 @@
 """The executor runs a decision's chains through a pool of workers, never a task per chain, in order, and
-paces each write (controller/kube/executor.py, controller/kube/pacing.py)."""
+paces each write (controller/kube/executor.py, controller/process/pacing.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from controller.engine import intents as I
 from controller.engine.maintainer import Decision, Memory
 from controller.kube.client import Client
 from controller.kube.executor import Executor
-from controller.kube.informer import Store, StoreCache
-from controller.kube.pacing import Pacer
+from controller.kube.store import Store, StoreCache
 from controller.model import resources as conv
 from controller.model.keys import KeyRange
 from controller.model.records import Span
 from controller.model.states import SpanState
+from controller.process.pacing import Pacer
 
 
 def span(i: int) -> Span:

@@ -461,8 +461,8 @@ def test_captures_by_liveness() -> None:
         h.offer(Capture(name=name, draining=draining))
     # Liveness is judged on our clock: c4's renewTime last changed, as we saw it, ten minutes ago.
     store = h.m.informer.store
-    renew, _ = store.silence.seen[conv.lease_name("c4")]
-    store.silence.seen[conv.lease_name("c4")] = (renew, store.lease_view.reading(time.monotonic()) - 600)
+    renew, _ = store.leases.silence.seen[conv.lease_name("c4")]
+    store.leases.silence.seen[conv.lease_name("c4")] = (renew, store.leases.view.reading(time.monotonic()) - 600)
     h.offer(Capture(name="c5"))  # never took its Lease
     assert h.value("captures", state="alive") == 2
     assert h.value("captures", state="draining") == 1

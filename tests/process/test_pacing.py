@@ -1,5 +1,5 @@
 """The pacer keeps a turn of the event loop to one slice of paced work, loses and reorders nothing, and
-lets the loop poll between slices (controller/kube/pacing.py)."""
+lets the loop poll between slices (controller/process/pacing.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube.pacing import Pacer
+from controller.process.pacing import Pacer
 
 
 class CountingLoop(asyncio.SelectorEventLoop):

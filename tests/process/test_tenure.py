@@ -1,4 +1,4 @@
-"""Tenure (controller/kube/tenure.py): what survives a step is frozen out of the collector's full passes;
+"""Tenure (controller/process/tenure.py): what survives a step is frozen out of the collector's full passes;
 garbage cycles are collected before, not frozen; a step comes every period even with no young collection."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from controller.apiserver import ApiServerHandle
 from controller.capture.agent import Agent
 from controller.capture.agent import Settings as CaptureSettings
-from controller.kube import tenure
 from controller.kube.client import Client, Config
-from controller.kube.tenure import Tenure
 from controller.maintainer.runner import Maintainer, Settings
+from controller.process import tenure
+from controller.process.tenure import Tenure
 from tests.kube.conftest import namespace, until
 
 
@@ -122,6 +122,36 @@ def test_a_full_pass_after_a_step_does_not_visit_the_frozen_objects() -> None:
     t.step()
     assert len(gc.get_objects(2)) < 20000 <= gc.get_freeze_count()
     assert len(kept) == 20000
+
+
+def test_freeze_now_collects_the_young_garbage_cycles_and_freezes_the_rest() -> None:
+    """What the maintainer does after each LIST page of records: fresh garbage cycles are collected, not frozen for
+    good; what is alive leaves every later full pass. Not a step (the steps' figures are the period's)."""
+    t = Tenure(1.0)
+    kept = [cycle() for _ in range(1000)]
+    dead = cycle()
+    gone = weakref.ref(dead)
+    del dead
+    t.freeze_now()
+    assert gone() is None
+    assert gc.get_freeze_count() >= 2000
+    assert t.steps == 0
+    assert len(kept) == 1000
+
+
+def test_the_maintainer_has_its_informer_freeze_each_list_page_only_with_tenure_on(server: ApiServerHandle) -> None:
+    """The informer knows nothing of the collector: the runner hands it the tenure's ``freeze_now`` as what to do
+    after each LIST page of records (``--gc-tenure 0``: nothing)."""
+
+    async def main() -> None:
+        async with Client(Config.load(str(server.kubeconfig_path))) as client:
+            off = Maintainer(client, Settings(namespace="ns", identity="m0", gc_tenure=0))
+            assert off.informer.after_page is None
+            on = Maintainer(client, Settings(namespace="ns", identity="m1", gc_tenure=0.5))
+            assert on.tenure is not None
+            assert on.informer.after_page == on.tenure.freeze_now
+
+    asyncio.run(main())
 
 
 def test_the_period_must_be_positive() -> None:

@@ -1,4 +1,4 @@
-"""The heap reserve (controller/kube/heap.py): free memory paged in ahead of time by a thread of its own, so that
+"""The heap reserve (controller/process/heap.py): free memory paged in ahead of time by a thread of its own, so that
 a table that grows in the event loop is carved out of resident pages instead of faulting thousands of them in.
 
 Page faults are counted, not timed: a count does not wobble on a shared machine."""
@@ -16,10 +16,10 @@ import prometheus_client
 import pytest
 
 from controller.apiserver import ApiServerHandle
-from controller.kube import heap
 from controller.kube.client import Client, Config
 from controller.maintainer import __main__ as cli
 from controller.maintainer.runner import Maintainer, Settings
+from controller.process import heap
 from tests.kube.conftest import namespace, until
 
 glibc = pytest.mark.skipif(not heap.available(), reason="the heap reserve needs glibc 2.33 or later")
@@ -41,7 +41,7 @@ small_pages = pytest.mark.skipif(_huge_pages_always(), reason="transparent huge 
 PROBE = textwrap.dedent(
     """
     import ctypes, resource, sys
-    from controller.kube import heap
+    from controller.process import heap
     assert heap.configure(48 * heap.MiB)
     reserve = heap.HeapReserve(ceiling=48 * heap.MiB)
     if sys.argv[1] == "refill":
