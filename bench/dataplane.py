@@ -5,7 +5,7 @@ steady rate, an idle capture's CPU. Prints figures; asserts nothing about speed.
     .venv/bin/python bench/dataplane.py --sinks mysql --changes 20000 --dispatchers 1,100 --rounds 1 --lag-seconds 10
 
 A real etcd and a real server of each sink kind (``--sinks``: PostgreSQL, MariaDB) start on loopback
-(controller.dataplane.servers), all stopped at the end.
+(controller.demo.servers), all stopped at the end.
 
 1. **Throughput, side by side, per sink.** Each round writes ``--changes`` changes to etcd first (transactions of 50
    keys over 65,536 keys of one table: puts, overwrites, deletes); then every consumer replays them from the revision
@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.capture.batcher import MAX_TRANSACTION_ROWS
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
-from controller.dataplane.servers import EtcdServer, MariaDBServer, PostgresServer
-from controller.dataplane.writer import Writer, row_key
+from controller.demo.servers import EtcdServer, MariaDBServer, PostgresServer
+from controller.demo.writer import Writer, row_key
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
 from controller.model.states import Mode

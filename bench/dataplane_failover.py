@@ -43,8 +43,8 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.apiserver.server import start_server
-from controller.dataplane.servers import EtcdServer, PostgresServer
-from controller.dataplane.writer import Writer
+from controller.demo.servers import EtcdServer, PostgresServer
+from controller.demo.writer import Writer
 from controller.demo.__main__ import HOLD_CLOSE, System, set_hook, snapshot
 from controller.kube.client import RESOURCES, Client, Config
 from controller.model.states import API_VERSION, Kind

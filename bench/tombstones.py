@@ -4,7 +4,7 @@ Prints figures; asserts nothing about speed.
     nice -n 10 .venv/bin/python bench/tombstones.py                    # 600 s at 1,000 changes/s over 10,000 keys
     .venv/bin/python bench/tombstones.py --duration 120 --gc-interval 20 --report-interval 10
 
-A real etcd and a real PostgreSQL start on loopback (controller.dataplane.servers), both stopped at the end; one
+A real etcd and a real PostgreSQL start on loopback (controller.demo.servers), both stopped at the end; one
 process besides them (the runtime and the writer share its event loop).
 
 The table holds ``--keys`` live keys at all times, and its key names churn: ``--rate`` changes a second, half of
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
 from controller.dataplane import verify as check
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.demo.servers import EtcdServer, PostgresServer
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
 from controller.model.states import Mode

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install Debian's mariadb-server for the MySQL sink's tests (as root: CI), without leaving a service running: the
-# tests start their own mariadbd on loopback in a temporary directory (controller/dataplane/servers.py,
+# tests start their own mariadbd on loopback in a temporary directory (controller/demo/servers.py,
 # MariaDBServer) and always stop it. Idempotent: nothing happens when mariadbd and mariadb-install-db are there.
 set -euo pipefail
 

@@ -13,7 +13,7 @@ When no dispatcher of a batch has a row waiting (idle spans whose checkpoints on
 notifications), there is no transaction at all: every row each received up to its resolved revision is already
 committed.
 
-Tombstone collection (``collector.Collector``, ``controller.dataplane.horizon``): every transaction first reads the
+Tombstone collection (``collector.Collector``, each sink's ``Session.collect``): every transaction first reads the
 horizons of the tables it writes (``FOR SHARE``) and applies only the changes above them, so a put older than a
 collected tombstone never lands; and between its transactions the writer collects the tombstones below them.
 
@@ -93,7 +93,7 @@ class Writer:
         gc_interval: float = 60.0,
     ) -> None:
         self.changefeed = changefeed
-        #: Where a failing transaction says why (``diagnosis.sink_trouble``), cleared by the next commit.
+        #: Where a failing transaction says why (``Sink.trouble``), cleared by the next commit.
         self.troubles = troubles
         #: Where it writes (``use`` changes it, between two transactions).
         self.sink = sink

@@ -1,81 +1,72 @@
-"""The real dispatcher runtime: an etcd v3 key range replicated into PostgreSQL (issue 38).
+"""The real dispatcher runtime: a changefeed's key ranges read from its source (etcd: ``controller.sources.etcd``)
+and written to its sink (any kind: ``controller.sinks``), with the dispatchers' bookkeeping between them.
 
-Positions. A changefeed with a source (``spec.source.etcd``) counts in **etcd revisions**: its ts *is* the
-revision (one etcd cluster's revision is global and totally ordered, so checkpoints taken on different
-captures compare exactly, and a successor's startTs is exact). A dispatcher started at ``R > 0`` has had
-every change of its range up to ``R`` applied downstream and watches from ``R + 1``. ``R == 0`` means "now":
-an initial scan (one range read at the store's current revision ``S``), committed in **one** transaction
-with checkpoint ``S`` (so a dispatcher replaced before it committed leaves nothing half-scanned behind:
-its successor, also at 0, scans again), then the watch from ``S + 1``. That transaction also makes a tombstone
-at ``S`` of every live row of the range older than ``S`` that the scan did not find (``schema.sweep``): rows a
-predecessor committed before it died unreported, for keys deleted since.
+Positions. A changefeed with a source counts in **etcd revisions**: its ts *is* the revision (one etcd cluster's
+revision is global and totally ordered, so checkpoints taken on different captures compare exactly, and a
+successor's startTs is exact). A dispatcher started at ``R > 0`` has had every change of its range up to ``R``
+applied downstream and watches from ``R + 1``. ``R == 0`` means "now": an initial scan (``EtcdSource.scan``: one
+range read at the store's current revision ``S``), committed in **one** transaction with checkpoint ``S`` (so a
+dispatcher replaced before it committed leaves nothing half-scanned behind: its successor, also at 0, scans again),
+then the watch from ``S + 1``. That transaction also makes a tombstone at ``S`` of every live row of the range older
+than ``S`` that the scan did not find (``api.Sweep``): rows a predecessor committed before it died unreported, for
+keys deleted since.
 
-Checkpoint = the highest revision up to which every change of the span is *committed* in the sink. A
-watch response with events carries whole revisions (etcd never splits one revision's events across
-responses), so after it everything up to its last event's ``mod_revision`` has been received; a periodic
-progress notification (``progress_notify``: no events, not ``created``) says everything up to its
-``header.revision`` has been sent, which is how an idle span advances. The answer to a manual
-``WatchProgressRequest`` is never used (not ordered with events on etcd < 3.5.8: docs/architecture.md).
+Checkpoint = the highest revision up to which every change of the span is *committed* in the sink. A watch response
+with events carries whole revisions (etcd never splits one revision's events across responses), so after it
+everything up to its last event's revision has been received; a periodic progress notification (no events, not
+``created``) says everything up to its ``header.revision`` has been sent, which is how an idle span advances. The
+answer to a manual ``WatchProgressRequest`` is never used (not ordered with events on etcd < 3.5.8:
+docs/architecture.md).
 
-The watches. Per changefeed, every dispatcher of this capture watches its range on one etcd Watch stream
-(``etcdwatch.WatchStream``: one gRPC call, a watcher of its own per dispatcher, each with its own start revision
-and progress notifications): a capture with 1,000 dispatchers holds one stream per changefeed, not 1,000. A
-dispatcher whose rows pile up (``sink.MAX_PENDING_ROWS``) or that is paused has its watcher cancelled, and created
+The watches. Per changefeed, every dispatcher of this capture watches its range on the source's one watch stream
+(``sources.etcd.watch.WatchStream``: one gRPC call, a watcher of its own per dispatcher, each with its own start
+revision and progress notifications): a capture with 1,000 dispatchers holds one stream per changefeed, not 1,000. A
+dispatcher whose rows pile up (``batcher.MAX_PENDING_ROWS``) or that is paused has its watcher cancelled, and created
 again from its position when drained or resumed; a broken stream creates every watcher again from its position.
 
-The sink (``sink.Sink``). Per changefeed, one writer task on one psycopg connection takes what every dispatcher of
-this capture received since the last transaction and applies it in one transaction (group commit), with each
-included dispatcher's resolved revision saved to the ``checkpoints`` table in the same transaction
-(``controller.dataplane.schema``). Only after the commit does the dispatcher's in-memory checkpoint move. A failed
-transaction is rolled back, its rows put back, and retried with back-off: the checkpoint stays where it was and
-nothing is lost. Changes are applied only if newer than the row (deletes as tombstones), so replays after a
-failover or an in-flight transaction that commits after a close are harmless.
+The sink (``batcher.Writer``). Per changefeed, one writer task on one sink session takes what every dispatcher of this
+capture received since the last transaction and applies it in one transaction (group commit), with each included
+dispatcher's resolved revision saved as its checkpoint in the same transaction. Only after the commit does the
+dispatcher's in-memory checkpoint (``durable``) move. A failed transaction is rolled back, its rows put back, and
+retried with back-off: the checkpoint stays where it was and nothing is lost. Changes are applied only if newer than
+the row (deletes as tombstones), so replays after a failover or an in-flight transaction that commits after a close
+are harmless.
 
-So :meth:`DataplaneRuntime.checkpoint` only ever returns committed values, and :meth:`~DataplaneRuntime.flush`
-has nothing to do: every checkpoint returned so far is already durable downstream.
+So :meth:`DataplaneRuntime.checkpoint` only ever returns committed values, and :meth:`~DataplaneRuntime.flush` has
+nothing to do: every checkpoint returned so far is already durable downstream.
 
-Lag in seconds: the runtime remembers, per changefeed, when it first saw each new head revision (any watch
-response's ``header.revision``). A dispatcher's checkpoint stands for the wall time the head first passed it
-(now when caught up): :meth:`DataplaneRuntime.checkpoint_time`, which the agent puts in its progress report
-(``ProgressEntry.checkpoint_time``) for the maintainer's lag; :meth:`DataplaneRuntime.lag_seconds` is now
-minus it.
+Lag in seconds: the runtime remembers, per changefeed, when it first saw each new head revision (any response's
+``header.revision``). A dispatcher's checkpoint stands for the wall time the head first passed it (now when caught
+up): :meth:`DataplaneRuntime.checkpoint_time`, which the agent puts in its progress report
+(``ProgressEntry.checkpoint_time``) for the maintainer's lag; :meth:`DataplaneRuntime.lag_seconds` is now minus it.
 
-Compaction. A watch from a compacted revision is cancelled by etcd (``compact_revision`` set): the
-dispatcher stops, its checkpoint does not move, and :meth:`~DataplaneRuntime.failed` says why. Nothing is
-skipped.
+Compaction. A watch from a compacted revision is cancelled by etcd (``compact_revision`` set): the dispatcher stops,
+its checkpoint does not move, and :meth:`~DataplaneRuntime.failed` says why. Nothing is skipped.
 
-The connection (``controller.dataplane.etcd.Connection``): plaintext for ``http://`` endpoints, TLS for ``https://``
-ones (the Secret's ``ca.crt``, and ``tls.crt``/``tls.key`` for a client certificate), one endpoint at a time, the
-next after a transport error. Credentials (:class:`Endpoints`) are never logged nor shown in a repr.
+Credentials (:class:`Endpoints`) are never logged nor shown in a repr.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import aetcd.rpc
-
 from controller.capture.batcher import MAX_PENDING_ROWS, Scan, Writer
-from controller.capture.etcdwatch import BACKOFF, TRANSPORT, ChannelClosed, WatchStream, rpc
 from controller.capture.logs import fields
 from controller.capture.troubles import CONNECTION, Troubles
-from controller.dataplane import diagnosis
-from controller.dataplane.etcd import Connection, Tls, describe
 from controller.model.progress import SINK, SOURCE, Side, SinkFigures
 from controller.model.records import Dispatcher
 from controller.sinks.api import Row, Session, Sink
+from controller.sources.etcd import EtcdSource, same
+from controller.sources.etcd.connection import Tls, describe
+from controller.sources.etcd.watch import BACKOFF
 
 log = logging.getLogger("controller.capture.dataplane")
 
-_DELETE = aetcd.rpc.Event.DELETE
-#: Rows per page of the initial scan.
-SCAN_PAGE = 2_000
 
 
 @dataclass(frozen=True)
@@ -87,7 +78,7 @@ class Endpoints:
     sink: Sink
     username: str | None = None
     password: str | None = None
-    #: TLS material for ``https://`` endpoints (``controller.dataplane.etcd``); None: the system's roots.
+    #: TLS material for ``https://`` endpoints (``sources.etcd.connection``); None: the system's roots.
     tls: Tls | None = None
 
     def __repr__(self) -> str:
@@ -98,7 +89,7 @@ class Endpoints:
 
 @dataclass
 class _Disp:
-    """A dispatcher of the data plane: its watcher (``etcdwatch.Watcher``) and what the sink holds of it
+    """A dispatcher of the data plane: its watcher (``sources.api.Watcher``) and what the sink holds of it
     (``sink.Pending``)."""
 
     dispatcher: Dispatcher
@@ -142,7 +133,7 @@ class _Disp:
     def checkpoint(self) -> int:
         return self.paused_at if self.paused_at is not None else self.durable
 
-    # -- etcdwatch.Watcher --------------------------------------------------------------------------------
+    # -- sources.api.Watcher ------------------------------------------------------------------------------
 
     def position(self) -> int:
         return self.resolved
@@ -166,18 +157,12 @@ class _Disp:
         message = f"the source cancelled the watch of span {self.dispatcher.span}: {reason or 'no reason given'}"
         self.feed.runtime.troubles.set(self.feed.changefeed, SOURCE, self.own, not needs_a_person, message)
 
-    def events(self, events: Any, head: int) -> None:
+    def events(self, rows: list[Row], head: int) -> None:
         self.feed.runtime.troubles.clear(self.feed.changefeed, SOURCE, self.own)
-        append = self.rows.append  # the hot loop of a catch-up: each protobuf attribute read once
-        for e in events:
-            kv = e.kv
-            if e.type == _DELETE:
-                append((kv.key, None, kv.mod_revision, True))
-            else:
-                append((kv.key, kv.value, kv.mod_revision, False))
-        self.received_rows += len(events)
-        self.resolved = max(self.resolved, events[-1].kv.mod_revision)
-        self.feed.sink.received(self, len(events))
+        self.rows.extend(rows)
+        self.received_rows += len(rows)
+        self.resolved = max(self.resolved, rows[-1][2])
+        self.feed.sink.received(self, len(rows))
         if len(self.rows) >= MAX_PENDING_ROWS:
             self.held = True  # until the writer drained it (Sink.drained -> _Feed.drained)
             self.feed.stream.drop(self.name)
@@ -206,7 +191,7 @@ class _Disp:
 
 
 class _Feed:
-    """One changefeed on this capture: its etcd client and its one watch stream (``etcdwatch.WatchStream``: every
+    """One changefeed on this capture: its source (``EtcdSource``: its connection and its one watch stream, every
     dispatcher's watcher on it), its sink (``sink.Sink``), its dispatchers."""
 
     def __init__(self, runtime: DataplaneRuntime, changefeed: str, endpoints: Endpoints) -> None:
@@ -214,10 +199,9 @@ class _Feed:
         self.changefeed = changefeed
         self.endpoints = endpoints
         self.dispatchers: dict[str, _Disp] = {}
-        self.client: Connection | None = None
-        self._client_lock = asyncio.Lock()
-        self._endpoint_index = 0
-        self.stream = WatchStream(self.etcd, self.reset_etcd, on_head=self.saw_head, on_error=self.source_failed)
+        #: The source: its connection, its one watch stream (every dispatcher's watcher on it), its scans.
+        self.source = EtcdSource(endpoints, on_head=self.saw_head, on_error=self.source_failed)
+        self.stream = self.source.stream
         self.sink = Writer(
             changefeed,
             endpoints.sink,
@@ -231,46 +215,15 @@ class _Feed:
         self.sink.tombstones.publish(runtime.published_checkpoint(changefeed))
         #: (head revision, wall time first seen), increasing in both.
         self.heads: list[tuple[int, float]] = []
-        #: The source's etcd cluster id, once a scan or a probe saw it (0 before): new endpoints must belong to it.
-        self.cluster_id = 0
-
-    # -- etcd --------------------------------------------------------------------------------------------
-
-    async def etcd(self) -> Connection:
-        async with self._client_lock:
-            if self.client is None:
-                e = self.endpoints
-                endpoint = e.etcd[self._endpoint_index % len(e.etcd)]
-                try:
-                    self.client = await rpc(
-                        Connection.open(endpoint, username=e.username, password=e.password, tls=e.tls, auth_timeout=10)
-                    )
-                except TRANSPORT:
-                    self._endpoint_index += 1  # refused (authentication asks the server): the next endpoint next
-                    raise
-            return self.client
-
-    async def reset_etcd(self, used: Connection | None) -> None:
-        """Drop the connection ``used`` after a transport error on it: the next call connects again (to the next
-        endpoint). A connection already replaced (another task's error came first) is left as it is: closing the
-        new one would break the calls on it for nothing."""
-        async with self._client_lock:
-            if used is None or self.client is not used:
-                return
-            client, self.client = self.client, None
-            self._endpoint_index += 1
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await client.close()
 
     def source_failed(self, exc: BaseException, origin: str = CONNECTION) -> None:
         """A call to the source failed: the changefeed's source trouble while it is retried, under ``origin`` (the
         stream's: ``CONNECTION``, cleared by any response; a dispatcher's scan or watch: its own, cleared by its own
         success), so that one span's refusal is not cleared by another's answers. A connection closed under a call
         by another task's error is that task's to report."""
-        if not isinstance(exc, ChannelClosed):
-            transient, message = diagnosis.source_trouble(exc)
-            self.runtime.troubles.set(self.changefeed, SOURCE, origin, transient, message)
+        said = self.source.trouble(exc)
+        if said is not None:
+            self.runtime.troubles.set(self.changefeed, SOURCE, origin, *said)
 
     # -- new values from the Secrets ------------------------------------------------------------------------
 
@@ -282,11 +235,13 @@ class _Feed:
         per side, why the new values were not taken (nothing lost either way)."""
         problems: dict[Side, str] = {}
         old = self.endpoints
-        if (new.etcd, new.username, new.password, new.tls) != (old.etcd, old.username, old.password, old.tls):
-            client, problem = await self._try_source(new)
+        if not same(new, old):
+            probe = min((d.key for d in self.dispatchers.values()), default=b"\x00")
+            client, problem = await self.source.try_values(new, probe)
             failing = self.runtime.troubles.has(self.changefeed, SOURCE, CONNECTION)
             if client is not None or failing:
-                await self._use_source(new, client)
+                await self.source.use(new, client)
+                self.endpoints = replace(new, sink=self.endpoints.sink)
             if problem:
                 problems[SOURCE] = f"the source Secret's new values do not work: {problem}" + (
                     "" if failing else "; still reading with the values read before"
@@ -305,51 +260,6 @@ class _Feed:
         if self.endpoints != old:
             log.info("changefeed uses its Secrets' new values", extra=fields(changefeed=self.changefeed))
         return problems
-
-    async def _try_source(self, new: Endpoints) -> tuple[Connection | None, str]:
-        """A connection to one of ``new``'s endpoints that answered a read of one key of a span held here, or why
-        none did."""
-        probe = min((d.key for d in self.dispatchers.values()), default=b"\x00")
-        problem = ""
-        for endpoint in new.etcd:
-            conn = None
-            try:
-                conn = await rpc(
-                    Connection.open(
-                        endpoint, username=new.username, password=new.password, tls=new.tls, auth_timeout=10
-                    )
-                )
-                answer = await rpc(
-                    conn.kvstub.Range(
-                        aetcd.rpc.RangeRequest(key=probe, limit=1, keys_only=True), timeout=10, metadata=conn.metadata
-                    )
-                )
-                cluster = int(answer.header.cluster_id)
-                if self.cluster_id and cluster != self.cluster_id:
-                    await conn.close()
-                    return None, (
-                        f"{endpoint} belongs to another etcd cluster (id {cluster:x}, not {self.cluster_id:x}): this "
-                        "changefeed's positions are revisions of the first one; create a new changefeed for it"
-                    )
-                self.cluster_id = cluster
-                return conn, ""
-            except TRANSPORT as exc:
-                problem = diagnosis.source_trouble(exc)[1]
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-        return None, problem
-
-    async def _use_source(self, new: Endpoints, client: Connection | None) -> None:
-        """Read with ``new`` from now on, on ``client`` if given: the connection in use is closed, which breaks the
-        watch stream, and every watcher is created again on the new one from its dispatcher's position."""
-        async with self._client_lock:
-            old, self.client = self.client, client
-            self.endpoints = replace(new, sink=self.endpoints.sink)
-            self._endpoint_index = 0
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.close()
 
     async def _try_sink(self, sink: Sink) -> tuple[Session | None, str]:
         """A session of ``sink`` that answered a round trip and reaches the database this changefeed writes (its
@@ -404,45 +314,23 @@ class _Feed:
         """The initial scan if ``d`` starts at 0, then its watcher (retrying the scan while etcd is unreachable)."""
         backoff = BACKOFF[0]
         while d.failed is None:
-            conn = None
             try:
                 await d.resume.wait()
                 if d.resolved == 0:
-                    conn = await self.etcd()
-                    await self._scan(d, conn)
+                    await self._scan(d)
                     self.runtime.troubles.clear(self.changefeed, SOURCE, d.own)
                 d.scanned = True
                 self.rewatch(d)
                 return
-            except TRANSPORT as exc:
+            except self.source.errors() as exc:
                 log.debug("etcd scan failed; retrying", extra=fields(dispatcher=d.name, error=describe(exc)))
                 self.source_failed(exc, d.own)
-                await self.reset_etcd(conn)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF[1])
 
-    async def _scan(self, d: _Disp, client: Connection) -> None:
+    async def _scan(self, d: _Disp) -> None:
         """The initial scan: the range as of one revision, queued as one unit with that revision as resolved."""
-        lo, hi = d.dispatcher.key_range.start, d.dispatcher.key_range.end
-        rows: list[Row] = []
-        at = 0
-        key = lo
-        while True:
-            answer = await rpc(
-                client.kvstub.Range(
-                    aetcd.rpc.RangeRequest(key=key, range_end=hi, revision=at, limit=SCAN_PAGE),
-                    timeout=30,
-                    metadata=client.metadata,  # the auth token of a source with a username (None without)
-                )
-            )
-            if at == 0:
-                at = answer.header.revision
-                self.cluster_id = self.cluster_id or int(answer.header.cluster_id)
-                self.saw_head(at)
-            rows.extend((kv.key, kv.value, kv.mod_revision, False) for kv in answer.kvs)
-            if not answer.more or not answer.kvs:
-                break
-            key = answer.kvs[-1].key + b"\x00"
+        rows, at = await self.source.scan(d.dispatcher.key_range)
         # No await between these: the writer takes all of it, with ``at`` and the sweep, in one transaction.
         d.rows.extend(rows)
         d.scan = Scan(at, [row[0] for row in rows])
@@ -455,11 +343,8 @@ class _Feed:
         for d in list(self.dispatchers.values()):
             if d.task is not None:
                 d.task.cancel()
-        await self.stream.aclose()
+        await self.source.aclose()
         await self.sink.aclose()
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                await self.client.close()
 
 
 class DataplaneRuntime:
@@ -612,7 +497,7 @@ class DataplaneRuntime:
         if feed is None or any(d.paused_at is None for d in feed.dispatchers.values()):
             return
         feed.sink.release()
-        asyncio.get_running_loop().create_task(feed.reset_etcd(feed.client), name=f"release-{changefeed}")
+        feed.source.release()
 
     def running(self) -> list[str]:
         return sorted(self._runs)

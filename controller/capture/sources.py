@@ -32,7 +32,6 @@ from controller.capture.dataplane import Endpoints
 from controller.capture.logs import fields
 from controller.capture.routed import RoutedRuntime
 from controller.capture.troubles import SECRETS, Troubles
-from controller.dataplane import etcd
 from controller.kube.client import JSON, RESOURCES, ApiError, Client
 from controller.kube.client import SECRETS as SECRET_RESOURCE
 from controller.model.progress import SINK, SOURCE, Side
@@ -40,6 +39,7 @@ from controller.model.resources import InvalidResource, changefeed_from_resource
 from controller.model.states import Kind
 from controller.sinks import api as sinks
 from controller.sinks import kinds
+from controller.sources.etcd import connection as etcd
 
 log = logging.getLogger("controller.capture")
 CHANGEFEEDS = RESOURCES[Kind.CHANGEFEED]

@@ -22,7 +22,6 @@ from typing import Any
 from controller.cli import render, validate
 from controller.cli.errors import EXIT_FAILED, EXIT_OK, Failed, NotFound, Refused, Usage
 from controller.cli.kube import Session
-from controller.dataplane import etcd
 from controller.dataplane import verify as check
 from controller.engine.maintainer import REPLICATION_FAILED, SINK_UNAVAILABLE, SOURCE_UNAVAILABLE
 from controller.kube.client import RESOURCES, ApiError
@@ -31,6 +30,7 @@ from controller.model.states import Kind
 from controller.model.verification import LAST_VERIFY_ANNOTATION, Verification
 from controller.sinks import api as sinks
 from controller.sinks import kinds
+from controller.sources.etcd import connection as etcd
 
 JSON = dict[str, Any]
 CHANGEFEEDS, SPANS = RESOURCES[Kind.CHANGEFEED], RESOURCES[Kind.SPAN]

@@ -1,9 +1,7 @@
-"""The data plane: what a real dispatcher replicates from and to, and how a sink is checked against its source.
-
-:mod:`.etcd` is the connection to the etcd source, :mod:`.schema` the PostgreSQL sink's layout and its only-if-newer
-writes, :mod:`.horizon` the tombstone collection, :mod:`.verify` the row-by-row comparison behind ``kubectl
-changefeed verify``, :mod:`.diagnosis` what a failure of either side means for a person; :mod:`.servers` starts a
-real etcd and a real PostgreSQL on loopback for the tests and the demo (always stopped) and :mod:`.writer` writes
-to the source. The runtime that replicates a span over them is :mod:`controller.capture.dataplane`. The client
-libraries and why they were chosen: docs/architecture.md, "Data plane: the servers and clients".
+"""How a sink is checked against its source: :mod:`.verify`, the row-by-row comparison behind ``kubectl changefeed
+verify`` (etcd at a revision against any sink's snapshot). The source is :mod:`controller.sources`, the sinks
+:mod:`controller.sinks`, the runtime that replicates a span between them :mod:`controller.capture.dataplane`; the
+servers and the writer the tests, the benches and the demo start are :mod:`controller.demo.servers` and
+:mod:`controller.demo.writer`. The client libraries and why they were chosen: docs/architecture.md, "Data plane:
+the servers and clients" and "Sinks: the seam".
 """

@@ -52,10 +52,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.dataplane import etcd
 from controller.model.keys import KeyRange
 from controller.model.states import Mode
 from controller.sinks.api import Sink, StoredRow
+from controller.sources.etcd import connection as etcd
 
 #: Keys per page of etcd's range read at R.
 PAGE = 1000

@@ -6,7 +6,7 @@ against it: the kubeconfig path is printed); with ``--kubeconfig``/``--context``
 they run in pods.
 
 By default (``--source etcd``) the changefeed replicates real data: a real etcd and a real PostgreSQL start
-on loopback from the pinned wheels (``controller.dataplane.servers``; stopped and removed at the end,
+on loopback from the pinned wheels (``controller.demo.servers``; stopped and removed at the end,
 whatever happens), the Changefeed names them through two Secrets, and a writer puts, overwrites and deletes
 rows of the three example tables at ``--rate`` changes a second throughout. Each progress line shows the
 rows downstream, the source's head and the checkpoint revision, and the lag in seconds. ``--source none``
@@ -159,8 +159,8 @@ class DataPlane:
     TABLES = (101, 102, 103)  # examples/tables.yaml
 
     def __init__(self, rate: float, stack: contextlib.ExitStack, sink: str = "postgres") -> None:
-        from controller.dataplane.servers import EtcdServer, MariaDBServer, PostgresServer
-        from controller.dataplane.writer import Writer
+        from controller.demo.servers import EtcdServer, MariaDBServer, PostgresServer
+        from controller.demo.writer import Writer
 
         server = "MariaDB (Debian's mariadb-server)" if sink == "mysql" else "PostgreSQL (from the pinned wheel)"
         print(f"starting etcd and {server} on loopback", flush=True)

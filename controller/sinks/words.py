@@ -1,6 +1,6 @@
 """The words of failures that mean the same whichever source or sink says them: a TLS verification failure, an
 authentication failure, and what passes by itself though it reads like one of those. Pure; each kind's classifier
-(``controller.dataplane.diagnosis`` for etcd, ``controller.sinks.postgres.errors``, ``controller.sinks.mysql.errors``)
+(``controller.sources.etcd.errors`` for etcd, ``controller.sinks.postgres.errors``, ``controller.sinks.mysql.errors``)
 uses them with its own codes."""
 
 from __future__ import annotations

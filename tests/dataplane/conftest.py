@@ -1,4 +1,4 @@
-"""Fixtures of the data-plane tests: a real etcd and a real PostgreSQL on loopback (controller/dataplane/servers.py).
+"""Fixtures of the data-plane tests: a real etcd and a real PostgreSQL on loopback (controller/demo/servers.py).
 
 ``etcd`` and ``postgres`` are shared by the session (start once: etcd ~0.2 s, PostgreSQL ~2 s with initdb):
 a test uses keys and tables of its own (``table_id``) and never compacts the shared etcd. A test that
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
-from controller.dataplane.servers import EtcdServer, MariaDBServer, PostgresServer
+from controller.demo.servers import EtcdServer, MariaDBServer, PostgresServer
 from controller.sinks import api as sinks
 from controller.sinks import kinds
 from tests.integration.harness import CRD_DIR, Api, System, embedded_api

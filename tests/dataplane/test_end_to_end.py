@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from controller.cli.__main__ import main as kubectl_changefeed
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.demo.servers import EtcdServer, PostgresServer
 from controller.model.keys import table_key
 from controller.model.states import OpPhase
 from controller.sinks.postgres import schema
@@ -195,7 +195,7 @@ def test_a_tls_source_named_by_its_secret_replicates_and_verifies(
         script = (
             "import asyncio, sys, aetcd.rpc\n"
             "from pathlib import Path\n"
-            "from controller.dataplane import etcd\n"
+            "from controller.sources.etcd import connection as etcd\n"
             "p = Path(sys.argv[2])\n"
             "tls = etcd.Tls(ca=(p / 'ca').read_bytes(), cert=(p / 'cert').read_bytes(), key=(p / 'key').read_bytes())\n"
             "async def main():\n"

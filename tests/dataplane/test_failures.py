@@ -23,8 +23,8 @@ import pytest
 
 from controller.apiserver import ApiServerHandle
 from controller.cli.__main__ import main as kubectl_changefeed
-from controller.dataplane.servers import EtcdServer
-from controller.dataplane.writer import Writer
+from controller.demo.servers import EtcdServer
+from controller.demo.writer import Writer
 from controller.engine.maintainer import FAILED_EVENT, REPLICATION_FAILED, RETRYING, SINK_EVENT, SINK_UNAVAILABLE
 from controller.model.states import DispatcherState, OpPhase, Stage
 from controller.model.verification import LAST_VERIFY_ANNOTATION, verification_from_json

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.demo.servers import EtcdServer, PostgresServer
 from controller.engine.maintainer import PAUSED
 from controller.model.records import Condition
 from tests.dataplane.test_failures import (

@@ -17,15 +17,16 @@ import psycopg
 import pytest
 
 from controller.apiserver.tls import self_signed
-from controller.capture.dataplane import DataplaneRuntime, Endpoints, _Feed
-from controller.capture.etcdwatch import ChannelClosed, rpc
-from controller.dataplane import etcd
-from controller.dataplane.servers import EtcdServer, PostgresServer, free_port
+from controller.capture.dataplane import DataplaneRuntime, Endpoints
+from controller.demo.servers import EtcdServer, PostgresServer, free_port
 from controller.model.keys import KeyRange, table_key
 from controller.model.progress import SINK, SOURCE
 from controller.model.records import Dispatcher
 from controller.model.states import Mode
 from controller.sinks.postgres import PostgresSink, schema
+from controller.sources.etcd import EtcdSource
+from controller.sources.etcd import connection as etcd
+from controller.sources.etcd.watch import ChannelClosed, rpc
 
 T = TypeVar("T")
 CF = "cf-runtime"
@@ -605,16 +606,16 @@ def test_a_call_on_a_connection_closed_under_it_is_a_transport_error_and_a_stale
             await read
         await conn.close()
 
-        rt = DataplaneRuntime(batch_interval=0.02)
-        feed = _Feed(rt, CF, Endpoints(etcd=(endpoint,), sink=PostgresSink(CF, "host=unused")))
-        first = await feed.etcd()
-        await feed.reset_etcd(first)
-        second = await feed.etcd()
+        source = EtcdSource(Endpoints(etcd=(endpoint,), sink=PostgresSink(CF, "host=unused")),
+                            on_head=lambda _: None, on_error=lambda _: None)  # fmt: skip
+        first = await source.connection()
+        await source.reset(first)
+        second = await source.connection()
         assert second is not first
-        await feed.reset_etcd(first)  # a late reset from a task that used the first
-        assert await feed.etcd() is second
-        await feed.reset_etcd(second)
-        assert feed.client is None
+        await source.reset(first)  # a late reset from a task that used the first
+        assert await source.connection() is second
+        await source.reset(second)
+        assert source.client is None
 
     run(body())
 

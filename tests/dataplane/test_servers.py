@@ -1,5 +1,5 @@
 """The real servers of the data plane answer as the dispatcher runtime will need them to, through the chosen
-clients (aetcd for etcd, psycopg 3 for PostgreSQL), and always stop (controller/dataplane/servers.py).
+clients (aetcd for etcd, psycopg 3 for PostgreSQL), and always stop (controller/demo/servers.py).
 
 What these tests pin down about etcd, through aetcd (docs/architecture.md, "Data plane: the servers and
 clients"): reads at a revision, a watch from a revision over ``[start, end)``, progress notifications (only
@@ -30,8 +30,8 @@ import grpc
 import psycopg
 import pytest
 
-from controller.dataplane import servers
-from controller.dataplane.servers import EtcdServer, PostgresServer, ServerDied, ServerError
+from controller.demo import servers
+from controller.demo.servers import EtcdServer, PostgresServer, ServerDied, ServerError
 from controller.model.keys import table_key
 from tests.dataplane.conftest import PROGRESS_INTERVAL
 
@@ -386,7 +386,7 @@ def test_servers_die_with_the_process_that_started_them() -> None:
     both servers down (the postmaster with its backends), though nothing ran their stop()."""
     script = textwrap.dedent("""
         import sys, time
-        from controller.dataplane.servers import EtcdServer, PostgresServer
+        from controller.demo.servers import EtcdServer, PostgresServer
         e = EtcdServer().start()
         p = PostgresServer().start()
         print(e.pid, p.pid, e.directory, p.directory, flush=True)

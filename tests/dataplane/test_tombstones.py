@@ -23,7 +23,7 @@ import pytest
 from controller.capture.batcher import Scan
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
 from controller.dataplane import verify as check
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.demo.servers import EtcdServer, PostgresServer
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher
 from controller.model.states import Mode

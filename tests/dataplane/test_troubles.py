@@ -27,8 +27,7 @@ import pytest
 
 from controller.apiserver.tls import self_signed
 from controller.cli.__main__ import main as kubectl_changefeed
-from controller.dataplane.etcd import Connection, Tls
-from controller.dataplane.servers import EtcdServer, PostgresServer, free_port
+from controller.demo.servers import EtcdServer, PostgresServer, free_port
 from controller.engine.maintainer import (
     CONFIGURATION_ERROR,
     RETRYING,
@@ -41,6 +40,7 @@ from controller.model.keys import table_key
 from controller.model.records import Condition
 from controller.model.resources import changefeed_from_resource
 from controller.sinks.postgres import schema
+from controller.sources.etcd.connection import Connection, Tls
 from tests.integration.harness import Api, System
 
 #: How soon a trouble must show, and a fix be used.

@@ -21,7 +21,7 @@ import pytest
 from controller.apiserver import ApiServerHandle, start_server
 from controller.cli.__main__ import main
 from controller.dataplane import verify as check
-from controller.dataplane.servers import EtcdServer, PostgresServer
+from controller.demo.servers import EtcdServer, PostgresServer
 from controller.kube.client import RESOURCES, Client, Config
 from controller.model import resources as conv
 from controller.model.keys import KeyRange, table_key

@@ -2,7 +2,7 @@
 chart's captures, across a Move held in flight while the maintainer's pods are deleted.
 
 One Table, cut into four spans where the writer's rows are (``preSplit.splitKeys`` at rows 0x0400, 0x0800 and
-0x0c00 of its 4,096, ``controller.dataplane.writer.row_key``: an even split of the table's whole key space would
+0x0c00 of its 4,096, ``controller.demo.writer.row_key``: an even split of the table's whole key space would
 put all of them in the first span). The writer puts and deletes those rows at 200 changes a second. Once the four
 spans are Replicating and the sink holds live rows in each span's key range (so the span about to move holds
 some), every capture holds its dispatchers' close (``hold-close``), a Move of one span to another capture is
@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from controller.dataplane.writer import Writer, row_key
+from controller.demo.writer import Writer, row_key
 from controller.sinks.postgres import schema
 from tests.e2e.conftest import ROOT
 from tests.e2e.kube import Kube, wait_for

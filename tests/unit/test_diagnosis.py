@@ -1,5 +1,6 @@
-"""``controller.dataplane.diagnosis``: what an error of the source or the sink means to a person (retried and expected
-to pass, or a configuration to fix), in words that say what and where and never quote a credential."""
+"""What an error of the source (``controller.sources.etcd.errors``) or a sink (its ``errors`` module) means to a
+person (retried and expected to pass, or a configuration to fix), in words that say what and where and never quote a
+credential."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import grpc
 import psycopg
 import pytest
 
-from controller.dataplane.diagnosis import source_trouble
 from controller.sinks.postgres.errors import sink_trouble
+from controller.sources.etcd.errors import source_trouble
 
 
 class RpcError(Exception):

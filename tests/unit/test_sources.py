@@ -15,9 +15,9 @@ from controller.apiserver.tls import self_signed
 from controller.capture import sources
 from controller.capture.sources import Sources
 from controller.capture.troubles import Troubles
-from controller.dataplane import etcd
 from controller.kube.client import ApiError
 from controller.model.progress import SINK, SOURCE
+from controller.sources.etcd import connection as etcd
 
 
 def _secret(**data: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What an error of the PostgreSQL sink means to a person (``controller.dataplane.diagnosis`` says it for the source):
+"""What an error of the PostgreSQL sink means to a person (``controller.sources.etcd.errors`` says it for the source):
 retried and expected to pass (a server restarting, a connection reset, a serialization failure), or for somebody to
 fix (a password, a grant, a missing database, a table altered by hand), in one line that never quotes a credential."""
 

@@ -15,7 +15,7 @@ One PostgreSQL schema per changefeed (``cfm_<changefeed>``, ``-`` made ``_``) ho
   bigint``, primary key (table_id, mode)): every change of the table with revision <= H is committed in the sink,
   and the tombstones at or below H are collected (deleted). Every transaction that writes a table reads its
   horizon first (``FOR SHARE``) and drops the changes at or below it, so a put older than a collected tombstone
-  is never applied: tombstones only outlive H until a collection (``controller.dataplane.horizon``).
+  is never applied: tombstones only outlive H until a collection (``controller.sinks.postgres.horizon``).
 
 A change is applied only if it is newer than what the row holds (``APPLY``: ``ON CONFLICT ... WHERE
 row.revision < new.revision``): replays are idempotent and never move a row backwards (TiCDC's safe mode,

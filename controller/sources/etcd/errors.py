@@ -1,23 +1,21 @@
-"""What an error of the source or the sink means to a person: is it retried and expected to pass by itself
-(transient: a server down, restarting or refusing connections, a connection reset, a serialization failure), or
-must somebody change something (a wrong password, a certificate the other side does not trust, a missing grant,
-a table altered by hand)? And what to say, in one line that names what and where but never a credential.
-
-Both functions are pure over the exception (its gRPC status and details, or PostgreSQL's SQLSTATE and message);
-the capture reports their answer on its Lease (``progress.Trouble``) and the maintainer turns it into the
-Changefeed's conditions SourceUnavailable and SinkUnavailable, whose reason is ``ConfigurationError`` for what is
-not transient and ``Retrying`` for what is.
+"""What an error of the etcd source means to a person (each sink says it for itself: ``Sink.trouble``): retried and
+expected to pass by itself (a server down, restarting or refusing connections, a connection reset, an expired auth
+token), or for somebody to change something (a wrong password, a certificate the other side does not trust, a
+missing permission on the span's keys)? And what to say, in one line that names what and where but never a
+credential. Pure over the exception (its gRPC status and details); the capture reports the answer on its Lease
+(``progress.Trouble``) and the maintainer turns it into the Changefeed's condition SourceUnavailable, reason
+``ConfigurationError`` for what is not transient and ``Retrying`` for what is.
 """
 
 from __future__ import annotations
 
-from controller.dataplane.etcd import describe
 from controller.sinks.words import AUTH, PASSES, TLS
+from controller.sources.etcd.connection import describe
 
 
 def source_trouble(exc: BaseException) -> tuple[bool, str]:
     """(transient, message) of an error of the etcd client (``grpc.aio.AioRpcError`` and what
-    ``etcdwatch.TRANSPORT`` names)."""
+    ``watch.TRANSPORT`` names)."""
     code = getattr(exc, "code", None)
     name = getattr(code(), "name", "") if callable(code) else ""
     words = describe(exc)

@@ -1,5 +1,5 @@
-"""One etcd Watch stream carrying the watchers of many dispatchers (issue 38: one gRPC stream per capture and
-changefeed, not one per dispatcher).
+"""One etcd Watch stream carrying the watchers of many dispatchers: one gRPC stream per capture and changefeed, not
+one per dispatcher.
 
 etcd multiplexes watchers on a stream: each ``WatchCreateRequest`` (its own key range, start revision and
 ``progress_notify``) names a ``watch_id`` of ours, and every response says which watcher it is for. A watcher
@@ -24,14 +24,16 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import aetcd
 import aetcd.rpc
 import grpc
 
-from controller.capture.logs import fields
-from controller.dataplane.etcd import Connection, describe
+from controller.logs import fields
+from controller.sinks.api import Row
+from controller.sources.api import Watcher
+from controller.sources.etcd.connection import Connection, describe
 
 log = logging.getLogger("controller.capture.dataplane")
 
@@ -65,35 +67,21 @@ async def rpc(call: Awaitable[T]) -> T:
         raise ChannelClosed("the etcd connection was closed under the call") from None
 
 
-class Watcher(Protocol):
-    """What the stream needs of a dispatcher's watcher."""
+_DELETE = aetcd.rpc.Event.DELETE
 
-    @property
-    def name(self) -> str: ...
 
-    @property
-    def key(self) -> bytes: ...
-
-    @property
-    def range_end(self) -> bytes: ...
-
-    def position(self) -> int:
-        """The revision up to which it has every change of its range (its watch starts after it)."""
-
-    def created(self, head: int) -> None:
-        """Its watch was created (``head``: the store's revision then)."""
-
-    def events(self, events: Any, head: int) -> None:
-        """A response with events (whole revisions, in order)."""
-
-    def progress(self, head: int) -> None:
-        """A progress notification: every change of its range up to ``head`` was sent."""
-
-    def compacted(self, compact_revision: int) -> None:
-        """The source was compacted past its position: its changes since are gone."""
-
-    def cancelled(self, reason: str) -> None:
-        """The source cancelled the watcher for another reason (``cancel_reason``); it is created again."""
+def rows_of(events: Any) -> list[Row]:
+    """A response's events as rows (key, value, revision, deleted): the hot loop of a catch-up, each protobuf
+    attribute read once."""
+    rows: list[Row] = []
+    append = rows.append
+    for e in events:
+        kv = e.kv
+        if e.type == _DELETE:
+            append((kv.key, None, kv.mod_revision, True))
+        else:
+            append((kv.key, kv.value, kv.mod_revision, False))
+    return rows
 
 
 class WatchStream:
@@ -243,6 +231,6 @@ class WatchStream:
         if response.created:
             w.created(head)
         elif response.events:
-            w.events(response.events, head)
+            w.events(rows_of(response.events), head)
         else:
             w.progress(head)

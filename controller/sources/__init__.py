@@ -1,0 +1,1 @@
+"""The sources a changefeed reads, behind ``controller.sources.api``: etcd (``controller.sources.etcd``)."""
