@@ -13,11 +13,12 @@ It is a few parts with one job each, wired here (the shape of controller-runtime
  Runs (runs.py)                  the dispatchers this process runs: the one record the parts share
 ```
 
-The dispatchers run in a ``RoutedRuntime`` (controller/capture/dataplane.py): those of a changefeed that names a
-source and a sink replicate etcd into PostgreSQL, the others run the logical clock. A background task that ends is
-an internal error: the agent fences itself (every dispatcher stopped, exit ``EXIT_FENCED``) and the supervisor
-restarts the process, which re-derives everything from the API. SIGTERM stops every dispatcher, reports them
-Stopped and releases the Lease (after a drain, with ``--drain-timeout``). See docs/architecture.md, "Capture agent".
+The dispatchers run in a ``RoutedRuntime`` (controller/capture/routed.py): those of a changefeed that names a source
+and a sink replicate etcd into that sink (controller/capture/dataplane.py), the others run the logical clock. A
+background task that ends is an internal error: the agent fences itself (every dispatcher stopped, exit
+``EXIT_FENCED``) and the supervisor restarts the process, which re-derives everything from the API. SIGTERM stops
+every dispatcher, reports them Stopped and releases the Lease (after a drain, with ``--drain-timeout``). See
+docs/architecture.md, "Capture agent".
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class Agent:
         #: Secrets before the first starts (``sources.Sources``); the others in ``runtime``.
         self.troubles = Troubles()
         self.routed = RoutedRuntime(runtime, DataplaneRuntime(troubles=self.troubles, wake=self.wake))
-        self.reporter = Reporter(self.runs, self.routed, self.incarnation, self.troubles, self.routed.sink_figures)
+        self.reporter = Reporter(self.runs, self.routed, self.incarnation, self.troubles)
         self.sources = Sources(client, s.namespace, self.routed, self.troubles)
         self.keeper = LeaseKeeper(
             client,
@@ -179,8 +180,6 @@ class Agent:
             s.name,
             runs=self.runs,
             runtime=self.routed,
-            failed=self.routed.failed,
-            newly_failed=self.routed.take_failed,
             lease=self.keeper,
             epochs=self.epochs,
             rates=self.rates,
