@@ -4,7 +4,7 @@ It is a few parts with one job each, wired here (the shape of controller-runtime
 
 ```
  LeaseKeeper (lease_keeper.py)   the Lease capture-<name>: acquire, renew (carrying the report), pause at the renew
-        |                        deadline, resume, fence; others read it as a LeaseView
+        |                        deadline, resume, fence; others read its Standing as a LeaseView
  Reconciler (reconciler.py)      the Dispatchers (ObjectInformer, controller/kube/objects.py): start, advance,
         |                        report, close, disown; epochs (epochs.py), traffic (traffic.py), sources (sources.py)
  Reporter (reporter.py)          the progress report each renewal carries
@@ -13,11 +13,15 @@ It is a few parts with one job each, wired here (the shape of controller-runtime
  Runs (runs.py)                  the dispatchers this process runs: the one record the parts share
 ```
 
-The dispatchers run in a ``RoutedRuntime`` (controller/capture/dataplane.py): those of a changefeed that names a
-source and a sink replicate etcd into PostgreSQL, the others run the logical clock. A background task that ends is
-an internal error: the agent fences itself (every dispatcher stopped, exit ``EXIT_FENCED``) and the supervisor
-restarts the process, which re-derives everything from the API. SIGTERM stops every dispatcher, reports them
-Stopped and releases the Lease (after a drain, with ``--drain-timeout``). See docs/architecture.md, "Capture agent".
+Each part is built with what it needs, in an order that gives it: the Lease keeper's standing (``Standing``, which
+the others read as a ``LeaseView``) first, the keeper last, with the reconciler it pauses and resumes.
+
+The dispatchers run in a ``RoutedRuntime`` (controller/capture/routed.py): those of a changefeed that names a source
+and a sink replicate etcd into that sink (controller/capture/dataplane.py), the others run the logical clock. A
+background task that ends is an internal error: the agent fences itself (every dispatcher stopped, exit
+``EXIT_FENCED``) and the supervisor restarts the process, which re-derives everything from the API. SIGTERM stops
+every dispatcher, reports them Stopped and releases the Lease (after a drain, with ``--drain-timeout``). See
+docs/architecture.md, "Capture agent".
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from controller.capture.dataplane import DataplaneRuntime
 from controller.capture.drainer import Drainer
 from controller.capture.epochs import Epochs
-from controller.capture.lease_keeper import API_ERRORS, LeaseKeeper
+from controller.capture.lease_keeper import API_ERRORS, LeaseKeeper, Standing
 from controller.capture.ledger import Ledger
 from controller.capture.logs import Notes, fields
 from controller.capture.reconciler import Reconciler
@@ -125,6 +129,8 @@ class Agent:
         self.wake = asyncio.Event()
         self.runs = Runs()
         self.rates = TableRates(client, s.namespace, s.tables_interval)
+        #: Paused, fenced, renewed when: the Lease keeper's to change, read by the parts built before it.
+        standing = Standing()
         self.ledger: Ledger | None = None
         if runtime is None:
             if s.ledger_dir:
@@ -132,26 +138,15 @@ class Agent:
             runtime = LogicalClockRuntime(
                 init_delay=s.init_delay,
                 rate_of=self.rates.of,
-                deliver_until=lambda: self.keeper.last_renew + s.renew_deadline,
+                deliver_until=lambda: standing.last_renew + s.renew_deadline,
                 sink=self.ledger,
             )
         #: Dispatchers of a changefeed with a source and a sink run in the real data plane, configured from its
         #: Secrets before the first starts (``sources.Sources``); the others in ``runtime``.
         self.troubles = Troubles()
         self.routed = RoutedRuntime(runtime, DataplaneRuntime(troubles=self.troubles, wake=self.wake))
-        self.reporter = Reporter(self.runs, self.routed, self.incarnation, self.troubles, self.routed.sink_figures)
+        self.reporter = Reporter(self.runs, self.routed, self.incarnation, self.troubles)
         self.sources = Sources(client, s.namespace, self.routed, self.troubles)
-        self.keeper = LeaseKeeper(
-            client,
-            s.namespace,
-            s.name,
-            duration=s.lease_duration,
-            renew_interval=s.renew_interval,
-            renew_deadline=s.renew_deadline,
-            tick=s.tick,
-            report=self.reporter.progress,
-            fence=self._fenced,
-        )
         self.capture = CaptureObject(client, s.namespace, s.name, pod=s.pod, address=s.address)
         self.dispatchers = ObjectInformer(
             client,
@@ -172,16 +167,14 @@ class Agent:
             logger=log,
         )
         notes = Notes(log)
-        self.epochs = Epochs(client, s.namespace, s.tables_interval, paused=lambda: self.keeper.paused_at is not None)
+        self.epochs = Epochs(client, s.namespace, s.tables_interval, paused=lambda: standing.paused_at is not None)
         self.reconciler = Reconciler(
             client,
             s.namespace,
             s.name,
             runs=self.runs,
             runtime=self.routed,
-            failed=self.routed.failed,
-            newly_failed=self.routed.take_failed,
-            lease=self.keeper,
+            lease=standing,
             epochs=self.epochs,
             rates=self.rates,
             sources=self.sources,
@@ -193,7 +186,19 @@ class Agent:
             report_interval=s.report_interval,
             test_hooks=s.test_hooks,
         )
-        self.keeper.dispatchers = self.reconciler
+        self.keeper = LeaseKeeper(
+            client,
+            s.namespace,
+            s.name,
+            duration=s.lease_duration,
+            renew_interval=s.renew_interval,
+            renew_deadline=s.renew_deadline,
+            tick=s.tick,
+            standing=standing,
+            dispatchers=self.reconciler,
+            report=self.reporter.progress,
+            fence=self._fenced,
+        )
         self.drainer = Drainer(client, self.capture, self.runs, self.dispatchers, self.stop, s.drain_timeout)
         self.tenure = tenure.Tenure(s.gc_tenure) if s.gc_tenure > 0 else None
         #: A SIGTERM asked it to stop: it is draining (``drain_timeout``), then sets ``stop``.

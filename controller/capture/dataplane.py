@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -443,6 +443,10 @@ class DataplaneRuntime:
         is now minus it, 0 when caught up."""
         d = self._runs[name]
         return d.feed.checkpoint_time(d.checkpoint())
+
+    def low_watermark(self, names: Sequence[str]) -> None:
+        """None: each dispatcher's checkpoint is its own (ask each: ``checkpoint``)."""
+        return None
 
     def lag_seconds(self, name: str) -> float:
         """Wall-clock seconds between now and when the source's head first passed this dispatcher's checkpoint."""

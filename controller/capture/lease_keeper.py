@@ -16,7 +16,9 @@
 * **Each renewal carries the progress report** (``controller.model.progress``): how far the Working dispatchers
   got, per (changefeed, mode), so that at rest a capture costs the API one write per renew interval.
 
-Others read its standing through ``LeaseView`` (paused, fenced, renewed when); only the keeper changes it.
+Its standing (paused, fenced, renewed when) is a ``Standing``, made before the parts that read it and given to them as
+a ``LeaseView`` (the runtime's delivery deadline, the epochs, the reconciler); only the keeper changes it. So the
+keeper is built last, with the part it pauses and resumes (``Dispatchers``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from controller.capture.logs import fields
@@ -57,6 +60,19 @@ class LeaseView(Protocol):
     @property
     def last_renew(self) -> float:
         """When the last successful renewal was sent (monotonic)."""
+
+
+@dataclass
+class Standing:
+    """The capture's standing as its Lease keeper judges it (a ``LeaseView``): changed by the keeper alone, read by the
+    others through ``LeaseView`` (which has no setters)."""
+
+    #: When delivery paused because the Lease could not be renewed (monotonic); None while delivering.
+    paused_at: float | None = None
+    #: Why this capture fenced itself ("" if it did not).
+    fence_reason: str = ""
+    #: When the last successful renewal was sent (monotonic).
+    last_renew: float = 0.0
 
 
 class Dispatchers(Protocol):
@@ -92,6 +108,8 @@ class LeaseKeeper:
         renew_interval: float,
         renew_deadline: float,
         tick: float,
+        standing: Standing,
+        dispatchers: Dispatchers,
         report: Callable[[], progress.Progress],
         fence: Callable[[str], None],
     ) -> None:
@@ -107,14 +125,13 @@ class LeaseKeeper:
         self.report = report
         #: Stop everything and exit (the agent's): called once, when the Lease is lost.
         self._on_fence = fence
-        #: The part that runs the dispatchers (set by the agent before ``run``).
-        self.dispatchers: Dispatchers | None = None
+        #: What it judges of the Lease, which the others read (``LeaseView``).
+        self.standing = standing
+        #: The part that runs the dispatchers: paused, and resumed when a renewal vouches for it.
+        self.dispatchers = dispatchers
         #: The Lease as last answered (its resourceVersion and uid: the next write's preconditions); None before it
         #: was acquired.
         self.lease: JSON | None = None
-        self._last_renew = 0.0
-        self._paused_at: float | None = None
-        self._fence_reason = ""
         #: Why this capture may not run here at all (its Lease is forbidden to it): it exits 1 without registering.
         self.refused = ""
         #: The Lease this process took over did not name this capture (released by a previous process, or taken by a
@@ -129,15 +146,15 @@ class LeaseKeeper:
 
     @property
     def paused_at(self) -> float | None:
-        return self._paused_at
+        return self.standing.paused_at
 
     @property
     def fence_reason(self) -> str:
-        return self._fence_reason
+        return self.standing.fence_reason
 
     @property
     def last_renew(self) -> float:
-        return self._last_renew
+        return self.standing.last_renew
 
     @property
     def held(self) -> bool:
@@ -145,9 +162,9 @@ class LeaseKeeper:
 
     def fence(self, reason: str) -> None:
         """Lost (or an internal error): say why, once, and let the agent stop everything now."""
-        if self._fence_reason:
+        if self.standing.fence_reason:
             return
-        self._fence_reason = reason
+        self.standing.fence_reason = reason
         self._on_fence(reason)
 
     # -- the Lease's body ---------------------------------------------------------------------------------
@@ -214,7 +231,7 @@ class LeaseKeeper:
             if not exc.already_exists:
                 raise
         else:
-            self._last_renew = time.monotonic()
+            self.standing.last_renew = time.monotonic()
             return
         current = await self.client.get(LEASES, self.namespace, self.lease_name)
         holder = (current.get("spec") or {}).get("holderIdentity") or ""
@@ -224,7 +241,7 @@ class LeaseKeeper:
         spec, annotations = self._content()
         taken = {**current, "spec": spec, "metadata": {**current["metadata"], "annotations": annotations}}
         self.lease = await self.client.replace(LEASES, self.namespace, self.lease_name, taken)
-        self._last_renew = time.monotonic()
+        self.standing.last_renew = time.monotonic()
 
     async def renew_once(self) -> None:
         """One renewal (``kube.lease.renew``); ``LeaseLost`` when the Lease is not ours any more."""
@@ -256,7 +273,7 @@ class LeaseKeeper:
                     # the renewal fails (e.g. connection refused), and this loop would never end.
                     async with asyncio.timeout(timeout):
                         await self.renew_once()
-                    self._last_renew = sent
+                    self.standing.last_renew = sent
                     failed = 0
                 except LeaseLost as exc:
                     self.fence(str(exc))
@@ -268,24 +285,24 @@ class LeaseKeeper:
                             "Lease renewal failed",
                             extra=fields(
                                 error=repr(exc),
-                                since_renew=round(time.monotonic() - self._last_renew, 3),
+                                since_renew=round(time.monotonic() - self.standing.last_renew, 3),
                                 attempts=failed,
                             ),
                         )
                     continue
-                if self._paused_at is not None and (checking is None or checking.done()):
+                if self.standing.paused_at is not None and (checking is None or checking.done()):
                     # What to resume is read beside the renewals, not within one renew deadline: with thousands of
                     # dispatchers on an overloaded API the reads can take longer than that (a capture then stayed
                     # paused for good), and a renewal landing meanwhile keeps vouching for the result.
-                    checking = asyncio.create_task(self._check_resume(self._paused_at), name="resume-check")
+                    checking = asyncio.create_task(self._check_resume(self.standing.paused_at), name="resume-check")
         finally:
             if checking is not None:
                 checking.cancel()
 
     async def watchdog(self) -> None:
         while True:
-            late = time.monotonic() - self._last_renew
-            if late > self.renew_deadline and self._paused_at is None:
+            late = time.monotonic() - self.standing.last_renew
+            if late > self.renew_deadline and self.standing.paused_at is None:
                 self._pause(
                     f"could not renew Lease {self.lease_name} for {late:.1f}s "
                     f"(renew deadline {self.renew_deadline}s, lease duration {self.duration}s)"
@@ -294,9 +311,8 @@ class LeaseKeeper:
 
     def _pause(self, reason: str) -> None:
         """Stop delivering now, synchronously; every dispatcher keeps its position."""
-        self._paused_at = time.monotonic()
-        if self.dispatchers is not None:
-            self.dispatchers.pause_all(reason)
+        self.standing.paused_at = time.monotonic()
+        self.dispatchers.pause_all(reason)
 
     async def _check_resume(self, pause: float) -> None:
         """A renewal just succeeded while paused (the pause that began at ``pause``): the Lease is still ours, so
@@ -304,17 +320,15 @@ class LeaseKeeper:
         renewal is younger than the renew deadline (renewals go on while it reads, and each one that lands proves the
         Lease was not taken), resume; otherwise stay paused, and the next renewal checks again."""
         dispatchers = self.dispatchers
-        if dispatchers is None:
-            return
         try:
             async with asyncio.timeout(RESUME_CHECK_TIMEOUT):
                 plan = await dispatchers.resume_plan(pause)
-                if self._paused_at != pause or self._fence_reason:
+                if self.standing.paused_at != pause or self.standing.fence_reason:
                     return  # resumed, fenced or paused again meanwhile
-                if time.monotonic() - self._last_renew >= self.renew_deadline:
+                if time.monotonic() - self.standing.last_renew >= self.renew_deadline:
                     return  # no renewal vouches for us now; wait for the next one
                 dispatchers.resume(plan)
-                self._paused_at = None
+                self.standing.paused_at = None
                 await dispatchers.report_dropped(plan)
         except API_ERRORS as exc:  # stay paused; the next renewal tries again
             log.warning("could not check what to resume", extra=fields(error=repr(exc)))

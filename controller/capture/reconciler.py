@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.capture.epochs import Epochs, PassReads
@@ -96,8 +95,6 @@ class Reconciler:
         *,
         runs: Runs,
         runtime: DispatcherRuntime,
-        failed: Callable[[str], str | None],
-        newly_failed: Callable[[], set[str]],
         lease: LeaseView,
         epochs: Epochs,
         rates: TableRates,
@@ -112,10 +109,6 @@ class Reconciler:
     ) -> None:
         self.client, self.namespace, self.name = client, namespace, name
         self.runs, self.rt, self.lease, self.notes = runs, runtime, lease, notes
-        #: ``failed(name)``: why the runtime stopped a dispatcher for good (``RoutedRuntime.failed``), or None.
-        self.failed = failed
-        #: ``newly_failed()``: the dispatchers the runtime stopped for good since the last call, visited at once.
-        self.newly_failed = newly_failed
         self.epochs, self.rates, self.sources, self.capture = epochs, rates, sources, capture
         self.dispatchers, self.captures = dispatchers, captures
         self.tick, self.report_interval = tick, report_interval
@@ -183,7 +176,7 @@ class Reconciler:
             self.broken = {n: b for n, b in self.broken.items() if n in live}
             finished = (set(self.closing) | self.rejected | set(self.disowned)) - set(live)
             return set(live), set(self.runs) - set(live), finished
-        names = changed | self.retry | self.newly_failed()
+        names = changed | self.retry | self.rt.take_failed()  # stopped for good: why is written at once
         self.retry = set()
         due = [n for n, at in self.waiting.items() if at <= now]
         for n in due:
@@ -289,8 +282,8 @@ class Reconciler:
         a conversion of its object, so that a pass over thousands stays cheap."""
         if not run.settled or (raw.get("metadata") or {}).get("deletionTimestamp"):
             return False
-        if not run.failure_written and self.failed(run.record.name):
-            return False  # stopped for good (``newly_failed``): why is written now
+        if not run.failure_written and self.rt.failed(run.record.name):
+            return False  # stopped for good (``take_failed``): why is written now
         if (raw.get("status") or {}).get("state") != WORKING.value:
             return False  # the API does not show what we wrote: _advance decides when to write again
         if run.traffic_at >= 0:
@@ -349,7 +342,7 @@ class Reconciler:
         await self._report(run, d)
 
     async def _advance(self, run: Run, d: Dispatcher, reads: PassReads) -> None:
-        failure = self.failed(d.name)
+        failure = self.rt.failed(d.name)
         if failure and not run.failure_written:
             run.failure_written = True
             log.error("dispatcher failed", extra=fields(dispatcher=d.name, reason=failure))

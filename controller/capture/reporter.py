@@ -2,7 +2,8 @@
 checkpoint of the Working dispatchers whose Working status has been written, how many they are and a digest of
 their uids, the slowest, and this process's ``incarnation``; with what the real data plane knows of each entry (the
 wall time its checkpoint stands for); and, per changefeed, what keeps its data from flowing here (``troubles``: the
-source or the sink unusable), whether or not any of its dispatchers is Working.
+source or the sink unusable), whether or not any of its dispatchers is Working; and the figures of the sinks written
+here (``DispatcherRuntime.sink_figures``).
 
 At rest its cost does not grow with the dispatchers held: the groups (names, digest) are recomputed only when a run
 starts, stops or changes state (``Runs.version``), and the runtime gives each group's minimum at once when it can
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from controller.capture.runs import Runs
@@ -40,11 +41,8 @@ class Reporter:
         runtime: DispatcherRuntime,
         incarnation: str,
         troubles: Troubles,
-        sink_figures: Callable[[], tuple[prog.SinkFigures, ...]],
     ) -> None:
         self.runs = runs
-        #: The sinks' figures (tombstones collected and held, live rows) of the changefeeds replicated here.
-        self.sink_figures = sink_figures
         #: What keeps each changefeed's data from flowing here, whatever its dispatchers' states.
         self.troubles = troubles
         self.runtime = runtime
@@ -71,9 +69,8 @@ class Reporter:
         self._regroup()
         rt = self.runtime
         entries = []
-        fast = getattr(rt, "low_watermark", None)
         for (cf, mode), group in sorted(self._groups.items()):
-            low = fast(group.names) if fast is not None else None
+            low = rt.low_watermark(group.names)
             if low is not None:
                 entries.append(prog.ProgressEntry(
                     changefeed=cf, mode=mode, checkpoint_ts=low[0], dispatchers=len(group.names),
@@ -92,16 +89,15 @@ class Reporter:
             at=round_time(time.time()),
             entries=tuple(self._annotated(entries)),
             troubles=self.troubles.report(),
-            sinks=self.sink_figures(),
+            sinks=rt.sink_figures(),
         )
 
     def _annotated(self, entries: list[prog.ProgressEntry]) -> Iterator[prog.ProgressEntry]:
         """Each entry with the wall time its checkpoint stands for, where the runtime counts in source revisions
         (``checkpoint_time`` of the slowest dispatcher; a TSO's is its own physical part)."""
-        when = getattr(self.runtime, "checkpoint_time", None)
         for e in entries:
             t = None
-            if e.slowest and when is not None:
+            if e.slowest:
                 with contextlib.suppress(KeyError):
-                    t = when(e.slowest)
+                    t = self.runtime.checkpoint_time(e.slowest)
             yield e if t is None else replace(e, checkpoint_time=round(t, 3))

@@ -12,9 +12,9 @@ from controller.model.records import Dispatcher
 
 
 class RoutedRuntime:
-    """What the agent drives: each dispatcher runs in the :class:`DataplaneRuntime` when its changefeed was
-    configured with a source and a sink (:meth:`configure`), else in ``default`` (the logical clock: a
-    changefeed that names no source replicates nothing, for benchmarks of the control plane)."""
+    """What the agent drives (a ``DispatcherRuntime`` itself): each dispatcher runs in the :class:`DataplaneRuntime`
+    when its changefeed was configured with a source and a sink (:meth:`configure`), else in ``default`` (the logical
+    clock: a changefeed that names no source replicates nothing, for benchmarks of the control plane)."""
 
     def __init__(self, default: DispatcherRuntime, data: DataplaneRuntime | None = None) -> None:
         self.default = default
@@ -79,32 +79,27 @@ class RoutedRuntime:
 
     def checkpoint_time(self, name: str) -> float | None:
         """The wall time a real dispatcher's checkpoint stands for; None for the logical clock (a TSO)."""
-        return self.data.checkpoint_time(name) if name in self._real else None
+        return self._rt(name).checkpoint_time(name)
 
     def sink_figures(self) -> tuple[SinkFigures, ...]:
-        """The real changefeeds' sink figures (``DataplaneRuntime.sink_figures``)."""
-        return self.data.sink_figures()
+        """The sinks' figures (``DataplaneRuntime.sink_figures``: the logical clock writes no sink)."""
+        return self.default.sink_figures() + self.data.sink_figures()
 
     def take_failed(self) -> set[str]:
-        """The real dispatchers that stopped for good since the last call (``DataplaneRuntime.take_failed``)."""
-        return self.data.take_failed()
+        """The dispatchers that stopped for good since the last call (``DataplaneRuntime.take_failed``: the logical
+        clock stops none)."""
+        return self.default.take_failed() | self.data.take_failed()
 
     def failed(self, name: str) -> str | None:
-        """Why a real dispatcher stopped for good (None: it did not, or it is not a real one)."""
-        return self.data.failed(name) if name in self._real else None
+        """Why a dispatcher stopped for good (None: it did not; the logical clock never stops one)."""
+        return self._rt(name).failed(name)
 
     def low_watermark(self, names: Sequence[str]) -> tuple[int, str] | None:
         """The default runtime's shortcut, for groups with no real dispatcher (else None: ask each)."""
-        fast = getattr(self.default, "low_watermark", None)
-        if fast is None or any(n in self._real for n in names):
+        if any(n in self._real for n in names):
             return None
-        low: tuple[int, str] | None = fast(names)
-        return low
+        return self.default.low_watermark(names)
 
     async def aclose(self) -> None:
         self._real.clear()
         await self.data.aclose()
-
-
-def _check(rt: DataplaneRuntime, routed: RoutedRuntime) -> tuple[DispatcherRuntime, DispatcherRuntime]:
-    return rt, routed  # both implement the agent's interface (checked by mypy)

@@ -1,27 +1,33 @@
-"""The dispatcher runtime: what actually replicates a span, behind a small interface.
+"""The dispatcher runtime: what actually replicates a span, behind a small interface (``DispatcherRuntime``).
 
-The capture agent decides *when* a dispatcher runs (epoch checks, hooks, deletion, fencing, a paused
-changefeed); the runtime decides *how*. The agent's verbs are all synchronous and cheap, so that fencing
-can stop every dispatcher at once from any task without awaiting I/O:
+The capture's parts decide *when* a dispatcher runs (the reconciler: epoch checks, hooks, deletion, a paused
+changefeed; the Lease keeper: a pause at the renew deadline, fencing); the runtime decides *how*. Its verbs are all
+synchronous and cheap, so that fencing can stop every dispatcher at once from any task without awaiting I/O:
 
 * ``start(dispatcher)``: begin replicating ``dispatcher.key_range`` from ``dispatcher.start_ts``;
 * ``checkpoint(name)``: all changes up to this ts have been delivered (never decreases);
 * ``write_rate(name)`` / ``region_count(name)``: the upstream rows/s and the regions of the span, for
   the split and merge schedulers (reported in ``Dispatcher.status``);
 * ``close(name)``: stop; returns the final checkpoint (what a successor must start from);
-* ``pause(name)`` / ``resume(name)``: stop delivering but keep the position, then go on from it. A
-  capture that cannot renew its Lease pauses everything (another capture may soon own these spans) and
-  resumes in place only if nothing was taken from it meanwhile.
-* ``flush()``: make every checkpoint returned so far durable downstream; the agent calls it before it
-  claims a checkpoint to anyone (a status write, the progress report on its Lease).
+* ``pause(name)`` / ``resume(name)``: stop delivering but keep the position (``pause`` returns it), then go on from
+  it. A capture that cannot renew its Lease pauses everything (another capture may soon own these spans) and
+  resumes in place only if nothing was taken from it meanwhile;
+* ``flush()``: make every checkpoint returned so far durable downstream; called before a checkpoint is claimed to
+  anyone (a status write, the progress report on the Lease);
 * ``release(changefeed)``: every dispatcher of the changefeed is paused because its replication is
-  (``spec.paused``): close the connections they hold; resuming one opens them again.
+  (``spec.paused``): close the connections they hold; resuming one opens them again;
+* ``failed(name)`` / ``take_failed()``: why a dispatcher stopped for good (None: it did not), and which stopped
+  since the last call (the reconciler writes why at once);
+* ``checkpoint_time(name)``: the wall time a checkpoint stands for, where the runtime counts in source revisions
+  (None where it is a TSO, whose physical part says it), for the progress report's lag;
+* ``low_watermark(names)``: a group's lowest checkpoint at once when the runtime can tell (None: ask each);
+* ``sink_figures()``: the sinks' figures of the changefeeds replicated here (the progress report's).
 
-:class:`controller.capture.dataplane.DataplaneRuntime` replicates changefeeds that name a source and a sink
-(etcd to PostgreSQL; the agent routes each dispatcher by its changefeed). :class:`LogicalClockRuntime`, for
-the others (benchmarks of the control plane), replicates nothing: its upstream ts follows wall time like
-a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails it by a small lag,
-never below the dispatcher's startTs. A span's write rate and region count are its share (by key
+The agent drives a :class:`controller.capture.routed.RoutedRuntime`, which runs the dispatchers of a changefeed that
+names a source and a sink in :class:`controller.capture.dataplane.DataplaneRuntime` (etcd into the sink) and the
+others in a :class:`LogicalClockRuntime`. That one, for benchmarks of the control plane, replicates nothing: its
+upstream ts follows wall time like a TiDB TSO (physical milliseconds << 18), and each dispatcher's checkpoint trails
+it by a small lag, never below the dispatcher's startTs. A span's write rate and region count are its share (by key
 space) of the Table's ``spec.writeRate`` and ``spec.regionCount`` (the regions rounded up: those it
 touches, ``controller.model.keys.regions_touched``), looked up through a callable the
 agent supplies (the runtime does no API I/O of its own). With a ``sink``
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from controller.model.keys import KeyRange, regions_touched
+from controller.model.progress import SinkFigures
 from controller.model.records import Dispatcher
 from controller.model.tso import tso
 
@@ -78,6 +85,28 @@ class DispatcherRuntime(Protocol):
     def release(self, changefeed: str) -> None:
         """Every dispatcher of ``changefeed`` here is paused (its replication is): close what they hold open (their
         connections to the source and the sink); a resume opens them again."""
+
+    def failed(self, name: str) -> str | None:
+        """Why the dispatcher stopped for good (its source compacted past its position...); None if it did not."""
+        ...
+
+    def take_failed(self) -> set[str]:
+        """The dispatchers that stopped for good since the last call."""
+        ...
+
+    def checkpoint_time(self, name: str) -> float | None:
+        """The wall time the dispatcher's checkpoint stands for, where the runtime counts in source revisions
+        (``KeyError`` if it does not run); None where the checkpoint is a TSO (its physical part says it)."""
+        ...
+
+    def low_watermark(self, names: Sequence[str]) -> tuple[int, str] | None:
+        """The lowest checkpoint over the running ``names`` (sorted) and the first name holding it, when the runtime
+        can tell without asking each; None: ask each (``checkpoint``)."""
+        ...
+
+    def sink_figures(self) -> tuple[SinkFigures, ...]:
+        """Per changefeed replicated here, its sink's figures (tombstones collected and held, live rows)."""
+        ...
 
 
 class DeliverySink(Protocol):
@@ -235,6 +264,21 @@ class LogicalClockRuntime:
 
     def release(self, changefeed: str) -> None:
         """Nothing is held open by a logical clock."""
+
+    def failed(self, name: str) -> str | None:
+        """A logical clock never stops a dispatcher for good."""
+        return None
+
+    def take_failed(self) -> set[str]:
+        return set()
+
+    def checkpoint_time(self, name: str) -> float | None:
+        """None: a checkpoint here is a TSO, whose physical part is its wall time."""
+        return None
+
+    def sink_figures(self) -> tuple[SinkFigures, ...]:
+        """None: no sink of a changefeed is written here (the ledger records deliveries, not rows)."""
+        return ()
 
     def running(self) -> list[str]:
         return sorted(self._runs)

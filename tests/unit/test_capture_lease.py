@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from controller.capture.lease_keeper import LeaseKeeper
+from controller.capture.lease_keeper import LeaseKeeper, Standing
 from controller.kube.client import ApiError, Client
 from controller.kube.lease import LeaseLost
 from controller.model.progress import Progress
@@ -58,6 +58,18 @@ class FakeLeases:
         return self._next(self.get_answers)
 
 
+class NoDispatchers:
+    """The part that runs the dispatchers (``lease_keeper.Dispatchers``): these tests never pause nor resume."""
+
+    def pause_all(self, reason: str) -> None: ...
+
+    async def resume_plan(self, pause: float) -> None: ...
+
+    def resume(self, plan: Any) -> None: ...
+
+    async def report_dropped(self, plan: Any) -> None: ...
+
+
 def with_agent(check: Callable[[LeaseKeeper, FakeLeases], Awaitable[None]]) -> None:
     async def main() -> None:
         fake = FakeLeases()
@@ -69,6 +81,8 @@ def with_agent(check: Callable[[LeaseKeeper, FakeLeases], Awaitable[None]]) -> N
             renew_interval=2.0,
             renew_deadline=7.0,
             tick=0.2,
+            standing=Standing(),
+            dispatchers=NoDispatchers(),
             report=lambda: Progress(incarnation="i", at=0.0, entries=()),
             fence=lambda reason: None,
         )
