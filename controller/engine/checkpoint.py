@@ -64,8 +64,8 @@ def compute(tick: Tick) -> int:
 
 def _joins(tick: Tick) -> list[Join]:
     """Tables whose first spans are being created (``Changefeed.status.joining``, and those this decision adds):
-    their spans start no lower than the join says, and may not be in this view yet (a deposed maintainer's,
-    simulator seed 805239), so the join holds the checkpoint until the table's spans cover it."""
+    their spans start no lower than the join says, and may not be in this view yet (a deposed maintainer's),
+    so the join holds the checkpoint until the table's spans cover it."""
     return [*tick.changefeed.joining, *tick.joins_wanted.values()]
 
 
@@ -73,8 +73,8 @@ def _has_hole(tick: Tick, keys: set[tuple[int, Mode]] | None = None) -> bool:
     """Keys of a live table that no accepted span (nor an operator's planned span) covers.
 
     Their data is replicated by nobody, so nothing bounds how far they are delivered: the checkpoint
-    must not move until the safety net has covered them again (simulator seed 34720). ``keys``: only
-    these tables (and modes) can have one (an incremental decision); None: look at all. The coverage rule
+    must not move until the safety net has covered them again. ``keys``: only these tables (and modes) can
+    have one (an incremental decision); None: look at all. The coverage rule
     (engine/coverage.py) with the planned ranges of the operators as this decision leaves them, and without
     new spans (their data is replicated from nothing known yet).
     """

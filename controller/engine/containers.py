@@ -76,13 +76,13 @@ class MultiMap:
 class MinTracker:
     """The lowest value over named entries, with updates in O(log n): ``(value, name)`` pairs kept in order in
     a ``SortedList`` (sortedcontainers: short sublists, so no update moves or compares more than a few
-    thousand entries). The heap with lazy deletion it replaces was rebuilt whole once its stale entries
-    outnumbered the live ones: at 100,000 spans a ``heapify`` of 100,000 pairs, one C call that held the GIL
-    and the event loop up to 73 ms during a placement (issue 25).
+    thousand entries). Not a heap with lazy deletion: one is rebuilt whole once its stale entries outnumber
+    the live ones, and at 100,000 spans a ``heapify`` of 100,000 pairs is one C call that holds the GIL and
+    the event loop up to 73 ms during a placement.
 
     It keeps no map of its own from name to value: the caller says what an entry was (``set(name, value, old)``),
-    which the index has in the span's previous facts (issue 37: a second name-keyed table of every span's
-    checkpoint, beside ``span_facts``, grew in step with it)."""
+    which the index has in the span's previous facts: a second name-keyed table of every span's checkpoint,
+    beside ``span_facts``, would grow in step with it (see ``RecordView``)."""
 
     def __init__(self) -> None:
         self._ordered: SortedList = SortedList()
@@ -117,9 +117,9 @@ R = TypeVar("R", Span, Dispatcher)
 
 class RecordView(Mapping[str, R]):
     """name -> record, read from the index's facts (each carries its record): the spans and dispatchers are held
-    once, in the map of their facts, not also in a second map by name growing in step with it (issue 37: at
-    100,000 dispatchers, the records, their facts and a third map each doubled their table in the same
-    write-through, 2,817 page faults in one event-loop callback)."""
+    once, in the map of their facts, not also in a second map by name growing in step with it: at 100,000
+    dispatchers, maps by name that grow together double their tables in the same write-through (three such maps
+    took 2,817 page faults in one event-loop callback)."""
 
     __slots__ = ("_facts",)
 

@@ -4,8 +4,8 @@ A capture's report for a changefeed and mode carries how many Working dispatcher
 uids; the report's minimum is used only when both match what the maintainer believes that capture runs
 (engine/progress.py). The believed sets are kept here per (capture, mode), with the digest as a sum of per-uid hashes
 updated one addition per change (``controller.model.progress.digest``), so judging a report costs O(1), not a hash
-over every dispatcher. A report from a capture of before issue 37 carries a legacy digest (over the sorted uids): it
-is still judged, hashed when first asked after a change, so that a rolling upgrade keeps using those reports.
+over every dispatcher. A report from a capture of an older version carries the legacy digest (over the sorted uids):
+it is still judged, hashed when first asked after a change, so that a rolling upgrade keeps using those reports.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class WorkingSets:
         self.members: dict[ReportKey, dict[str, str]] = {}
         #: Per (capture, mode): the sum of the ``uid_hash``es of its Working dispatchers (``digest``, kept current per
         #: change), and the legacy digest of those uids when a report still carries one (computed when first asked
-        #: after a change: only while captures from before issue 37 run).
+        #: after a change: only while captures of an older version run).
         self._sums: dict[ReportKey, int] = {}
         self._legacy: dict[ReportKey, str] = {}
 
@@ -60,7 +60,7 @@ class WorkingSets:
 
     def covers(self, key: ReportKey, reported: str) -> bool:
         """Whether a report's digest is the digest of ``key``'s Working dispatchers (a set digest: O(1); a legacy one,
-        from a capture of before issue 37: hashed over them when first asked after a change)."""
+        from a capture of an older version: hashed over them when first asked after a change)."""
         if reported.startswith(SET_DIGEST):
             return reported == self.digest(key)
         found = self._legacy.get(key)

@@ -13,9 +13,9 @@ record and the few records they depend on (a span's facts depend on the dispatch
 on its table and on the changefeed's modes and thresholds; a dispatcher's on its span and the spans
 that name it). The facts carry their record, so each span and dispatcher is held once, in one table by name
 (``spans`` and ``dispatchers`` read it), and a span and its own dispatcher find each other through their
-records: no second table by name grows in step with it (issue 37: tables of 100,000 names doubling together
-in one write-through were the longest stalls of the event loop; the sets per rule, capture and table are
-split by their key). An event retracts the facts of every record whose facts it can change and asserts
+records: no second table by name grows in step with it (tables of 100,000 names doubling together in one
+write-through are the longest stalls of the event loop; the sets per rule, capture and table are split by
+their key). An event retracts the facts of every record whose facts it can change and asserts
 them afresh. Nothing here is an edge ("this changed, look at it once"): a set holds a span for as long
 as the rule may apply to it, so a decision that fails to act leaves it there for the next one.
 
@@ -438,7 +438,7 @@ class Index:
         # Only what changed is touched: an entry taken out of a map keyed by name and put back is a deletion and
         # an insertion, and a dict or set of 100,000 names that churns so grows a fresh table now and then
         # (about 10 MB, first touched there) though its size never changes: 40-80 ms in one write-through at
-        # 100,000 spans, several such maps resizing in the same refresh (issue 25).
+        # 100,000 spans, several such maps resizing in the same refresh.
         old = self.span_facts.get(name)
         new = self._span_facts(span) if span is not None else None
         if old == new:  # the same facts (compared without the record)

@@ -158,8 +158,8 @@ class ConfirmPresent:
     With ``resource_version``: also unchanged since this view (``record_unchanged``). A dispatcher created from a
     record the chain does not write itself (an operator's recorded target, a placement's recorded name) rests on
     that record still naming it: a zombie's write of the record (its own new target after the first was refused)
-    that the view has not seen yet would otherwise have it create a dispatcher nothing names (simulator seed
-    738533), which the next process closes as unclaimed."""
+    that the view has not seen yet would otherwise have it create a dispatcher nothing names, which the next
+    process closes as unclaimed."""
 
     kind: Kind
     name: str
@@ -181,8 +181,8 @@ class ConfirmGone:
     Why: a rule that concludes from an object's absence that a person deleted it (an operator's target span
     "deleted by hand mid-way", then given up and its keys left to the safety net) must not conclude it from a view
     that has not seen the object yet: a span another maintainer created (a deposed one finishing the same Split
-    from its own view, the create answered AlreadyExists here), its ADDED event still on the way (simulator seed
-    867345: a Split recorded its children deleted by hand and the hole fill re-created the parent's range)."""
+    from its own view, the create answered AlreadyExists here), its ADDED event still on the way (else a Split
+    records its children deleted by hand and the hole fill re-creates the parent's range)."""
 
     kind: Kind
     name: str

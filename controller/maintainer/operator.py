@@ -7,7 +7,7 @@ Changefeed would, keeping the object undeletable whenever the operator is down).
 informer's (see ``controller.kube.informer`` for why), and the liveness probe reports progress
 (``Informer.healthy``): a watch task that ended, or no request answered by the API for ``--liveness-window``
 seconds, makes the pod restart instead of leaving a zombie operator; a quiet watch does not (a real API server
-promises no BOOKMARKs; issue 36).
+promises no BOOKMARKs).
 
 The readiness endpoint (``--readiness``, :mod:`controller.kube.probes`) answers 200 once every kind is
 listed and every Changefeed's Lease is being competed for, so ``helm install --wait`` means working.

@@ -155,9 +155,9 @@ class Join:
     checkpoint's minimum while it is there, dropped once the view shows the table's spans covering it (they count
     then) or the table gone. Why: the checkpoint's publisher must know of every table whose spans may start below
     what it publishes, and a deposed maintainer, not yet fenced, may create a new table's spans from its own older
-    view of the checkpoint while the new leader's Table and Span views have not seen the table yet (simulator seed
-    805239). The Changefeed is the one object every leader writes with a compare-and-swap: a deposed maintainer's
-    join fails on the resourceVersion the new leader's epoch moved, and a join written before that is read by it."""
+    view of the checkpoint while the new leader's Table and Span views have not seen the table yet. The Changefeed
+    is the one object every leader writes with a compare-and-swap: a deposed maintainer's join fails on the
+    resourceVersion the new leader's epoch moved, and a join written before that is read by it."""
 
     table: str
     uid: str

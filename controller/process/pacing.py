@@ -2,16 +2,17 @@
 
 The loop runs every callback that is ready in one turn; nothing else (a Lease renewal, a watch, a timer)
 runs until the turn ends. A burst of work whose units are each cheap can still make one turn long: a watch
-stream's buffered events after a decision froze the cache (hundreds of them, each re-indexing a span at
-100,000 spans), a thaw's backlog, the chains of a decision's writes all starting at once. Counting units
-(yield every 100) does not bound a turn: several streams and the executor each take their 100 in the same turn.
+stream's buffered events once a decision releases the cache (hundreds of them, each re-indexing a span at
+100,000 spans), the backlog of writes offered meanwhile, the chains of a decision's writes all starting at
+once. Counting units (yield every 100) does not bound a turn: several streams and the executor each take
+their 100 in the same turn.
 
-A :class:`Pacer` is shared by every source of such work in a process (the informer's streams and thaw, the
-executor's chains). Before each unit, :meth:`Pacer.pace` returns at once while the current turn has spent less
-than ``slice`` seconds on paced work, and otherwise yields (``asyncio.sleep(0)``): the unit runs in a later
-turn, after the I/O that turn polls for. The slice is measured from the first paced unit of the turn (a
-callback scheduled then ends the window at the start of the next turn), so work done before it in the same
-turn is not counted; what a turn holds at most is that work, one slice, and the unit that crosses it.
+A :class:`Pacer` is shared by every source of such work in a process (the informer's streams and its decision
+lock's backlog, the executor's chains). Before each unit, :meth:`Pacer.pace` returns at once while the current
+turn has spent less than ``slice`` seconds on paced work, and otherwise yields (``asyncio.sleep(0)``): the unit
+runs in a later turn, after the I/O that turn polls for. The slice is measured from the first paced unit of the
+turn (a callback scheduled then ends the window at the start of the next turn), so work done before it in the
+same turn is not counted; what a turn holds at most is that work, one slice, and the unit that crosses it.
 """
 
 from __future__ import annotations

@@ -289,8 +289,8 @@ def place_targets(
         if span is None:
             # The span vanished under the operator (deleted by hand): close what we made for it, then
             # there is nothing left to place (the safety net re-covers its keys). Absent from the view is not
-            # deleted: another maintainer may have created it, its event still on the way (simulator seed
-            # 867345), so a consistent read confirms it gone before either.
+            # deleted: another maintainer may have created it, its event still on the way, so a consistent read
+            # confirms it gone before either.
             gone = [] if tick.mutant("gives-up-a-span-unseen") else [ConfirmGone(Kind.SPAN, t.span)]
             mine = [x for x in tick.dispatchers_of_span(t.span)]
             if t.dispatcher in tick.dispatchers and tick.dispatchers[t.dispatcher] not in mine:
