@@ -192,7 +192,7 @@ class _Disp:
 
 class _Feed:
     """One changefeed on this capture: its source (``EtcdSource``: its connection and its one watch stream, every
-    dispatcher's watcher on it), its sink (``sink.Sink``), its dispatchers."""
+    dispatcher's watcher on it), its writer (``batcher.Writer``), its dispatchers."""
 
     def __init__(self, runtime: DataplaneRuntime, changefeed: str, endpoints: Endpoints) -> None:
         self.runtime = runtime

@@ -3,7 +3,7 @@
 ``kubectl changefeed verify`` (controller/cli) picks R and the spans; this module compares. TiCDC needs a
 syncpoint barrier and a snapshot-capable downstream for such a check; etcd's MVCC makes it exact without
 stopping anything: etcd answers a read *at* any revision it has not compacted, and every downstream row
-carries the etcd ``mod_revision`` of the change it holds (controller/dataplane/schema.py).
+carries the etcd ``mod_revision`` of the change it holds (each sink's layout: controller/sinks/api.py).
 
 The argument. The changefeed's checkpoint (``status.checkpointTs``, for an etcd source the etcd revision
 itself) says that every dispatcher has applied every change of its span with revision <= checkpoint, in

@@ -3,8 +3,8 @@
 A batch is one transaction (:meth:`PostgresSession.write`): the fence (``horizon.fence``), the sweeps, then per
 table a binary COPY of the batch's changes into a temporary table and one merge (``schema.stage``, ``schema.merge``:
 only if newer than the row), and one statement saving every checkpoint over ``unnest`` arrays. COPY and one merge
-cost the client least: measured against one ``INSERT ... SELECT FROM unnest(arrays)`` and per-row statements in
-bench/README.md. Requires PostgreSQL 13 or later (``gen_random_uuid`` for the identity row).
+cost the client least: measured against one ``INSERT ... SELECT FROM unnest(arrays)`` in bench/README.md. Requires
+PostgreSQL 13 or later (``gen_random_uuid`` for the identity row).
 
 The Secret: key ``dsn``, a libpq connection string or ``postgresql://`` URI (TLS with its ``sslmode``,
 ``sslrootcert``, ``sslcert``, ``sslkey``).
