@@ -12,7 +12,7 @@ from controller.engine.maintainer import Decision, decide
 from controller.engine.world import DIRECT_MUTANTS, Options, World
 from controller.model.records import Record, SchedulerConfig, SpanOperator
 from controller.model.states import Kind
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     NOW,
     DispatcherState,
     OpPhase,
@@ -101,7 +101,7 @@ def test_an_absent_span_whose_add_failed_at_the_same_resource_version_is_placed_
     without an operator, placement.py; a finished Add of that name must still not hold the span back.)
     """
     from controller.engine import naming
-    from tests.unit.fixtures import Kind, created, last_status
+    from tests.engine.fixtures import Kind, created, last_status
 
     s1 = span("s1", table_id=1, state=SpanState.ABSENT, resource_version="5")
     failed = operator(
@@ -129,7 +129,7 @@ def test_a_split_whose_parent_was_deleted_by_hand_fails_instead_of_hanging():
     """
     from controller.engine import intents as I
     from controller.model.records import Target as T
-    from tests.unit.fixtures import Kind, Store, changefeed, created, describe, last_status, pieces, writes
+    from tests.engine.fixtures import Kind, Store, changefeed, created, describe, last_status, pieces, writes
 
     halves = pieces(1, 2)
     op = operator(
@@ -166,7 +166,7 @@ def test_two_running_operators_on_one_span_keep_the_one_the_span_names():
     The operator the span's status names now survives; the other is Canceled (reason Conflict).
     """
     from controller.model.records import Target as T
-    from tests.unit.fixtures import Kind, last_status
+    from tests.engine.fixtures import Kind, last_status
 
     s = span("s1", state=SpanState.SCHEDULING, capture="c1", dispatcher="d-new", operator="add-new")
     old = operator(
@@ -194,7 +194,7 @@ def test_two_running_operators_on_one_span_keep_the_one_the_span_names():
     assert last_status(dec, Kind.OPERATOR, "add-old").phase is OpPhase.CANCELED
     assert last_status(dec, Kind.OPERATOR, "add-old").status_reason == "Conflict"
     # The survivor carries on: the canceled Add's dispatcher goes before its own is created.
-    from tests.unit.fixtures import flat, statuses
+    from tests.engine.fixtures import flat, statuses
 
     assert statuses(dec, Kind.OPERATOR, "add-new") == []
     assert ("delete", "Dispatcher", "d-old") in flat(dec)
@@ -210,7 +210,7 @@ def test_a_user_span_overlapping_a_span_an_operator_owns_before_its_status_is_wr
     """
     from controller.model.keys import KeyRange
     from controller.model.records import Target as T
-    from tests.unit.fixtures import Kind, last_status
+    from tests.engine.fixtures import Kind, last_status
 
     whole = span("x", state=None, capture="", dispatcher="")
     add = operator(
@@ -235,7 +235,7 @@ def test_an_add_never_runs_keys_another_spans_dispatcher_runs():
     placement is given up (span Absent) and the safety net removes the newer of the overlapping spans.
     """
     from controller.model.records import Target as T
-    from tests.unit.fixtures import Kind, created, last_status, pieces
+    from tests.engine.fixtures import Kind, created, last_status, pieces
 
     halves = pieces(1, 2)
     left = span("left", key_range=halves[0], capture="c0", dispatcher="dl")
@@ -267,7 +267,7 @@ def test_a_hole_whose_name_an_invalid_span_holds_is_filled_and_holds_the_checkpo
     from controller.engine import naming
     from controller.model.keys import KeyRange
     from controller.model.states import Mode
-    from tests.unit.fixtures import Kind, changefeed, last_status, pieces, statuses
+    from tests.engine.fixtures import Kind, changefeed, last_status, pieces, statuses
 
     left, right = pieces(1, 2)
     hole_name = naming.span_name("cf", 1, Mode.DEFAULT, left)

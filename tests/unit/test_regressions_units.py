@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.engine.maintainer import decide
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     DispatcherState,
     Kind,
     OpPhase,
@@ -85,7 +85,7 @@ def test_merge_never_starts_below_the_checkpoint_when_a_source_span_vanished():
     property test (redo changefeed, limit 1: merge, then delete a source span).
     """
     from controller.model.keys import KeyRange
-    from tests.unit.fixtures import created
+    from tests.engine.fixtures import created
 
     a = span("a", key_range=P[0], state=SpanState.REMOVING, operator="mg", checkpoint_ts=150)
     merged = Target(span="merged", key_range=KeyRange(P[0].start, P[1].end))

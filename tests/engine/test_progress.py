@@ -26,7 +26,7 @@ from controller.model.progress import (
 from controller.model.resources import capture_from_resources, lease_resource, progress_from_json, progress_to_json
 from controller.model.states import Mode
 from controller.sim.index_check import verify
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     EPOCH,
     NOW,
     DispatcherState,

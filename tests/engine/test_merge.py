@@ -9,7 +9,7 @@ import pytest
 
 from controller.engine.maintainer import Memory, decide
 from controller.model.keys import KeyRange
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     EPOCH,
     DispatcherState,
     Kind,

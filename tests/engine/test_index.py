@@ -28,7 +28,7 @@ from controller.model.states import (
     SpanState,
 )
 from controller.sim.index_check import verify
-from tests.unit.fixtures import EPOCH, IDENTITY, capture, memory
+from tests.engine.fixtures import EPOCH, IDENTITY, capture, memory
 
 CF = "cf"
 
@@ -283,7 +283,7 @@ def test_an_update_touches_only_the_maps_whose_membership_changed() -> None:
     10 MB, first touched then): 40-80 ms in one write-through at 100,000 spans (issue 25). Here 1,000
     Replicating spans on one capture, their checkpoints and their dispatchers' Working state moved 20,000
     times: no name-keyed table is ever rebuilt."""
-    from tests.unit import fixtures as F
+    from tests.engine import fixtures as F
 
     idx = Index("cf")
     idx.put(F.table(1))
@@ -330,7 +330,7 @@ def test_each_span_and_dispatcher_is_held_once() -> None:
     entry per span or per dispatcher are those of the facts. Before, the records and the dispatchers by span were
     more: at 100,000 dispatchers, three tables doubled in one write-through (2,817 page faults in one callback),
     and a span created placed doubled its facts' and the spans by dispatcher (1,879)."""
-    from tests.unit import fixtures as F
+    from tests.engine import fixtures as F
 
     n = 1200
     idx = Index(F.CF)

@@ -17,7 +17,7 @@ from controller.maintainer.runner import Maintainer, Settings
 from controller.model import resources as conv
 from controller.model.states import API_VERSION, TABLE_FINALIZER, Kind
 from tests.kube.conftest import namespace, until
-from tests.kube.test_runner import GatedClient
+from tests.maintainer.test_runner import GatedClient
 
 JSON = dict[str, Any]
 

@@ -59,7 +59,7 @@ from controller.model.resources import (
     table_from_resource,
     to_resource,
 )
-from tests.unit.test_crds import json_schema
+from tests.model.test_crds import json_schema
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 API = "cdc.maintainer.dev/v1alpha1"

@@ -20,7 +20,7 @@ from controller.engine.maintainer import Decision, decide
 from controller.engine.world import DIRECT_MUTANTS, Options
 from controller.model.records import Capture, Dispatcher
 from controller.model.states import DISPATCHER_FINALIZER
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     NOW,
     Kind,
     SpanState,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PURE = [ROOT / "controller" / "model", ROOT / "controller" / "engine"]
 FORBIDDEN_MODULES = {
     "os", "io", "sys", "time", "random", "socket", "subprocess", "threading", "asyncio", "pathlib",

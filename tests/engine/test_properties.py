@@ -27,7 +27,7 @@ from controller.engine.maintainer import Memory, decide
 from controller.model.keys import KeyRange
 from controller.model.records import Capture, Changefeed, Dispatcher, SchedulerConfig, Span, SpanOperator
 from controller.model.states import LIVE_DISPATCHER_STATES, DispatcherState, Kind, OpPhase, OpType, SpanState
-from tests.unit.fixtures import Store, table
+from tests.engine.fixtures import Store, table
 
 CAPTURES = ("c0", "c1", "c2")
 

@@ -15,7 +15,7 @@ from controller.engine import intents as I
 from controller.engine.maintainer import decide
 from controller.engine.world import Options, Tick
 from controller.model.records import Changefeed, Join
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     CF,
     EPOCH,
     Kind,

@@ -12,7 +12,7 @@ from controller.engine import invariants, naming
 from controller.engine.maintainer import Memory, decide
 from controller.model.keys import KeyRange
 from controller.model.records import Changefeed
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     NOW,
     DispatcherState,
     Kind,

@@ -12,7 +12,7 @@ from controller.engine import invariants, naming
 from controller.engine.maintainer import BOOTSTRAPPED, Memory, decide
 from controller.model.keys import KeyRange
 from controller.model.records import Changefeed, Span, SpanOperator
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     EPOCH,
     NOW,
     DispatcherState,

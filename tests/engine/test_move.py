@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from controller.engine.maintainer import decide
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     DispatcherState,
     Kind,
     OpPhase,

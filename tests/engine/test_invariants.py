@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from controller.engine import invariants
 from controller.model.keys import KeyRange
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     DispatcherState,
     Mode,
     OpPhase,

@@ -20,7 +20,7 @@ from controller.engine.world import Overlay, World
 from controller.model import ordering
 from controller.model.ordering import in_order
 from controller.model.states import SpanState
-from tests.unit import fixtures as F
+from tests.engine import fixtures as F
 
 
 @given(

@@ -26,7 +26,7 @@ from controller.engine.maintainer import (
 from controller.engine.world import Options
 from controller.model.progress import SINK, SOURCE, Progress, Trouble
 from controller.model.records import Capture, Changefeed, Condition
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     CF,
     capture,
     changefeed,

@@ -6,7 +6,7 @@ import pytest
 
 from controller.engine.intents import ConfirmPresent
 from controller.engine.maintainer import decide
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     EPOCH,
     DispatcherState,
     Kind,

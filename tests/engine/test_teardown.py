@@ -18,7 +18,7 @@ from controller.model.states import (
     OpType,
     SpanState,
 )
-from tests.unit.fixtures import CF, Store, capture, changefeed, dispatcher, flat, memory, span, table, world
+from tests.engine.fixtures import CF, Store, capture, changefeed, dispatcher, flat, memory, span, table, world
 
 CAPS = (capture("c0"), capture("c1"), capture("c2"))
 
@@ -220,7 +220,7 @@ def test_new_spans_are_not_accepted_while_the_changefeed_is_torn_down() -> None:
     Split had made its children; the teardown canceled the Split, and the next decision accepted the children
     beside their origin, which a failed delete kept: overlapping accepted spans no operator explained. Being
     torn down, the changefeed accepts no new span; the teardown's Removes take them as they are."""
-    from tests.unit.fixtures import OpSource, OpType, operator, pieces
+    from tests.engine.fixtures import OpSource, OpType, operator, pieces
 
     whole, halves = pieces(1, 1)[0], pieces(1, 2)
     st = Store()

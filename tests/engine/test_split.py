@@ -11,7 +11,7 @@ from controller.engine.maintainer import Decision, Memory, decide
 from controller.engine.world import DIRECT_MUTANTS, Options
 from controller.model.keys import KeyRange
 from controller.model.records import Span, SpanOperator
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     EPOCH,
     DispatcherState,
     Kind,

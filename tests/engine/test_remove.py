@@ -8,7 +8,7 @@ import pytest
 
 from controller.engine.maintainer import decide
 from controller.model.records import Changefeed
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     CF,
     NOW,
     Kind,
@@ -144,7 +144,7 @@ def test_table_remove_does_not_turn_an_invalid_span_into_an_accepted_one():
     Removing, overlapping a span another operator owns)."""
     from controller.engine import invariants
     from controller.model.records import Changefeed
-    from tests.unit.fixtures import Store
+    from tests.engine.fixtures import Store
 
     a = span("a", key_range=P[0], state=SpanState.REMOVING, operator="user-rm", capture="c0", dispatcher="da")
     b = span("b", key_range=P[1], capture="c1", dispatcher="db")

@@ -14,7 +14,7 @@ from controller.engine.traffic import Counters
 from controller.engine.world import Options, Tick, World
 from controller.model.records import Capture, Changefeed, SchedulerConfig, SchedulerStatus, Span, SpanOperator
 from controller.model.states import SchedulerState
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     NOW,
     Kind,
     OpPhase,

@@ -14,7 +14,7 @@ from controller.engine.maintainer import FAILED_EVENT, REPLICATION_FAILED, decid
 from controller.engine.world import Options
 from controller.model.records import Changefeed, Condition
 from controller.sim.index_check import verify
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     CF,
     Kind,
     capture,

@@ -9,7 +9,7 @@ import pytest
 from controller.engine import checkpoint
 from controller.engine.maintainer import decide
 from controller.engine.world import Options, Tick
-from tests.unit.fixtures import (
+from tests.engine.fixtures import (
     EPOCH,
     DispatcherState,
     Kind,

@@ -10,7 +10,7 @@ import pytest
 
 from controller.engine import coverage
 from controller.model.keys import KeyRange
-from tests.unit.fixtures import SpanState, pieces, span, trange
+from tests.engine.fixtures import SpanState, pieces, span, trange
 
 T = trange(1)
 P = pieces(1, 4)
