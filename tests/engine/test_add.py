@@ -24,8 +24,10 @@ from tests.engine.fixtures import (
     last_status,
     memory,
     operator,
+    pieces,
     span,
     table,
+    trange,
     world,
 )
 
@@ -148,6 +150,32 @@ def test_target_lost_closes_dispatcher_then_span_absent():
     rec = last_status(dec, Kind.OPERATOR, "add")
     assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "CaptureLost")
     assert rec.targets[0].lost
+
+
+def test_an_add_never_runs_keys_another_spans_dispatcher_runs():
+    """A deposed maintainer's view lagged; it and its successor each covered a new table, with different cuts, so
+    two accepted spans overlapped. Placing both would run the same keys twice. A dispatcher is now created only
+    when no dispatcher of another span overlaps its keys; otherwise the placement is given up (span Absent) and
+    the safety net removes the newer of the overlapping spans.
+    """
+    halves = pieces(1, 2)
+    left = span("left", key_range=halves[0], capture="c0", dispatcher="dl")
+    whole = span("whole", state=SpanState.SCHEDULING, operator="add-w", capture="c1", dispatcher="dw", created=2000.0)
+    add = operator(
+        "add-w",
+        OpType.ADD,
+        ("whole",),
+        phase=OpPhase.RUNNING,
+        stage=Stage.ADD_DEST,
+        target="c1",
+        targets=(Target(span="whole", key_range=trange(1), capture="c1", dispatcher="dw", start_ts=100),),
+    )
+    dl = dispatcher("dl", left, "c0", DispatcherState.WORKING)
+    dec = decide(world(table(1), capture("c0"), capture("c1"), left, whole, add, dl), memory())
+    assert created(dec, Kind.DISPATCHER) == []
+    assert last_status(dec, Kind.SPAN, "whole").state is SpanState.ABSENT
+    rec = last_status(dec, Kind.OPERATOR, "add-w")
+    assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "KeysBusy")
 
 
 def test_rejected_dispatcher_replaced_under_new_name_only_after_gone():

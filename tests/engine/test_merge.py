@@ -128,6 +128,37 @@ def test_all_sources_gone_creates_merged_from_min_checkpoint():
     assert d.start_ts == 125
 
 
+def test_merge_never_starts_below_the_checkpoint_when_a_source_span_vanished():
+    """Tick.checkpoint_floor: "Nothing is ever started below this: the published checkpoint, or the changefeed's
+    start ts". A Merge in RemoveOrigin whose source ``b`` had no dispatcher (it was Absent, so no origin was
+    recorded) and whose Span object was then deleted by hand: ``final_checkpoint`` finds neither an origin nor
+    the span and returns 0.
+
+    Expected: the merged span and its dispatcher start at or above the changefeed checkpoint (100 here).
+    Actual: CreateSpans records checkpointTs 0, the merged Span is created with startTs 0 and its Dispatcher
+    with startTs 0 -- below the changefeed's startTs, i.e. replicating from the beginning of time. Found by the
+    property test (redo changefeed, limit 1: merge, then delete a source span).
+    """
+    halves = pieces(1, 2)
+    a = span("a", key_range=halves[0], state=SpanState.REMOVING, operator="mg", checkpoint_ts=150)
+    merged = Target(span="merged", key_range=KeyRange(halves[0].start, halves[1].end))
+    op = operator(
+        "mg",
+        OpType.MERGE,
+        ("a", "b"),
+        OpPhase.RUNNING,
+        Stage.REMOVE_ORIGIN,
+        targets=(merged,),
+        origins=(Origin(span="a", dispatcher="da", capture="c0", checkpoint_ts=150),),
+        checkpoint_ts=100,
+    )
+    dec = decide(world(table(1), *CAPS, a, op), memory())
+    spans = created(dec, Kind.SPAN)
+    (m,) = [s for s in spans if s.name == "merged"]
+    assert m.start_ts >= 100
+    assert [d.start_ts for d in created(dec, Kind.DISPATCHER) if d.start_ts < 100] == []
+
+
 def test_add_spans_merged_working_succeeds():
     t = replace(MERGED, capture="c1", dispatcher="dm", start_ts=125)
     m = span(

@@ -9,9 +9,10 @@ import pytest
 
 from controller.engine import intents as I
 from controller.engine import invariants, naming
-from controller.engine.maintainer import Memory, decide
+from controller.engine.maintainer import Decision, Memory, decide
+from controller.engine.world import DIRECT_MUTANTS, Options, World
 from controller.model.keys import KeyRange
-from controller.model.records import Changefeed
+from controller.model.records import Changefeed, Record, SpanOperator
 from tests.engine.fixtures import (
     NOW,
     DispatcherState,
@@ -38,6 +39,7 @@ from tests.engine.fixtures import (
     table,
     trange,
     world,
+    writes,
 )
 
 P = pieces(1, 2)
@@ -108,6 +110,26 @@ def test_hole_filled_with_absent_span_when_no_capture_can_take_it():
     assert created(dec, Kind.DISPATCHER) == []
 
 
+def test_a_hole_whose_name_an_invalid_span_holds_is_filled_and_holds_the_checkpoint():
+    """A hole-fill span was refused (Invalid) because a deposed maintainer's span overlapped it; that span was
+    later removed, leaving the hole, but the hole's deterministic name was the Invalid span's, so the hole was
+    never filled, and the changefeed checkpoint moved past keys nobody replicated. Now the refused span is
+    accepted when it fits the hole exactly, and the checkpoint does not move while a live table has keys no span
+    covers.
+    """
+    left, right = pieces(1, 2)
+    hole_name = naming.span_name("cf", 1, Mode.DEFAULT, left)
+    refused = span(hole_name, key_range=left, state=SpanState.INVALID, message="overlapped", capture="", dispatcher="")
+    r = span("r", key_range=right, capture="c0", dispatcher="dr", checkpoint_ts=500)
+    dr = dispatcher("dr", r, "c0", DispatcherState.WORKING, checkpoint_ts=900)
+    cf = changefeed(checkpoint_ts=300)
+    dec = decide(world(table(1), capture("c0"), refused, r, dr, cf=cf), memory())
+    assert last_status(dec, Kind.SPAN, hole_name).state is SpanState.ABSENT
+    # This decision still saw the hole: the checkpoint stays at 300 rather than following span r to 900.
+    assert [c.checkpoint_ts for c in statuses(dec, Kind.CHANGEFEED, "cf")] in ([], [300])
+    assert KeyRange(left.start, right.end) == trange(1)
+
+
 def test_a_span_an_operator_owns_stands_for_its_keys_before_its_status_is_written():
     """A span with no status yet counts in the safety net's coverage (the rule with ``new``, engine/coverage.py):
     here one re-created under the name a Running Add targets, which validation leaves to the Add. Filled as a hole,
@@ -135,6 +157,38 @@ def test_unexplained_overlap_removes_newer_span():
     ]
     assert ("delete", "Dispatcher", "dx") in got
     assert not {("delete", "Dispatcher", "da"), ("delete", "Dispatcher", "db")} & set(got)
+
+
+def test_an_overlap_removal_first_reads_again_the_span_it_keeps():
+    """Found by the simulator: a person deleted a Merge's source while the Span watch ran 3 s late, and the Merge's
+    new span was removed as an overlap with that source, which was gone. The Remove's chain now starts with a
+    consistent read of each span the overlap keeps (``ConfirmPresent``): gone, the chain stops."""
+    halves = pieces(1, 2)
+    old = span("old", key_range=halves[0], capture="c0", dispatcher="d-old", created=NOW - 100)
+    new = span("new", capture="c1", dispatcher="d-new", created=NOW - 10)
+    w = world(
+        changefeed(),
+        table(1),
+        capture("c0"),
+        capture("c1"),
+        old,
+        new,
+        span("rest", key_range=halves[1], capture="c0", dispatcher="d-rest", created=NOW - 100),
+        dispatcher("d-old", old, "c0"),
+        dispatcher("d-new", new, "c1"),
+    )
+    dec = decide(w, memory())
+    chains = [
+        c for c in dec.chains if any(isinstance(x, I.Create) and isinstance(x.obj, SpanOperator) for x in c.writes)
+    ]
+    assert len(chains) == 1
+    first, second = chains[0].writes[:2]
+    # The pair that dooms "new" is the one it makes with "old" (the first, in name order): that is the one read.
+    assert isinstance(first, I.ConfirmPresent)
+    assert (first.kind, first.name, first.uid) == (Kind.SPAN, "old", "uid-old")
+    assert isinstance(second, I.Create)
+    assert isinstance(second.obj, SpanOperator)
+    assert second.obj.spans == ("new",)
 
 
 def test_working_dispatcher_matching_absent_span_adopted():
@@ -218,6 +272,28 @@ def test_user_span_invalid(u, extra, needle):
     assert not [w for w in flat(dec) if w[0] in ("delete", "create") and w[2] in ("a", "b", "da", "db")]
 
 
+def test_a_user_span_overlapping_a_span_an_operator_owns_before_its_status_is_written_is_invalid():
+    """A person deleted a span while its Add was in flight; hole repair re-created it under the same name (same
+    range) and was killed before writing its status. A user span applied inside that range was accepted, because
+    the re-created span had no status yet; the Add then finished the re-created span: two accepted spans over the
+    same keys. A span an operator owns now counts as taken even before its status is written.
+    """
+    whole = span("x", state=None, capture="", dispatcher="")
+    add = operator(
+        "add-x",
+        OpType.ADD,
+        ("x",),
+        phase=OpPhase.RUNNING,
+        stage=Stage.ADD_DEST,
+        target="c0",
+        targets=(Target(span="x", key_range=trange(1), capture="c0", dispatcher="dx", start_ts=100),),
+    )
+    inner = KeyRange(trange(1).start + b"\x40", trange(1).start + b"\x80")
+    user = span("user", state=None, key_range=inner, capture="", dispatcher="", created=2000.0)
+    dec = decide(world(table(1), capture("c0"), whole, add, user), memory())
+    assert last_status(dec, Kind.SPAN, "user").state is SpanState.INVALID
+
+
 def test_redo_span_accepted_on_redo_changefeed():
     cf = changefeed(redo=True)
     r = user_span("r", mode=Mode.REDO)
@@ -281,3 +357,83 @@ def test_adopted_orphan_dispatcher_satisfies_settled():
     assert [w for w in flat(dec) if w[1] != "Changefeed"] == []  # the engine is at rest
     assert st.get(Kind.SPAN, "a").dispatcher == "orph"  # type: ignore[union-attr]
     assert invariants.settled(st.world()) == []
+
+
+# -- a view in doubt (``World.stale``: a kind whose watch broke, not relisted yet) ----------------------------
+
+
+def _split_done_world(parent_in_view: bool, stale: frozenset[Kind], dispatcher_in_view: bool = True) -> World:
+    """As on a real cluster: a Split of ``p`` into ``c1``/``c2`` Succeeded at AddSpans; the parent (and its
+    dispatcher) was deleted, but the Span view, its watch broken across an API restart and not relisted yet, still
+    holds it."""
+    halves = pieces(1, 2)
+    c1 = span("c1", key_range=halves[0], capture="c0", dispatcher="d1", created=NOW - 10)
+    c2 = span("c2", key_range=halves[1], capture="c1", dispatcher="d2", created=NOW - 10)
+    parent = span("p", capture="c0", dispatcher="dp", created=NOW - 100)
+    done = operator(
+        "sp",
+        OpType.SPLIT,
+        ("p",),
+        OpPhase.SUCCEEDED,
+        Stage.ADD_SPANS,
+        targets=(
+            Target(span="c1", key_range=halves[0], capture="c0", dispatcher="d1", start_ts=100, done=True),
+            Target(span="c2", key_range=halves[1], capture="c1", dispatcher="d2", start_ts=100, done=True),
+        ),
+        finished_at=NOW - 5,
+    )
+    records: list[Record] = [changefeed(), table(1), capture("c0"), capture("c1"), c1, c2, done]
+    records += [dispatcher("d1", c1, "c0"), dispatcher("d2", c2, "c1")]
+    if parent_in_view:
+        records.append(parent)
+        if dispatcher_in_view:
+            records.append(dispatcher("dp", parent, "c0"))
+    return replace(world(*records), stale=stale)
+
+
+def _removals(dec: Decision) -> list[str]:
+    removes = [o.name for o in created(dec, Kind.OPERATOR) if isinstance(o, SpanOperator) and o.type is OpType.REMOVE]
+    deletes = [f"{w.kind.value}/{w.name}" for w in writes(dec) if isinstance(w, I.Delete)]
+    return removes + deletes
+
+
+def test_a_finished_split_is_not_undone_by_a_repair_on_a_span_view_still_showing_its_parent():
+    """On a real cluster, an API restart with a Split in flight: decisions ran for 1.8 s on a Span view that still
+    held the Split's deleted parent, and the rule "overlap no operator explains" removed the newer spans, the
+    children; after the relist the hole got a new span under the parent's name. A view in doubt (``World.stale``)
+    now removes nothing; once relisted (the parent gone from it), nothing is removed either."""
+    lagging = decide(_split_done_world(parent_in_view=True, stale=frozenset({Kind.SPAN})), memory())
+    assert _removals(lagging) == []
+    assert created(lagging, Kind.SPAN) == []
+    # The same view taken as current is what removed the children (the failure, and what the mutant
+    # decides-on-stale-view brings back).
+    trusted = decide(_split_done_world(parent_in_view=True, stale=frozenset()), memory())
+    assert any(o.startswith("remove-") for o in _removals(trusted))
+    # The mutant decides on the view in doubt as if it were current (killed here: engine.world.DIRECT_MUTANTS).
+    assert "decides-on-stale-view" in DIRECT_MUTANTS
+    mutant = Options(mutants=frozenset({"decides-on-stale-view"}))
+    doubted = decide(_split_done_world(parent_in_view=True, stale=frozenset({Kind.SPAN})), memory(), mutant)
+    assert any(o.startswith("remove-") for o in _removals(doubted))
+    # The relist: the parent is gone from the view, which is current again.
+    relisted = decide(_split_done_world(parent_in_view=False, stale=frozenset()), memory())
+    assert _removals(relisted) == []
+    assert created(relisted, Kind.SPAN) == []
+
+
+def test_a_dispatcher_view_in_doubt_neither_closes_unclaimed_dispatchers_nor_forgets_missing_ones():
+    """The orphan rule and "Replicating whose dispatcher is gone" wait for a current Dispatcher view too: the parent's
+    dispatcher, still in a Dispatcher view in doubt after its span was deleted, is not closed; a child whose
+    dispatcher the view lacks stays Replicating."""
+    w = _split_done_world(parent_in_view=False, stale=frozenset({Kind.DISPATCHER, Kind.SPAN}))
+    with_orphan = replace(
+        w, dispatchers={**w.dispatchers, "dp": dispatcher("dp", span("p", capture="c0", dispatcher="dp"), "c0")}
+    )
+    assert _removals(decide(with_orphan, memory())) == []
+    lacking = replace(w, dispatchers={n: d for n, d in w.dispatchers.items() if n != "d2"})
+    dec = decide(lacking, memory())
+    assert statuses(dec, Kind.SPAN, "c2") == []
+    # Current again: the orphan is closed, the span without its dispatcher goes Absent.
+    assert "Dispatcher/dp" in _removals(decide(replace(with_orphan, stale=frozenset()), memory()))
+    after = statuses(decide(replace(lacking, stale=frozenset()), memory()), Kind.SPAN, "c2")
+    assert after
+    assert after[-1].state is SpanState.ABSENT

@@ -37,6 +37,7 @@ from tests.engine.fixtures import (
     table,
     trange,
     world,
+    writes,
 )
 
 S1 = span("s1", capture="c0", dispatcher="d1", checkpoint_ts=120)
@@ -408,6 +409,81 @@ def test_every_child_deleted_by_hand_fails_span_deleted():
     assert rec.message == (
         "every new span was deleted by hand mid-way (child0, child1); the safety net re-covers their keys"
     )
+
+
+def test_split_closes_the_dispatcher_of_a_child_span_deleted_by_hand():
+    """common.place_targets: "The span vanished under the operator (deleted by hand): nothing left to place."
+
+    A Split in AddSpans has created child0's dispatcher k0 (Initializing on c0); then child0's Span object is
+    deleted by hand. Expected: the operator closes the dispatcher it created for that target (a Delete of k0),
+    since no span claims it any more. Actual: the target is marked done+lost, the Split finishes
+    "PartiallyPlaced" with the message "... were left Absent" (there is no span to be Absent), and k0 keeps
+    running with no span. Hole repair then creates a new span over the same keys: if k0 is Working by then,
+    the new span adopts it (a dispatcher whose spec.span names a deleted span, for good); if not, the safety
+    net deletes k0 while the basic scheduler's Add for the new span is given up as "blocked" and fails with the
+    misleading reason CaptureLost ("destination lost") and a warning Event, to be retried later.
+    """
+    halves = pieces(1, 2)
+    targets = (
+        Target(span="child0", key_range=halves[0], capture="c0", dispatcher="k0", start_ts=130),
+        Target(span="child1", key_range=halves[1], capture="c1", dispatcher="k1", start_ts=130),
+    )
+    child1 = span(
+        "child1", key_range=halves[1], state=SpanState.SCHEDULING, operator="sp", capture="c1", dispatcher="k1"
+    )
+    k0 = dispatcher("k0", replace(child1, name="child0", key_range=halves[0]), "c0", DispatcherState.INITIALIZING)
+    k1 = dispatcher("k1", child1, "c1", DispatcherState.WORKING, checkpoint_ts=140)
+    op = operator(
+        "sp",
+        OpType.SPLIT,
+        ("s1",),
+        OpPhase.RUNNING,
+        Stage.ADD_SPANS,
+        targets=targets,
+        checkpoint_ts=130,
+        origins=(Origin(span="s1", dispatcher="d1", capture="c0", checkpoint_ts=130),),
+    )
+    dec = decide(world(table(1), *CAPS, child1, k0, k1, op), memory())
+    assert ("delete", "Dispatcher", "k0") in flat(dec)
+    # Once k0 is gone the target is given up and the Split finishes with the shape it could keep.
+    rec = last_status(dec, Kind.OPERATOR, "sp")
+    dec2 = decide(world(table(1), *CAPS, child1, k1, rec), memory())
+    assert last_status(dec2, Kind.OPERATOR, "sp").phase is OpPhase.SUCCEEDED
+
+
+def test_a_split_whose_parent_was_deleted_by_hand_fails_instead_of_hanging():
+    """A person deleted the span a Split was splitting (a Merge whose source was deleted hung the same way).
+
+    Once the origin's dispatcher was gone the Split moved to CreateSpans, found no span to copy the
+    table and mode from, and waited forever. It now ends Failed (SpanNotFound); the safety net re-covers
+    the range with an Absent span.
+    """
+    halves = pieces(1, 2)
+    op = operator(
+        "sp",
+        OpType.SPLIT,
+        ("gone",),
+        phase=OpPhase.RUNNING,
+        stage=Stage.REMOVE_ORIGIN,
+        split_into=2,
+        targets=tuple(Target(span=f"child-{i}", key_range=r) for i, r in enumerate(halves)),
+    )
+    api = Store()
+    api.add(changefeed(), table(1), capture("c0"), op)
+    dec = decide(api.world(), memory())
+    rec = last_status(dec, Kind.OPERATOR, "sp")
+    assert (rec.phase, rec.status_reason) == (OpPhase.FAILED, "SpanNotFound")
+    # The spans it takes for deleted are read first (none of them is there), and its keys wait for that end to land.
+    assert [describe(w) for w in writes(dec) if isinstance(w, I.ConfirmGone)] == [
+        ("confirm-gone", "Span", n) for n in ("gone", "child-0", "child-1")
+    ]
+    assert created(dec, Kind.SPAN) == []
+    api.apply(dec)
+    assert api.aborted == 0
+    api.apply(decide(api.world(), memory()))  # the table has no span left: it joins again first
+    dec = decide(api.world(), memory())
+    spans = created(dec, Kind.SPAN)
+    assert [s.key_range for s in spans] == [trange(1)]  # the hole, re-covered as one span (placed at once)
 
 
 def test_a_child_the_view_lacks_is_planned_by_the_split_not_a_hole():
