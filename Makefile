@@ -25,8 +25,14 @@ lint:
 typecheck:
 	$(PY) -m mypy
 
+# The tests of each package, beside it in tests/<package>/ (tests/ mirrors controller/), and the whole package's
+# (tests/test_*.py): in-process, the embedded API server at most. Not the suites by kind (sim, integration, e2e,
+# chart, monitoring, image) nor the ones with real servers (dataplane, sinks).
+UNIT_TESTS := tests/test_*.py tests/model tests/engine tests/process tests/kube tests/capture tests/maintainer \
+	tests/cli tests/demo tests/apiserver tests/unit
+
 unit:
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest $(UNIT_TESTS) -q
 
 sim:
 	$(PY) -m pytest tests/sim -q

@@ -1,6 +1,6 @@
 """``maintainer.observed``: what the caller feeds back after applying a decision (issue 24: creates the API
 refuses are reported, not retried silently). The report itself is checked by the runner test
-(tests/kube/test_runner.py) and by the simulator's refusal check (mutant refusals-not-reported)."""
+(tests/maintainer/test_runner.py) and by the simulator's refusal check (mutant refusals-not-reported)."""
 
 from __future__ import annotations
 

@@ -823,7 +823,7 @@ def test_last_verification_from_the_changefeeds_annotation() -> None:
 def test_the_sinks_figures_and_troubles_from_the_live_captures_reports() -> None:
     """Each live capture's report names its sink's figures (tombstones collected and held, live rows) and its
     troubles: per capture for the figures, counted per side for the troubles (a lost capture's say nothing about
-    now: the engine's rule, tests/unit/test_data_path_conditions.py)."""
+    now: the engine's rule, tests/engine/test_data_path_conditions.py)."""
     h = Harness()
     now = time.time()
     h.offer(Changefeed(name=CF, source_secret="src", sink_secret="dst", checkpoint_ts=1234))

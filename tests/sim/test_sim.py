@@ -64,7 +64,7 @@ def test_every_mutant_is_caught(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, out
     for name in MUTANTS - DIRECT_MUTANTS:
         assert f"caught   {name}" in out
-    for name in DIRECT_MUTANTS:  # killed by a test of the engine instead (tests/unit/test_fencing.py)
+    for name in DIRECT_MUTANTS:  # killed by a test of the engine instead (tests/engine/test_fencing.py)
         assert f"direct   {name}" in out
 
 
