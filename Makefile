@@ -25,8 +25,14 @@ lint:
 typecheck:
 	$(PY) -m mypy
 
+# The tests of each package, beside it in tests/<package>/ (tests/ mirrors controller/), and the whole package's
+# (tests/test_*.py): in-process, the embedded API server at most. Not the suites by kind (sim, integration, e2e,
+# chart, monitoring, image) nor the ones with real servers (dataplane, sinks).
+UNIT_TESTS := tests/test_*.py tests/model tests/engine tests/process tests/kube tests/capture tests/maintainer \
+	tests/cli tests/demo tests/apiserver
+
 unit:
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest $(UNIT_TESTS) -q
 
 sim:
 	$(PY) -m pytest tests/sim -q
@@ -36,9 +42,15 @@ mutants:
 
 # Everything CI checks: lint, layering, types, the chart, then the whole test suite. The monitoring tests need
 # Debian's prometheus and promtool (`make prometheus`); CFM_REQUIRE_PROMETHEUS=1 makes their absence a failure,
-# where a bare `pytest` only skips them with a message.
+# where a bare `pytest` only skips them with a message. The crash simulator's suite (tests/sim: its sweep and
+# mutants, CPU-bound) runs beside the rest on one core (SIM_JOBS=1), the rest with the unit-level tests first: while
+# both are CPU-bound they share the two cores, and then the integration and data-plane tests, which mostly wait on
+# processes and servers, leave it room. Either failing fails the target; the simulator's output is printed after.
 test: lint typecheck chart-check prometheus mariadb
-	CFM_PROMETHEUS_BIN=$(PROMETHEUS_BIN) CFM_REQUIRE_PROMETHEUS=1 $(PY) -m pytest -q
+	@mkdir -p .cache; SIM_JOBS=1 $(PY) -m pytest -q -p no:cacheprovider tests/sim > .cache/test-sim.log 2>&1 & \
+	sim=$$!; CFM_PROMETHEUS_BIN=$(PROMETHEUS_BIN) CFM_REQUIRE_PROMETHEUS=1 $(PY) -m pytest -q $(UNIT_TESTS) tests \
+	  --ignore=tests/sim; rest=$$?; wait $$sim; simrc=$$?; echo "== tests/sim, run beside the rest:"; \
+	cat .cache/test-sim.log; if [ $$rest -ne 0 ] || [ $$simrc -ne 0 ]; then exit 1; fi
 
 # --- Monitoring: prometheus + promtool from Debian's package, unpacked into .cache (no service, no
 # system install); the Prometheus operator's schema validators from npm, installed into .cache. Both idempotent.

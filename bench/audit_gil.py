@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from controller.engine.maintainer import Options, decide
 from controller.engine.world import World
 from controller.model import ordering
-from tests.unit import fixtures as F  # (the engine tests' record builders)
+from tests.engine import fixtures as F  # (the engine tests' record builders)
 
 PER_TABLE = 1000
 

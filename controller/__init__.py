@@ -11,5 +11,5 @@ Layers (enforced by import-linter, see pyproject.toml):
   plugin call the client too; the simulator has an API of its own).
 - ``controller.demo``: the whole system in one command.
 
-No module imports another that imports it, directly or not (``tests/unit/test_purity.py``).
+No module imports another that imports it, directly or not (``tests/test_purity.py``).
 """

@@ -342,11 +342,19 @@ class Writer:
                 self.ensured.add(key)
         per_table: dict[tuple[int, Mode], dict[bytes, Row]] = {}
         for d in batch:
-            latest = per_table.setdefault((d.dispatcher.table_id, d.dispatcher.mode), {})
-            for row in taken[d.name][0]:
-                old = latest.get(row[0])
+            table = (d.dispatcher.table_id, d.dispatcher.mode)
+            # A dispatcher's rows come in revision order (a scan's, all at or below its revision, before its watch's):
+            # the last of a key is its newest. Two dispatchers of one table (a span moving between them here) may
+            # share keys: those are compared.
+            newest = {row[0]: row for row in taken[d.name][0]}
+            latest = per_table.get(table)
+            if latest is None:
+                per_table[table] = newest
+                continue
+            for k, row in newest.items():
+                old = latest.get(k)
                 if old is None or old[2] < row[2]:
-                    latest[row[0]] = row
+                    latest[k] = row
         sweeps = [
             Sweep((d.dispatcher.table_id, d.dispatcher.mode), d.dispatcher.key_range.start, d.dispatcher.key_range.end,
                   scans[d.name].at, scans[d.name].keys)

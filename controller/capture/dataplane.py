@@ -159,7 +159,10 @@ class _Disp:
 
     def events(self, rows: list[Row], head: int) -> None:
         self.feed.runtime.troubles.clear(self.feed.changefeed, SOURCE, self.own)
-        self.rows.extend(rows)
+        if self.rows:
+            self.rows.extend(rows)
+        else:
+            self.rows = rows  # the source's list, handed over (a catch-up response: tens of thousands of rows)
         self.received_rows += len(rows)
         self.resolved = max(self.resolved, rows[-1][2])
         self.feed.sink.received(self, len(rows))

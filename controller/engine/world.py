@@ -203,17 +203,17 @@ MUTANTS = frozenset(
 #: none it fails), each killed instead by a test of the engine that drives the race directly; ``python -m
 #: controller.sim --mutants`` skips them and says so. The tests:
 #: ``release-under-an-old-take`` (a Lease watch lagging the Dispatcher watch across a zombie's take and the capture's
-#: re-acquiring): tests/unit/test_fencing.py::test_the_old_rule_releases_from_a_view_older_than_the_dispatcher (the
-#: mutant releases the finalizer that test_a_release_from_a_view_older_than_the_dispatcher_does_not_land shows the
-#: rule keeping).
-#: ``decides-on-stale-view``: tests/unit/test_regressions.py::test_a_finished_split_is_not_undone_by_a_repair_on_a_
+#: re-acquiring): tests/engine/test_fencing.py::test_the_old_rule_releases_from_a_view_older_than_the_dispatcher
+#: (the mutant releases the finalizer that test_a_release_from_a_view_older_than_the_dispatcher_does_not_land shows
+#: the rule keeping).
+#: ``decides-on-stale-view``: tests/engine/test_repair.py::test_a_finished_split_is_not_undone_by_a_repair_on_a_
 #: span_view_still_showing_its_parent (the mutant removes the children on the view in doubt).
-#: ``creates-from-an-unconfirmed-record``: tests/unit/test_bootstrap.py::test_the_mutant_creates_from_a_record_
+#: ``creates-from-an-unconfirmed-record``: tests/engine/test_bootstrap.py::test_the_mutant_creates_from_a_record_
 #: without_reading_it_again.
-#: ``fills-a-hole-an-unseen-operator-plans``: tests/unit/test_split.py::test_each_half_of_the_unseen_children_fix_is_
-#: needed.
-#: ``spans-before-the-join``: tests/unit/test_joining.py::test_without_the_join_the_first_spans_are_created_at_once
-#: (the mutant creates a new table's spans before any join) beside ..._joins_before_its_first_spans_... and
+#: ``fills-a-hole-an-unseen-operator-plans``: tests/engine/test_split.py::test_each_half_of_the_unseen_children_fix_
+#: is_needed.
+#: ``spans-before-the-join``: tests/engine/test_joining.py::test_without_the_join_the_first_spans_are_created_at_
+#: once (the mutant creates a new table's spans before any join) beside ..._joins_before_its_first_spans_... and
 #: test_the_new_leader_counts_a_join_of_a_table_it_has_not_seen (the rule, and why it holds the checkpoint).
 DIRECT_MUTANTS = frozenset(
     {

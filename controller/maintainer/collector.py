@@ -3,7 +3,7 @@
 Spans, operators in flight, checkpoint lag, leadership, captures, the last bootstrap... are computed from the
 informer's cache for the changefeeds this process leads *now*, from the index's aggregates (span counts per state,
 capture and mode; operators in flight; the progress reports) rather than by walking every record: a scrape costs
-what the changefeeds and captures are, not what the spans are (tests/unit/test_metrics.py counts it). Nothing is
+what the changefeeds and captures are, not what the spans are (tests/maintainer/test_metrics.py counts it). Nothing is
 set and forgotten, so no series outlives what it describes (a changefeed led by another replica, a capture gone, a
 state no span is in any more simply stops being reported), in the style of crate-operator's ``prometheus.py``.
 

@@ -9,7 +9,7 @@ Two sorts of metric live in one :class:`~prometheus_client.CollectorRegistry` pe
   *now*. Nothing is set and forgotten, so no series outlives what it describes (a changefeed led by another replica,
   a capture gone, a state no span is in any more simply stops being reported), in the style of crate-operator's
   ``prometheus.py``. A scrape reads the indexes' aggregates, never every record: its work does not grow with the
-  spans (tests/unit/test_metrics.py counts it at 100 and 10,000 spans).
+  spans (tests/maintainer/test_metrics.py counts it at 100 and 10,000 spans).
 - **Process-lifetime** figures only an observer can make: the duration (and, for failures, the count by changefeed
   and type) of each operator this process saw finish (observed once per operator: see
   :meth:`MaintainerMetrics.on_change`), and each changefeed's head curve from the captures' reports.

@@ -31,7 +31,7 @@ from tests.dataplane.test_troubles import cli
 from tests.integration.harness import CHANGEFEED, Api, Snap, System
 
 #: How long the writer writes through the pause.
-PAUSE = 60.0
+PAUSE = 25.0
 #: What a pause may take to reach the captures (their reads of the Changefeed, every 5 s) and close what they hold.
 SETTLE = 12.0
 

@@ -357,7 +357,7 @@ def test_alerts_fire_and_resolve_and_every_dashboard_query_has_data(
 
     # Every query of the dashboard returns data over the test's time range (as Grafana asks: a range query), but
     # those of a sink's figures: this changefeed replicates nothing, so no capture reports them (their values are
-    # tests/unit/test_metrics.py's; the figures themselves tests/dataplane/test_tombstones.py's).
+    # tests/maintainer/test_metrics.py's; the figures themselves tests/dataplane/test_tombstones.py's).
     empty = []
     for title, expr in dashboard_queries():
         if any(f"changefeed_maintainer_{m}" in expr for m in SINK_FIGURES):

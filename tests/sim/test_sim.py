@@ -27,6 +27,8 @@ from controller.sim.context import Ctx, Frontier, Trace, Violation
 from controller.sim.history import Result, run_history
 
 SWEEP = int(os.environ.get("SIM_SEEDS", "2000"))
+#: Processes the sweep and the mutants use (``make test`` runs this suite on one core beside the rest: 1).
+JOBS = os.environ.get("SIM_JOBS", "2")
 #: Histories with a late create the garbage collector removes after a teardown (``--find 'garbage collected'``
 #: over seeds 400-6,399 of the current stream; 21 of 6,000).
 GARBAGE_COLLECTED = (1712, 2196, 2295, 2861, 3133)
@@ -51,7 +53,7 @@ def history_counting(*what: str, seeds: Iterable[int] = range(300)) -> Result:
 
 @pytest.mark.slow
 def test_seed_sweep_has_no_violation(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--seeds", str(SWEEP), "--jobs", "2"])
+    code = main(["--seeds", str(SWEEP), "--jobs", JOBS])
     out = capsys.readouterr().out
     assert code == 0, out[-8000:]
     assert f"{SWEEP} histories, 0 with violations" in out
@@ -59,12 +61,12 @@ def test_seed_sweep_has_no_violation(capsys: pytest.CaptureFixture[str]) -> None
 
 @pytest.mark.slow
 def test_every_mutant_is_caught(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--mutants", "--jobs", "2"])
+    code = main(["--mutants", "--jobs", JOBS])
     out = capsys.readouterr().out
     assert code == 0, out
     for name in MUTANTS - DIRECT_MUTANTS:
         assert f"caught   {name}" in out
-    for name in DIRECT_MUTANTS:  # killed by a test of the engine instead (tests/unit/test_fencing.py)
+    for name in DIRECT_MUTANTS:  # killed by a test of the engine instead (tests/engine/test_fencing.py)
         assert f"direct   {name}" in out
 
 
