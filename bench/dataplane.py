@@ -58,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.capture.batcher import MAX_TRANSACTION_ROWS
 from controller.capture.dataplane import DataplaneRuntime, Endpoints
-from controller.demo.servers import EtcdServer, MariaDBServer, PostgresServer
+from controller.demo.mariadb import MariaDBServer
+from controller.demo.servers import EtcdServer, PostgresServer
 from controller.demo.writer import Writer, row_key
 from controller.model.keys import KeyRange, table_key
 from controller.model.records import Dispatcher

@@ -159,7 +159,8 @@ class DataPlane:
     TABLES = (101, 102, 103)  # examples/tables.yaml
 
     def __init__(self, rate: float, stack: contextlib.ExitStack, sink: str = "postgres") -> None:
-        from controller.demo.servers import EtcdServer, MariaDBServer, PostgresServer
+        from controller.demo.mariadb import MariaDBServer
+        from controller.demo.servers import EtcdServer, PostgresServer
         from controller.demo.writer import Writer
 
         server = "MariaDB (Debian's mariadb-server)" if sink == "mysql" else "PostgreSQL (from the pinned wheel)"

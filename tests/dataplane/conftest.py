@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from controller.apiserver import ApiServerHandle, start_server
-from controller.demo.servers import EtcdServer, MariaDBServer, PostgresServer
+from controller.demo.mariadb import MariaDBServer
+from controller.demo.servers import EtcdServer, PostgresServer
 from controller.sinks import api as sinks
 from controller.sinks import kinds
 from tests.integration.harness import CRD_DIR, Api, System, embedded_api
