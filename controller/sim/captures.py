@@ -45,16 +45,18 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from controller.model import progress
 from controller.model.keys import regions_touched
 from controller.model.records import DISPATCHER_FAILED_PREFIX, Capture, Changefeed, Dispatcher, Table
 from controller.model.states import CLOSED_DISPATCHER_STATES as CLOSED
 from controller.model.states import DISPATCHER_FINALIZER, DispatcherState, Kind, Mode
-from controller.sim.api import ApiError, Watcher, WatchEvent
+from controller.sim.api import ApiError, WatchEvent
 from controller.sim.context import Ctx, Frontier
 from controller.sim.executor import Cache
+from controller.sim.faults import TROUBLE_MESSAGES, fails, trouble
+from controller.sim.state import ResumeCheck, Run, SimCapture
 
 LEASE = 10.0
 RENEW_DEADLINE = 7.0
@@ -76,120 +78,6 @@ def _hot_key(t: Table) -> bytes:
 
 HOLD_CLOSE = "hold close"
 PAUSE_CREATE = "pause create"
-
-
-@dataclass
-class Run:
-    """A dispatcher this capture really runs (ground truth)."""
-
-    d: Dispatcher
-    state: DispatcherState
-    cp: int
-    next_at: float  # when the next transition / report is due
-    paused: bool = False  # not delivering (its capture could not renew its Lease); position kept
-    #: The highest checkpoint delivered on any of its keys when it paused (by anyone).
-    frontier_at_pause: int = 0
-    written: DispatcherState | None = None  # the state its last successful status write carried
-    traffic: tuple[float, int] = (0.0, 0)  # the write rate and region count last written
-    #: The ground truth of the table incarnation it delivers for: the frontier of its table when it started.
-    #: A Table deleted and its ID taken by a queued duplicate gets a new frontier; a dispatcher of the old
-    #: one still running (a paused capture's) delivers, reports and resumes against its own (seed 89912).
-    fr: Frontier | None = None
-    #: Why its runtime stopped it for good ("" while it runs): it delivers nothing more, and every status
-    #: write says so (``Dispatcher.failure``), until the quiet phase, where a person has repaired its source.
-    failure: str = ""
-
-
-#: One advance in this many stops a Working dispatcher for good (as etcd compacted past its position), chosen by
-#: a hash of (seed, dispatcher, checkpoint) rather than drawn from the seed's random stream: a history with no such
-#: failure is as it was.
-FAILURE_ODDS = 1000
-
-
-def _fails(seed: int, name: str, cp: int) -> bool:
-    return zlib.crc32(f"{seed}/{name}/{cp}".encode()) % FAILURE_ODDS == 0
-
-
-#: A capture cannot use one side of its changefeeds' data path (its source or its sink) during one window of
-#: ``TROUBLE_WINDOW`` seconds in this many (by a hash of (seed, capture, side, window), as the failures above): its
-#: reports then name the trouble (``progress.Trouble``) for every changefeed it runs a dispatcher of, in any state
-#: (a dispatcher still scanning, or not started for want of a Secret, reports too), until the window ends or the
-#: quiet phase begins. One window in three is a configuration error (not transient), the others are retried.
-TROUBLE_ODDS = 40
-TROUBLE_WINDOW = 3.0
-TROUBLE_MESSAGES = {
-    progress.SOURCE: "cannot reach the source at 127.0.0.1:2379: connection refused (simulated)",
-    progress.SINK: "cannot connect to the sink at 127.0.0.1:5432: connection refused (simulated)",
-}
-
-
-def _trouble(seed: int, capture: str, side: progress.Side, now: float) -> bool | None:
-    """During a trouble window of ``capture`` on ``side``: whether it is transient; None outside one."""
-    h = zlib.crc32(f"{seed}/{capture}/{side}/{int(now // TROUBLE_WINDOW)}".encode())
-    return None if h % TROUBLE_ODDS else (h // TROUBLE_ODDS) % 3 != 0
-
-
-@dataclass
-class ResumeCheck:
-    """What a paused capture read to decide what to resume (reconciler.py ``resume_plan``): its Dispatchers and the
-    published epoch, read right after a renewal succeeded, judged when the reads are done (``ready_at``).
-    The reads of thousands of dispatchers on a loaded API can take longer than the renew deadline; renewals
-    go on meanwhile, and the result is used only if it is still the same pause and a renewal younger than
-    the renew deadline vouches for it then."""
-
-    pause: float
-    reads: dict[str, Dispatcher | None]
-    cf: Changefeed | None
-    ready_at: float
-
-
-@dataclass
-class SimCapture:
-    name: str
-    watcher: Watcher
-    cache: Cache = field(default_factory=Cache)
-    alive: bool = True
-    renew_ok: bool = True
-    last_renew: float = 0.0
-    next_renew: float = 0.0
-    lease_rv: str = ""  # the version of its last renewal, as it knows it
-    acquiring: bool = False  # a restarted process that has not taken its Lease over yet
-    paused_at: float | None = None
-    check: ResumeCheck | None = None  # what to resume, being read (at most one at a time)
-    epoch_seen: int = 0  # the highest published epoch it read before pausing
-    #: A fault of its own ever hit it (crash, cut off alone, renewals failing): the maintainer may then
-    #: take its Lease. Without one, only API outages silenced it, and taking its Lease is a violation.
-    own_fault: bool = False
-    runs: dict[str, Run] = field(default_factory=dict)
-    pending_since: dict[str, float] = field(default_factory=dict)
-    #: Dispatchers being closed: final checkpoint, and whether Stopped was written.
-    closing: dict[str, tuple[int, bool]] = field(default_factory=dict)
-    closing_uid: dict[str, str] = field(default_factory=dict)
-    #: Dispatchers refused at the Working transition (stale epoch): reported Rejected until deleted.
-    rejected: set[str] = field(default_factory=set)
-    #: hook -> table ids it applies to (empty tuple: all tables)
-    hooks: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    #: The process: restarts under the same name get a new incarnation (and run nothing of the old one).
-    incarnation: str = ""
-    restarts: int = 0
-    #: The report its Lease carried when this process started (only the mutation check looks at it).
-    previous: progress.Progress | None = None
-    #: SIGTERM with a drain timeout (agent.py ``request_stop``, drainer.py): it marked its Capture draining and exits
-    #: once it holds nothing or at this time, whichever comes first; None while not stopping.
-    stopping_until: float | None = None
-    #: After a graceful exit, when its next process starts (a StatefulSet recreating the pod); None: never.
-    respawn_at: float | None = None
-    #: How long after a graceful exit its next process starts (set by ``Captures.stop``).
-    respawn_delay: float = 0.0
-    #: This process took over a Lease that did not name it (released, or taken by the maintainer): the Pending
-    #: dispatchers assigned to it when its acquisition landed are reported Stopped, not started
-    #: (lease_keeper.py ``took_over_foreign``, reconciler.py ``inherited``).
-    foreign: bool = False
-    inherited: set[str] = field(default_factory=set)
-
-    def hooked(self, hook: str, table_id: int) -> bool:
-        scope = self.hooks.get(hook)
-        return scope is not None and (not scope or table_id in scope)
 
 
 class Captures:
@@ -621,7 +509,7 @@ class Captures:
         changefeeds = sorted({r.d.changefeed for r in cap.runs.values()})
         troubles = []
         for side in progress.SIDES if changefeeds and not ctx.quiet else ():
-            transient = _trouble(ctx.seed, cap.name, side, ctx.now)
+            transient = trouble(ctx.seed, cap.name, side, ctx.now)
             if transient is not None:
                 ctx.bump(f"{side} troubles reported by captures")
                 troubles += [
@@ -778,7 +666,7 @@ class Captures:
             run.state = DispatcherState.WORKING
             ctx.trace.add(f"  {cap.name}: {d.name} Working")
         else:
-            if not run.failure and not ctx.quiet and _fails(ctx.seed, d.name, run.cp):
+            if not run.failure and not ctx.quiet and fails(ctx.seed, d.name, run.cp):
                 run.failure = "the source was compacted past this dispatcher's position (injected)"
                 run.written = None  # said in its next status write
                 ctx.bump("dispatcher failed")

@@ -22,9 +22,10 @@ from controller.model.records import Dispatcher
 from controller.model.states import DispatcherState, Mode
 from controller.sim.__main__ import main, report
 from controller.sim.api import Api, Watcher
-from controller.sim.captures import Captures, Run, SimCapture
+from controller.sim.captures import Captures
 from controller.sim.context import Ctx, Frontier, Trace, Violation
 from controller.sim.history import Result, run_history
+from controller.sim.state import Run, SimCapture
 
 SWEEP = int(os.environ.get("SIM_SEEDS", "2000"))
 #: Processes the sweep and the mutants use (``make test`` runs this suite on one core beside the rest: 1).
