@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -26,14 +26,9 @@ from controller.capture.logs import fields
 from controller.model.keys import KeyRange
 from controller.model.progress import SinkFigures
 from controller.model.states import Mode
-from controller.sinks.api import Checkpoint, Row, Session, above, frontier
+from controller.sinks.api import DELETE_BATCH, DELETE_BATCHES, Checkpoint, Session, frontier
 
 log = logging.getLogger("controller.capture.dataplane")
-
-#: Tombstones deleted per transaction, and transactions per collection (what is left waits for the next one).
-DELETE_BATCH = 5_000
-DELETE_BATCHES = 10
-
 
 class Writer(Protocol):
     """What the collector reads of the sink's writer (``batcher.Writer``)."""
@@ -81,13 +76,6 @@ class Collector:
 
     def publish(self, checkpoint: int) -> None:
         self.published = max(self.published, checkpoint)
-
-    def above(self, rows: Iterable[Row], at: int) -> list[Row]:
-        """The changes above the horizon ``at`` (``api.above``); those dropped are counted."""
-        every = list(rows)
-        fresh: list[Row] = above(every, at)
-        self.dropped += len(every) - len(fresh)
-        return fresh
 
     def _due(self) -> bool:
         if self.clock() < self.next_at:

@@ -25,6 +25,9 @@ from typing import Any, Protocol
 from controller.model.keys import KeyRange
 from controller.model.states import Mode
 
+#: Tombstones a collection deletes per transaction, and transactions per collection (the rest waits for the next).
+DELETE_BATCH = 5_000
+DELETE_BATCHES = 10
 #: One change: key, value (None for a delete), revision, deleted.
 Row = tuple[bytes, bytes | None, int, bool]
 #: A table of the sink: (table id, mode).

@@ -29,7 +29,7 @@ import psycopg
 
 from controller.model.keys import KeyRange
 from controller.model.states import Mode
-from controller.sinks.api import Collected, Figures, frontier
+from controller.sinks.api import DELETE_BATCH, DELETE_BATCHES, Collected, Figures, frontier
 from controller.sinks.api import Table as Table
 from controller.sinks.postgres import schema
 
@@ -37,9 +37,6 @@ from controller.sinks.postgres import schema
 #: writer is updating) before it gives up until its next turn: a capture stopped with a transaction open must not
 #: hold the writer that collects.
 LOCK_TIMEOUT = "2s"
-#: Tombstones deleted per transaction, and transactions per collection (what is left waits for the next one).
-DELETE_BATCH = 5_000
-DELETE_BATCHES = 10
 #: The first key of the advisory lock a collection holds while it deletes a table's tombstones (the second: a hash
 #: of the table's qualified name).
 ADVISORY = 0x6366_6D74  # "cfmt"
